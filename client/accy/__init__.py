@@ -1,0 +1,1 @@
+"""accy: the Python client of the accy GPU launch daemon."""

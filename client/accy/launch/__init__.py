@@ -1,0 +1,1 @@
+"""Generated protocol code for accy.launch (do not edit: scripts/gen_protos.sh)."""

@@ -1,0 +1,216 @@
+"""The one typed protocol every backend implements, and the handles it hands out.
+
+Backends know nothing of clients, sessions or pipelines: they allocate, free,
+compile, load, launch, copy, stream, event and synchronize. Every handle is
+made only by its backend and freed only through it; handles carry an ``id``
+unique within their backend, which the executor uses to tell buffers apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.model import ArtifactFormat, FixedGeometry
+
+__all__ = [
+    "ArtifactRequest",
+    "Backend",
+    "BackendKind",
+    "CompiledArtifact",
+    "DeviceBuffer",
+    "Event",
+    "LaunchRequest",
+    "LoadedKernel",
+    "Stream",
+]
+
+BUFFER_ALIGNMENT = 256
+
+
+class BackendKind(enum.Enum):
+    CUDA = "cuda"
+    HOST = "host"
+    RECORDING = "recording"
+
+
+@dataclass(eq=False, slots=True)
+class DeviceBuffer:
+    """A buffer in the backend's memory, made by ``Backend.allocate_buffer``.
+
+    The backend owns the memory; whoever asked for the buffer frees it with
+    ``Backend.destroy`` once no queued work still uses it. ``address`` is the
+    device pointer (CUDA) or 0; ``native`` is the backend's own object.
+    """
+
+    id: int
+    backend: BackendKind
+    byte_size: int
+    address: int = 0
+    dtype: DType | None = None
+    element_count: int | None = None
+    native: Any = field(default=None, repr=False)
+
+    def aliases(self, other: DeviceBuffer) -> bool:
+        return self.backend is other.backend and self.id == other.id
+
+
+@dataclass(eq=False, slots=True)
+class Stream:
+    """An ordered queue of device work. Made by ``create_stream``, freed by ``destroy_stream``."""
+
+    id: int
+    native: Any = field(default=None, repr=False)
+
+
+@dataclass(eq=False, slots=True)
+class Event:
+    """A point in a stream, made by ``record_event`` and freed by ``destroy_event``."""
+
+    id: int
+    native: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRequest:
+    """What ``create_artifact`` compiles: one registry entry's kernel."""
+
+    kernel_name: str
+    format: ArtifactFormat
+    argument_count: int
+    scalar_argument_count: int
+    payload: str | bytes
+    required_dtypes: tuple[DType, ...] = ()
+    required_features: tuple[str, ...] = ()
+    origin: str = "<memory>"
+    diagnostic_id: str | None = None
+
+
+class CompiledArtifact:
+    """A compiled kernel image, not yet loaded. Made by ``Backend.create_artifact``.
+
+    The caller owns it and calls ``close()`` (idempotent) once it has been
+    loaded or is no longer needed; a loaded kernel does not need it to stay open.
+    """
+
+    def __init__(self, request: ArtifactRequest, image: Any) -> None:
+        self.kernel_name = request.kernel_name
+        self.format = request.format
+        self.argument_count = request.argument_count
+        self.scalar_argument_count = request.scalar_argument_count
+        self.origin = request.origin
+        self.image: Any = image
+        self.closed = False
+
+    def buffer_argument_count(self) -> int:
+        return self.argument_count - self.scalar_argument_count
+
+    def close(self) -> None:
+        self.image = None
+        self.closed = True
+
+
+@dataclass(eq=False, slots=True)
+class LoadedKernel:
+    """A kernel loaded into the backend, ready to launch. Freed by ``Backend.destroy``."""
+
+    id: int
+    kernel_name: str
+    native: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """One kernel launch: buffers then scalars, in the kernel's argument order."""
+
+    artifact: CompiledArtifact | None
+    loaded: LoadedKernel
+    buffers: Sequence[DeviceBuffer]
+    scalars: Sequence[Scalar]
+    geometry: FixedGeometry
+    stream: Stream | None = None
+    shared_memory_bytes: int = 0
+    diagnostic_id: str | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Allocate, compile, load, launch, copy and synchronize on one device.
+
+    Work given a ``stream`` runs in that stream's order; ``stream=None`` means the
+    backend's default stream. Errors are domain errors (``accyd.errors``):
+    ``OutOfMemory`` for allocations, ``RuntimeUnavailable`` for compile and load,
+    ``LaunchFailed`` for launches and copies, ``DeviceFault`` when the device is
+    poisoned and the process must restart.
+    """
+
+    @property
+    def kind(self) -> BackendKind: ...
+
+    @property
+    def formats(self) -> frozenset[ArtifactFormat]:
+        """The artifact formats this backend can load."""
+        ...
+
+    @property
+    def device_name(self) -> str: ...
+
+    def allocate_buffer(
+        self,
+        byte_size: int,
+        *,
+        alignment: int = BUFFER_ALIGNMENT,
+        dtype: DType | None = None,
+        element_count: int | None = None,
+    ) -> DeviceBuffer: ...
+
+    def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact: ...
+
+    def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel: ...
+
+    def launch(self, request: LaunchRequest) -> None: ...
+
+    def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
+        """Free a buffer or unload a kernel. The caller ensures no queued work uses it."""
+        ...
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        """Wait for ``stream``'s work, or for all the device's work when ``None``."""
+        ...
+
+    def create_stream(self) -> Stream: ...
+
+    def destroy_stream(self, stream: Stream) -> None: ...
+
+    def record_event(self, stream: Stream | None) -> Event: ...
+
+    def wait_event(self, stream: Stream | None, event: Event) -> None:
+        """Make later work on ``stream`` wait for ``event`` without blocking the host."""
+        ...
+
+    def event_done(self, event: Event) -> bool: ...
+
+    def synchronize_event(self, event: Event) -> None: ...
+
+    def destroy_event(self, event: Event) -> None: ...
+
+    def write(
+        self, buffer: DeviceBuffer, offset: int, data: bytes | memoryview, stream: Stream | None
+    ) -> None:
+        """Copy ``data`` into ``buffer`` at ``offset``, in ``stream``'s order; done on return."""
+        ...
+
+    def read(self, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None) -> bytes:
+        """Copy ``size`` bytes out of ``buffer``, in ``stream``'s order; done on return."""
+        ...
+
+    def memory_in_use(self) -> int:
+        """Bytes of buffers this backend allocated and has not freed."""
+        ...
+
+    def close(self) -> None:
+        """Free everything the backend still holds; idempotent."""
+        ...

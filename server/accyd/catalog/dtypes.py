@@ -1,0 +1,109 @@
+"""Element types of buffers and scalars, and typed scalar values."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from accyd.errors import LaunchArgumentMismatch
+
+__all__ = ["DType", "Scalar"]
+
+
+class DType(enum.Enum):
+    """An element type, named as manifests and the wire protocol name it."""
+
+    F32 = "f32"
+    F64 = "f64"
+    I32 = "i32"
+    U32 = "u32"
+    I64 = "i64"
+    U64 = "u64"
+    U8 = "u8"
+
+    @property
+    def numpy(self) -> np.dtype[np.generic]:
+        return np.dtype(_NUMPY[self])
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+    @property
+    def is_integer(self) -> bool:
+        return self.numpy.kind in "iu"
+
+    @classmethod
+    def parse(cls, name: str) -> DType:
+        try:
+            return cls(name)
+        except ValueError:
+            names = ", ".join(d.value for d in cls)
+            raise ValueError(f"unknown dtype {name!r}; expected one of {names}") from None
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype[np.generic]) -> DType:
+        for member, name in _NUMPY.items():
+            if np.dtype(name) == dtype:
+                return member
+        raise ValueError(f"numpy dtype {dtype} has no accy dtype")
+
+    def check_value(self, value: int | float) -> int | float:
+        """Return ``value`` as this type holds it, or raise if it does not fit."""
+        if self.is_integer:
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise LaunchArgumentMismatch(f"expected an integer for {self.value}, got {value!r}")
+            info = np.iinfo(_NUMPY[self])
+            ivalue = int(value)
+            if not info.min <= ivalue <= info.max:
+                raise LaunchArgumentMismatch(
+                    f"{ivalue} does not fit {self.value} ({info.min}..{info.max})"
+                )
+            return ivalue
+        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+            raise LaunchArgumentMismatch(f"expected a number for {self.value}, got {value!r}")
+        fvalue = float(value)
+        if not math.isfinite(fvalue):
+            raise LaunchArgumentMismatch(f"{self.value} scalar must be finite, got {fvalue}")
+        return fvalue
+
+
+_NUMPY: dict[DType, str] = {
+    DType.F32: "float32",
+    DType.F64: "float64",
+    DType.I32: "int32",
+    DType.U32: "uint32",
+    DType.I64: "int64",
+    DType.U64: "uint64",
+    DType.U8: "uint8",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """A runtime or derived scalar argument: a value tagged with its type."""
+
+    dtype: DType
+    value: int | float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", self.dtype.check_value(self.value))
+
+    @classmethod
+    def u32(cls, value: int) -> Scalar:
+        return cls(DType.U32, value)
+
+    @classmethod
+    def i32(cls, value: int) -> Scalar:
+        return cls(DType.I32, value)
+
+    @classmethod
+    def f32(cls, value: float) -> Scalar:
+        return cls(DType.F32, value)
+
+    def to_bytes(self) -> bytes:
+        """The value packed as the kernel receives it (little-endian, natural size)."""
+        return np.array(self.value, dtype=self.dtype.numpy).tobytes()

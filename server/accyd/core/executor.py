@@ -1,0 +1,403 @@
+"""The pipeline executor: artifact pools, intermediates and launches, with the seed's semantics.
+
+Port of ``shared/seed/pipeline.zig``. Every check runs before any side
+effect; whatever a call allocates or loads itself it waits for and frees;
+with a caller's pool and intermediates it returns once the stages are enqueued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from accyd.backends.base import (
+    BUFFER_ALIGNMENT,
+    ArtifactRequest,
+    Backend,
+    CompiledArtifact,
+    DeviceBuffer,
+    LaunchRequest,
+    LoadedKernel,
+    Stream,
+)
+from accyd.catalog.dtypes import Scalar
+from accyd.catalog.model import (
+    ArtifactFormat,
+    BufferRole,
+    FixedGeometry,
+    KernelEntry,
+    Pipeline,
+    Registry,
+    check_geometry,
+)
+from accyd.errors import LaunchArgumentMismatch
+
+__all__ = [
+    "ArtifactPool",
+    "Intermediates",
+    "PipelineLaunch",
+    "PoolEntry",
+    "allocate_intermediates",
+    "intermediate_byte_sizes",
+    "launch_pipeline",
+    "load_pipeline_artifacts",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolEntry:
+    artifact: CompiledArtifact
+    loaded: LoadedKernel
+
+
+class ArtifactPool:
+    """The compiled and loaded kernel of every stage of one pipeline, made once.
+
+    Made only by ``load_pipeline_artifacts``; owned by its caller, who launches
+    the chain many times with it. ``close()`` destroys every loaded kernel once
+    and frees every compiled one; it waits for nothing, so the caller first makes
+    sure no queued launch still uses the kernels.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        pipeline: Pipeline,
+        format: ArtifactFormat,
+        entries: Sequence[PoolEntry],
+    ) -> None:
+        self.backend = backend
+        self.target = pipeline.target
+        self.version = pipeline.version
+        self.format = format
+        self.entries: tuple[PoolEntry, ...] = tuple(entries)
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _destroy_pool_entries(self.backend, self.entries)
+
+    def __enter__(self) -> ArtifactPool:
+        return self
+
+    def __exit__(
+        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Intermediates:
+    """The scratch buffers of one pipeline, sized for one set of runtime scalars.
+
+    Made only by ``allocate_intermediates``; owned by its caller, who passes
+    ``buffers`` to many launches and calls ``close()`` (idempotent) only after
+    the work queued on them has finished.
+    """
+
+    def __init__(self, backend: Backend, buffers: Sequence[DeviceBuffer]) -> None:
+        self.backend = backend
+        self.buffers: tuple[DeviceBuffer, ...] = tuple(buffers)
+        self._closed = False
+
+    @property
+    def byte_size(self) -> int:
+        return sum(buffer.byte_size for buffer in self.buffers)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for buffer in self.buffers:
+            self.backend.destroy(buffer)
+
+    def __enter__(self) -> Intermediates:
+        return self
+
+    def __exit__(
+        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineLaunch:
+    """One launch request (the seed's ``PipelineLaunch``)."""
+
+    pipeline: Pipeline
+    registry: Registry
+    format: ArtifactFormat
+    operands: Sequence[DeviceBuffer] = ()
+    results: Sequence[DeviceBuffer] = ()
+    runtime_scalars: Sequence[Scalar] = ()
+    intermediates: Sequence[DeviceBuffer] | None = None
+    artifacts: ArtifactPool | None = None
+    stream: Stream | None = None
+    diagnostic_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _StagePlan:
+    entry: KernelEntry
+    scalars: tuple[Scalar, ...]
+    geometry: FixedGeometry
+
+
+def _artifact_request(entry: KernelEntry, diagnostic_id: str | None = None) -> ArtifactRequest:
+    return ArtifactRequest(
+        kernel_name=entry.entry_name,
+        format=entry.format,
+        argument_count=entry.argument_count,
+        scalar_argument_count=entry.scalar_argument_count(),
+        payload=entry.payload,
+        required_dtypes=entry.required_dtypes,
+        required_features=entry.required_features,
+        origin=entry.origin,
+        diagnostic_id=diagnostic_id,
+    )
+
+
+def _destroy_pool_entries(backend: Backend, entries: Sequence[PoolEntry]) -> None:
+    for entry in entries:
+        backend.destroy(entry.loaded)
+        entry.artifact.close()
+
+
+def load_pipeline_artifacts(
+    backend: Backend, pipeline: Pipeline, registry: Registry, format: ArtifactFormat
+) -> ArtifactPool:
+    """Compile and load every stage's kernel once, into a pool the caller owns.
+
+    The whole chain is checked against the registry first; a failure part way
+    unloads and frees the stages already loaded.
+    """
+    pipeline.validate(registry, format)
+    entries = pipeline.stage_entries(registry, format)
+    made: list[PoolEntry] = []
+    try:
+        for entry in entries:
+            artifact = backend.create_artifact(_artifact_request(entry))
+            try:
+                loaded = backend.load_artifact(artifact)
+            except BaseException:
+                artifact.close()
+                raise
+            made.append(PoolEntry(artifact, loaded))
+    except BaseException:
+        _destroy_pool_entries(backend, made)
+        raise
+    return ArtifactPool(backend, pipeline, format, made)
+
+
+def intermediate_byte_sizes(pipeline: Pipeline, runtime_scalars: Sequence[Scalar]) -> list[int]:
+    """The byte size of each intermediate for these scalars (0 or overflow: InvalidArtifact)."""
+    return [spec.byte_size(runtime_scalars) for spec in pipeline.intermediates]
+
+
+def allocate_intermediates(
+    backend: Backend, pipeline: Pipeline, runtime_scalars: Sequence[Scalar]
+) -> Intermediates:
+    """Allocate each intermediate once, 256-byte aligned, for the caller to reuse.
+
+    The runtime scalars are checked first; a failed allocation frees the
+    buffers already made.
+    """
+    pipeline.validate_runtime_scalars(runtime_scalars)
+    sizes = intermediate_byte_sizes(pipeline, runtime_scalars)
+    made: list[DeviceBuffer] = []
+    try:
+        for spec, size in zip(pipeline.intermediates, sizes, strict=True):
+            made.append(
+                backend.allocate_buffer(
+                    size,
+                    alignment=BUFFER_ALIGNMENT,
+                    dtype=spec.dtype,
+                    element_count=spec.element_count(runtime_scalars),
+                )
+            )
+    except BaseException:
+        for buffer in made:
+            backend.destroy(buffer)
+        raise
+    return Intermediates(backend, made)
+
+
+def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
+    """Run a pipeline once: validate everything, then enqueue its stages in order.
+
+    When the call allocated scratch or loaded kernels itself, it waits for the
+    stream before freeing them. With both a pool and scratch from the caller it
+    returns without waiting, and the caller synchronizes before reusing or
+    freeing them. An error after launching starts a best-effort wait, and what
+    the call owns is freed even when that wait fails.
+    """
+    pipeline = request.pipeline
+    plans = _plan(request)
+    pool = request.artifacts
+    if pool is not None:
+        _check_pool(pool, request)
+
+    owned: Intermediates | None = None
+    if request.intermediates is not None:
+        _check_intermediates(request, request.intermediates)
+        intermediates: Sequence[DeviceBuffer] = request.intermediates
+    else:
+        owned = allocate_intermediates(backend, pipeline, request.runtime_scalars)
+        intermediates = owned.buffers
+
+    loaded: list[LoadedKernel] = []
+    needs_sync = request.intermediates is None or pool is None
+    try:
+        try:
+            for index, plan in enumerate(plans):
+                _launch_stage(backend, request, index, plan, intermediates, loaded)
+        except BaseException:
+            if needs_sync:
+                # Best effort: the first error is the one to report.
+                with contextlib.suppress(Exception):
+                    backend.synchronize(request.stream)
+            raise
+        if needs_sync:
+            backend.synchronize(request.stream)
+    finally:
+        for kernel in loaded:
+            backend.destroy(kernel)
+        if owned is not None:
+            owned.close()
+
+
+def _plan(request: PipelineLaunch) -> list[_StagePlan]:
+    """Every check that needs no backend: chain, counts, scalars, sizes, geometry."""
+    pipeline = request.pipeline
+    pipeline.validate(request.registry, request.format)
+    for role, given, specs in (
+        ("operands", request.operands, pipeline.operands),
+        ("results", request.results, pipeline.results),
+    ):
+        if len(given) != len(specs):
+            raise LaunchArgumentMismatch(
+                f"{pipeline.target} takes {len(specs)} {role}; got {len(given)}", field=role
+            )
+    args = request.runtime_scalars
+    pipeline.validate_runtime_scalars(args)
+    for role, given, specs in (
+        ("operands", request.operands, pipeline.operands),
+        ("results", request.results, pipeline.results),
+    ):
+        for index, (buffer, spec) in enumerate(zip(given, specs, strict=True)):
+            needed = spec.byte_size(args)
+            if buffer.byte_size < needed:
+                raise LaunchArgumentMismatch(
+                    f"{role[:-1]} {spec.name!r} holds {buffer.byte_size} bytes; these runtime "
+                    f"scalars need {needed} ({spec.extent} x {spec.dtype.value})",
+                    field=f"{role}[{index}]",
+                )
+    plans = []
+    for stage, entry in zip(
+        pipeline.stages, pipeline.stage_entries(request.registry, request.format), strict=True
+    ):
+        scalars = tuple(expr.evaluate(args) for expr in stage.scalars)
+        geometry = entry.launch.resolve(scalars)
+        check_geometry(geometry)
+        plans.append(_StagePlan(entry, scalars, geometry))
+    return plans
+
+
+def _check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
+    pipeline = request.pipeline
+    if pool.closed:
+        raise LaunchArgumentMismatch("the artifact pool is closed", field="artifacts")
+    mismatches = [
+        (len(pool.entries), len(pipeline.stages), "stage count"),
+        (pool.version, pipeline.version, "version"),
+        (pool.format, request.format, "format"),
+        (pool.target, pipeline.target, "target"),
+    ]
+    for have, want, what in mismatches:
+        if have != want:
+            raise LaunchArgumentMismatch(
+                f"the artifact pool's {what} is {have}; the launch needs {want}", field="artifacts"
+            )
+
+
+def _check_intermediates(request: PipelineLaunch, provided: Sequence[DeviceBuffer]) -> None:
+    pipeline = request.pipeline
+    if len(provided) != len(pipeline.intermediates):
+        raise LaunchArgumentMismatch(
+            f"{pipeline.target} needs {len(pipeline.intermediates)} intermediates; "
+            f"got {len(provided)}",
+            field="intermediates",
+        )
+    sizes = intermediate_byte_sizes(pipeline, request.runtime_scalars)
+    for index, (buffer, size) in enumerate(zip(provided, sizes, strict=True)):
+        if buffer.byte_size < size:
+            raise LaunchArgumentMismatch(
+                f"intermediate {index} holds {buffer.byte_size} bytes; these runtime scalars "
+                f"need {size}",
+                field=f"intermediates[{index}]",
+            )
+        others = (*provided[:index], *request.operands, *request.results)
+        if any(buffer.aliases(other) for other in others):
+            raise LaunchArgumentMismatch(
+                f"intermediate {index} aliases another scratch, operand or result buffer",
+                field=f"intermediates[{index}]",
+            )
+
+
+def _launch_stage(
+    backend: Backend,
+    request: PipelineLaunch,
+    index: int,
+    plan: _StagePlan,
+    intermediates: Sequence[DeviceBuffer],
+    loaded: list[LoadedKernel],
+) -> None:
+    stage = request.pipeline.stages[index]
+    by_role = {
+        BufferRole.OPERAND: request.operands,
+        BufferRole.RESULT: request.results,
+        BufferRole.INTERMEDIATE: intermediates,
+    }
+    buffers = [by_role[ref.role][ref.index] for ref in stage.buffers]
+
+    def launch(artifact: CompiledArtifact, kernel: LoadedKernel) -> None:
+        backend.launch(
+            LaunchRequest(
+                artifact=artifact,
+                loaded=kernel,
+                buffers=buffers,
+                scalars=plan.scalars,
+                geometry=plan.geometry,
+                stream=request.stream,
+                shared_memory_bytes=plan.entry.shared_memory_bytes,
+                diagnostic_id=request.diagnostic_id,
+            )
+        )
+
+    if request.artifacts is not None:
+        pool_entry = request.artifacts.entries[index]
+        launch(pool_entry.artifact, pool_entry.loaded)
+        return
+
+    artifact = backend.create_artifact(_artifact_request(plan.entry, request.diagnostic_id))
+    try:
+        kernel = backend.load_artifact(artifact)
+        try:
+            launch(artifact, kernel)
+        except BaseException:
+            backend.destroy(kernel)
+            raise
+        loaded.append(kernel)
+    finally:
+        artifact.close()

@@ -1,0 +1,1 @@
+"""Shared pytest configuration: make the source tree importable without installing it."""
