@@ -1,0 +1,343 @@
+"""The host backend: buffers in host memory, ordered streams on worker threads, numpy kernels.
+
+It is the embedded default where there is no GPU and what CI runs. Kernels are
+Python functions over whole grids (format ``host_py``), and they compute the
+same results as the CUDA kernels of the same contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from accyd.backends.base import (
+    BUFFER_ALIGNMENT,
+    ArtifactRequest,
+    BackendKind,
+    CompiledArtifact,
+    DeviceBuffer,
+    Event,
+    LaunchRequest,
+    LoadedKernel,
+    Stream,
+)
+from accyd.catalog.dtypes import DType
+from accyd.catalog.model import ArtifactFormat
+from accyd.errors import (
+    AccyError,
+    LaunchArgumentMismatch,
+    LaunchFailed,
+    OutOfMemory,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
+
+__all__ = ["HostBackend"]
+
+HostKernel = Callable[..., None]
+
+
+class _Worker:
+    """One stream's thread: runs submitted tasks in order; the first error waits for a sync."""
+
+    def __init__(self, name: str) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException as error:  # reported at the next synchronize
+                if self._error is None:
+                    self._error = error
+
+    def submit(self, task: Callable[[], None]) -> None:
+        self._tasks.put(task)
+
+    def fence(self) -> threading.Event:
+        done = threading.Event()
+        self._tasks.put(done.set)
+        return done
+
+    def synchronize(self) -> None:
+        self.fence().wait()
+        error, self._error = self._error, None
+        if error is not None:
+            if isinstance(error, AccyError):
+                raise error
+            raise LaunchFailed(f"host kernel failed: {type(error).__name__}: {error}") from error
+
+    def stop(self) -> None:
+        self._tasks.put(None)
+        self._thread.join()
+
+
+class HostBackend:
+    """Implements ``Backend`` on numpy in this process.
+
+    Buffers are 256-byte aligned numpy byte arrays owned by the backend until
+    ``destroy``. Each stream is a worker thread that runs its work in order;
+    ``stream=None`` is a default stream the backend owns. ``close()`` stops
+    every worker and drops every buffer, kernel, stream and event still held.
+    ``memory_limit`` (bytes) makes allocations past it fail with ``OutOfMemory``.
+    """
+
+    def __init__(self, *, memory_limit: int | None = None) -> None:
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._buffers: dict[int, DeviceBuffer] = {}
+        self._kernels: dict[int, LoadedKernel] = {}
+        self._streams: dict[int, _Worker] = {}
+        self._events: dict[int, Event] = {}
+        self._modules: dict[str, dict[str, Any]] = {}
+        self._in_use = 0
+        self._memory_limit = memory_limit
+        self._default: Stream | None = None
+        self._closed = False
+
+    @property
+    def kind(self) -> BackendKind:
+        return BackendKind.HOST
+
+    @property
+    def formats(self) -> frozenset[ArtifactFormat]:
+        return frozenset({ArtifactFormat.HOST_PY})
+
+    @property
+    def device_name(self) -> str:
+        return "host (numpy)"
+
+    def _take_id(self) -> int:
+        with self._lock:
+            object_id = self._next_id
+            self._next_id += 1
+            return object_id
+
+    def allocate_buffer(
+        self,
+        byte_size: int,
+        *,
+        alignment: int = BUFFER_ALIGNMENT,
+        dtype: DType | None = None,
+        element_count: int | None = None,
+    ) -> DeviceBuffer:
+        if byte_size <= 0:
+            raise LaunchArgumentMismatch(f"a buffer needs at least 1 byte, not {byte_size}")
+        with self._lock:
+            if self._memory_limit is not None and self._in_use + byte_size > self._memory_limit:
+                raise OutOfMemory(
+                    f"host backend: {byte_size} bytes more would pass the limit of "
+                    f"{self._memory_limit} ({self._in_use} in use)"
+                )
+            self._in_use += byte_size
+        try:
+            raw = np.empty(byte_size + alignment, dtype=np.uint8)
+        except MemoryError:
+            with self._lock:
+                self._in_use -= byte_size
+            raise OutOfMemory(f"host backend: cannot allocate {byte_size} bytes") from None
+        skew = (-raw.ctypes.data) % alignment
+        data = raw[skew : skew + byte_size]
+        buffer = DeviceBuffer(
+            self._take_id(),
+            BackendKind.HOST,
+            byte_size,
+            data.ctypes.data,
+            dtype,
+            element_count,
+            data,
+        )
+        with self._lock:
+            self._buffers[buffer.id] = buffer
+        return buffer
+
+    def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
+        if request.format is not ArtifactFormat.HOST_PY:
+            raise UnsupportedOperation(
+                f"the host backend loads host_py kernels, not {request.format.value}"
+            )
+        if not isinstance(request.payload, str):
+            raise RuntimeUnavailable(f"{request.origin}: a host_py payload must be Python source")
+        digest = hashlib.sha256(request.payload.encode()).hexdigest()
+        try:
+            code = compile(request.payload, f"<{request.origin}>", "exec")
+        except SyntaxError as error:
+            raise RuntimeUnavailable(f"{request.origin}: {error}") from None
+        return CompiledArtifact(request, (digest, code))
+
+    def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
+        if artifact.closed:
+            raise RuntimeUnavailable(f"{artifact.kernel_name}: the artifact is closed")
+        digest, code = artifact.image
+        assert isinstance(code, CodeType)
+        with self._lock:
+            namespace = self._modules.get(digest)
+        if namespace is None:
+            namespace = {"__name__": f"accy_host_kernels_{digest[:12]}"}
+            try:
+                exec(code, namespace)
+            except Exception as error:
+                raise RuntimeUnavailable(f"{artifact.origin}: {error}") from error
+            with self._lock:
+                self._modules[digest] = namespace
+        function = namespace.get(artifact.kernel_name)
+        if not callable(function):
+            raise RuntimeUnavailable(f"{artifact.origin}: no function {artifact.kernel_name!r}")
+        kernel = LoadedKernel(self._take_id(), artifact.kernel_name, function)
+        with self._lock:
+            self._kernels[kernel.id] = kernel
+        return kernel
+
+    def _worker(self, stream: Stream | None) -> _Worker:
+        if stream is None:
+            stream = self._default_stream()
+        with self._lock:
+            worker = self._streams.get(stream.id)
+        if worker is None:
+            raise LaunchArgumentMismatch(f"stream {stream.id} is not alive")
+        return worker
+
+    def _default_stream(self) -> Stream:
+        with self._lock:
+            default = self._default
+        if default is None:
+            default = self.create_stream()
+            with self._lock:
+                if self._default is None:
+                    self._default = default
+                else:  # another thread won the race
+                    self._streams.pop(default.id).stop()
+                    default = self._default
+        return default
+
+    def launch(self, request: LaunchRequest) -> None:
+        with self._lock:
+            if request.loaded.id not in self._kernels:
+                raise LaunchFailed(f"kernel {request.loaded.kernel_name} is not loaded")
+            missing = [b.id for b in request.buffers if b.id not in self._buffers]
+        if missing:
+            raise LaunchFailed(f"buffers {missing} are not allocated")
+        function: HostKernel = request.loaded.native
+        geometry = request.geometry
+        views = [buffer.native for buffer in request.buffers]
+        values = [scalar.value for scalar in request.scalars]
+        self._worker(request.stream).submit(
+            lambda: function(geometry.grid, geometry.block, views, values)
+        )
+
+    def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
+        with self._lock:
+            if isinstance(obj, DeviceBuffer):
+                if self._buffers.pop(obj.id, None) is not None:
+                    self._in_use -= obj.byte_size
+            else:
+                self._kernels.pop(obj.id, None)
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        if stream is not None:
+            self._worker(stream).synchronize()
+            return
+        with self._lock:
+            workers = list(self._streams.values())
+        for worker in workers:
+            worker.synchronize()
+
+    def create_stream(self) -> Stream:
+        stream = Stream(self._take_id())
+        worker = _Worker(f"accy-host-stream-{stream.id}")
+        with self._lock:
+            self._streams[stream.id] = worker
+        return stream
+
+    def destroy_stream(self, stream: Stream) -> None:
+        with self._lock:
+            worker = self._streams.pop(stream.id, None)
+        if worker is not None:
+            worker.stop()
+
+    def record_event(self, stream: Stream | None) -> Event:
+        done = self._worker(stream).fence()
+        event = Event(self._take_id(), done)
+        with self._lock:
+            self._events[event.id] = event
+        return event
+
+    def wait_event(self, stream: Stream | None, event: Event) -> None:
+        done: threading.Event = event.native
+
+        def wait() -> None:
+            done.wait()
+
+        self._worker(stream).submit(wait)
+
+    def event_done(self, event: Event) -> bool:
+        done: threading.Event = event.native
+        return done.is_set()
+
+    def synchronize_event(self, event: Event) -> None:
+        done: threading.Event = event.native
+        done.wait()
+
+    def destroy_event(self, event: Event) -> None:
+        with self._lock:
+            self._events.pop(event.id, None)
+
+    def _view(self, buffer: DeviceBuffer, offset: int, size: int) -> npt.NDArray[np.uint8]:
+        with self._lock:
+            live = buffer.id in self._buffers
+        if not live:
+            raise LaunchArgumentMismatch(f"buffer {buffer.id} is not allocated")
+        if offset < 0 or size < 0 or offset + size > buffer.byte_size:
+            raise LaunchArgumentMismatch(
+                f"bytes {offset}..{offset + size} are outside the buffer's {buffer.byte_size}"
+            )
+        view: npt.NDArray[np.uint8] = buffer.native[offset : offset + size]
+        return view
+
+    def write(
+        self, buffer: DeviceBuffer, offset: int, data: bytes | memoryview, stream: Stream | None
+    ) -> None:
+        source = np.frombuffer(data, dtype=np.uint8)
+        target = self._view(buffer, offset, source.size)
+        worker = self._worker(stream)
+        worker.submit(lambda: np.copyto(target, source))
+        worker.synchronize()
+
+    def read(self, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None) -> bytes:
+        source = self._view(buffer, offset, size)
+        result: list[bytes] = []
+        worker = self._worker(stream)
+        worker.submit(lambda: result.append(source.tobytes()))
+        worker.synchronize()
+        return result[0]
+
+    def memory_in_use(self) -> int:
+        with self._lock:
+            return self._in_use
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            workers = list(self._streams.values())
+            self._streams.clear()
+            self._buffers.clear()
+            self._kernels.clear()
+            self._events.clear()
+            self._in_use = 0
+        for worker in workers:
+            worker.stop()

@@ -1,0 +1,233 @@
+// Reduce-then-scan over tiles of 4096 float32 elements: tile_sum, tile_offsets, tile_scan.
+//
+// accy.kernel.device_scan = tile_sum -> tile_offsets -> tile_scan. Traffic: x read twice,
+// y written once (3n*4 bytes), plus 2*ceil(n/4096)*4 bytes of tile sums and offsets.
+//
+// Layout: a block of 256 threads owns one tile of 4096 elements as 1024 float4 vectors;
+// thread t holds vectors k*256 + t for k = 0..3 ("striped"), so every load and store
+// instruction of a warp touches 512 contiguous bytes. Vector k of warp w covers tile
+// elements [(k*8 + w)*128, +128), so the 32 warp totals in (k, w) order are in tile order.
+// Full tiles use 16-byte accesses (buffers are 256-byte aligned; checked anyway); the
+// last, partial tile uses guarded scalar accesses. Indices are 64-bit where they can
+// pass 2^31 (n up to 2^30 elements is 4 GiB).
+//
+// Built with NVRTC; no headers.
+
+#define ACCY_TILE 4096u
+#define ACCY_TILE_THREADS 256u
+
+namespace {
+
+__device__ __forceinline__ bool accy_aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0ull;
+}
+
+__device__ __forceinline__ float accy_warp_sum(float v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    return v;
+}
+
+// Inclusive scans of K independent values per lane across the warp (interleaved for ILP).
+template <int K>
+__device__ __forceinline__ void accy_warp_inclusive_scan(float (&v)[K], unsigned lane) {
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const float o = __shfl_up_sync(0xffffffffu, v[k], d);
+            if (lane >= static_cast<unsigned>(d)) v[k] += o;
+        }
+    }
+}
+
+// Load the K float4 vectors of this thread (vector index k*THREADS + t) starting at
+// element `base`; elements at or past `limit` (relative to base) read as 0.
+template <int K, unsigned THREADS>
+__device__ __forceinline__ void accy_load_striped(float4 (&v)[K], const float* src,
+                                                  unsigned long long base,
+                                                  unsigned long long limit, bool vec_ok,
+                                                  unsigned t) {
+    if (vec_ok && limit >= static_cast<unsigned long long>(K) * THREADS * 4ull) {
+        const float4* s = reinterpret_cast<const float4*>(src + base);
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = s[k * THREADS + t];
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const unsigned long long e = (static_cast<unsigned long long>(k) * THREADS + t) * 4ull;
+            v[k].x = e + 0 < limit ? src[base + e + 0] : 0.0f;
+            v[k].y = e + 1 < limit ? src[base + e + 1] : 0.0f;
+            v[k].z = e + 2 < limit ? src[base + e + 2] : 0.0f;
+            v[k].w = e + 3 < limit ? src[base + e + 3] : 0.0f;
+        }
+    }
+}
+
+template <int K, unsigned THREADS>
+__device__ __forceinline__ void accy_store_striped(float* dst, const float4 (&v)[K],
+                                                   unsigned long long base,
+                                                   unsigned long long limit, bool vec_ok,
+                                                   unsigned t) {
+    if (vec_ok && limit >= static_cast<unsigned long long>(K) * THREADS * 4ull) {
+        float4* d = reinterpret_cast<float4*>(dst + base);
+#pragma unroll
+        for (int k = 0; k < K; ++k) d[k * THREADS + t] = v[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const unsigned long long e = (static_cast<unsigned long long>(k) * THREADS + t) * 4ull;
+            if (e + 0 < limit) dst[base + e + 0] = v[k].x;
+            if (e + 1 < limit) dst[base + e + 1] = v[k].y;
+            if (e + 2 < limit) dst[base + e + 2] = v[k].z;
+            if (e + 3 < limit) dst[base + e + 3] = v[k].w;
+        }
+    }
+}
+
+}  // namespace
+
+// sums[b] = sum(x[b*4096 : min(n, (b+1)*4096)]); grid ceil_div(n, 4096), block 256.
+extern "C" __global__ void __launch_bounds__(ACCY_TILE_THREADS)
+accy_scan_tile_sum(float* sums, const float* __restrict__ x, unsigned int n) {
+    const unsigned t = threadIdx.x;
+    const unsigned long long base = static_cast<unsigned long long>(blockIdx.x) * ACCY_TILE;
+    if (base >= n) return;  // a grid larger than ceil_div(n, 4096) does nothing more
+    const unsigned long long limit = static_cast<unsigned long long>(n) - base;
+    float4 v[4];
+    accy_load_striped<4, ACCY_TILE_THREADS>(v, x, base, limit, accy_aligned16(x), t);
+    float acc = ((v[0].x + v[0].y) + (v[0].z + v[0].w)) + ((v[1].x + v[1].y) + (v[1].z + v[1].w)) +
+                (((v[2].x + v[2].y) + (v[2].z + v[2].w)) + ((v[3].x + v[3].y) + (v[3].z + v[3].w)));
+    acc = accy_warp_sum(acc);
+    __shared__ float warp_totals[ACCY_TILE_THREADS / 32];
+    if ((t & 31u) == 0) warp_totals[t >> 5] = acc;
+    __syncthreads();
+    if (t < 32) {
+        float w = t < ACCY_TILE_THREADS / 32 ? warp_totals[t] : 0.0f;
+        w = accy_warp_sum(w);
+        if (t == 0) sums[blockIdx.x] = w;
+    }
+}
+
+// offsets = exclusive prefix sum of sums[0:m]; grid 1, block 1024. Chunks of 16384 in a
+// loop with a running carry; the next chunk is loaded before the current one is scanned.
+// The shared totals are double-buffered by chunk parity, so two barriers per chunk suffice.
+extern "C" __global__ void __launch_bounds__(1024)
+accy_scan_tile_offsets(float* offsets, const float* __restrict__ sums, unsigned int m) {
+    constexpr unsigned THREADS = 1024;
+    constexpr unsigned WARPS = THREADS / 32;
+    constexpr int K = 4;
+    constexpr unsigned long long CHUNK = static_cast<unsigned long long>(K) * THREADS * 4ull;
+    __shared__ float totals[2][K * WARPS + 1];  // [K*WARPS] is the chunk's total
+    const unsigned t = threadIdx.x, lane = t & 31u, warp = t >> 5;
+    const bool vec_ok = accy_aligned16(offsets) && accy_aligned16(sums);
+    const unsigned long long count = m;
+    float carry = 0.0f;
+    float4 next[K];
+    accy_load_striped<K, THREADS>(next, sums, 0ull, count, vec_ok, t);
+    unsigned parity = 0;
+    for (unsigned long long base = 0; base < count; base += CHUNK, parity ^= 1u) {
+        float4 v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] = next[k];
+        if (base + CHUNK < count)
+            accy_load_striped<K, THREADS>(next, sums, base + CHUNK, count - base - CHUNK, vec_ok, t);
+        float inc[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            v[k].y += v[k].x;
+            v[k].z += v[k].y;
+            v[k].w += v[k].z;
+            inc[k] = v[k].w;
+        }
+        accy_warp_inclusive_scan<K>(inc, lane);
+        float* tot = totals[parity];
+        if (lane == 31) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) tot[k * WARPS + warp] = inc[k];
+        }
+        __syncthreads();
+        if (warp == 0) {
+            // 128 warp totals in tile order; lane owns 4 consecutive ones.
+            float a0 = tot[4 * lane + 0], a1 = tot[4 * lane + 1];
+            float a2 = tot[4 * lane + 2], a3 = tot[4 * lane + 3];
+            a1 += a0;
+            a2 += a1;
+            a3 += a2;
+            float s[1] = {a3};
+            accy_warp_inclusive_scan<1>(s, lane);
+            float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
+            if (lane == 0) ex = 0.0f;
+            tot[4 * lane + 0] = ex;
+            tot[4 * lane + 1] = ex + a0;
+            tot[4 * lane + 2] = ex + a1;
+            tot[4 * lane + 3] = ex + a2;
+            if (lane == 31) tot[K * WARPS] = s[0];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
+            if (lane == 0) ex = 0.0f;
+            const float p = carry + (tot[k * WARPS + warp] + ex);
+            // exclusive within the vector: 0, x, x+y, x+y+z
+            const float4 local = v[k];
+            v[k] = make_float4(p, p + local.x, p + local.y, p + local.z);
+        }
+        accy_store_striped<K, THREADS>(offsets, v, base, count - base, vec_ok, t);
+        carry += tot[K * WARPS];
+    }
+}
+
+// y[i] = offsets[i / 4096] + inclusive prefix sum of x within i's tile; grid
+// ceil_div(n, 4096), block 256. Tiles run in reverse block order, so the first blocks
+// read the end of x, which tile_sum read last and may still sit in L2.
+extern "C" __global__ void __launch_bounds__(ACCY_TILE_THREADS)
+accy_scan_tile_scan(float* y, const float* x, const float* __restrict__ offsets,
+                    unsigned int n) {
+    constexpr unsigned WARPS = ACCY_TILE_THREADS / 32;
+    constexpr int K = 4;
+    const unsigned t = threadIdx.x, lane = t & 31u, warp = t >> 5;
+    const unsigned tile = gridDim.x - 1u - blockIdx.x;
+    const unsigned long long base = static_cast<unsigned long long>(tile) * ACCY_TILE;
+    if (base >= n) return;  // a grid larger than ceil_div(n, 4096) does nothing more
+    const unsigned long long limit = static_cast<unsigned long long>(n) - base;
+    const bool vec_ok = accy_aligned16(x) && accy_aligned16(y);
+    const float carry = offsets[tile];
+    float4 v[K];
+    accy_load_striped<K, ACCY_TILE_THREADS>(v, x, base, limit, vec_ok, t);
+    float inc[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        v[k].y += v[k].x;
+        v[k].z += v[k].y;
+        v[k].w += v[k].z;
+        inc[k] = v[k].w;
+    }
+    accy_warp_inclusive_scan<K>(inc, lane);
+    __shared__ float totals[K * WARPS];  // 32 warp totals in tile order
+    if (lane == 31) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) totals[k * WARPS + warp] = inc[k];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float s[1] = {totals[lane]};
+        accy_warp_inclusive_scan<1>(s, lane);
+        float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
+        if (lane == 0) ex = 0.0f;
+        totals[lane] = ex;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
+        if (lane == 0) ex = 0.0f;
+        const float p = carry + (totals[k * WARPS + warp] + ex);
+        v[k].x += p;
+        v[k].y += p;
+        v[k].z += p;
+        v[k].w += p;
+    }
+    accy_store_striped<K, ACCY_TILE_THREADS>(y, v, base, limit, vec_ok, t);
+}
