@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Set up, then run every check CI runs: lint, types, generated code, container files, tests.
+# Extra arguments go to pytest (for example: scripts/test.sh -k scan).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh --dev
+export PATH="$root/.venv/bin:$PATH"
+echo "== ruff"
+ruff check server client tests bench
+ruff format --check server client tests bench
+echo "== mypy --strict"
+mypy
+echo "== generated protocol code"
+PYTHON=.venv/bin/python bash scripts/gen_protos.sh --check
+if [[ -f scripts/lint_containers.sh ]]; then
+  echo "== container files"
+  bash scripts/lint_containers.sh
+fi
+echo "== pytest"
+python -m pytest "$@"
