@@ -1,0 +1,176 @@
+"""The host backend: aligned buffers, ordered asynchronous streams, events, errors and cleanup."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from accyd.backends.base import ArtifactRequest, Backend, LaunchRequest
+from accyd.backends.host import HostBackend
+from accyd.catalog import ArtifactFormat, Scalar
+from accyd.catalog.model import FixedGeometry
+from accyd.errors import (
+    LaunchArgumentMismatch,
+    LaunchFailed,
+    OutOfMemory,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
+
+KERNELS = """
+import threading
+gate = threading.Event()
+
+def append(grid, block, buffers, scalars):
+    # Writes scalars[0] at the next free slot: the order of launches shows in the buffer.
+    view = buffers[0].view("uint32")
+    count = int(view[0])
+    view[count + 1] = int(scalars[0])
+    view[0] = count + 1
+
+def blocked(grid, block, buffers, scalars):
+    gate.wait(10)
+
+def boom(grid, block, buffers, scalars):
+    raise ZeroDivisionError("planted")
+"""
+
+ONE = FixedGeometry((1, 1, 1), (1, 1, 1))
+
+
+@pytest.fixture
+def backend() -> Iterator[HostBackend]:
+    backend = HostBackend(memory_limit=1 << 30)
+    yield backend
+    backend.close()
+
+
+def kernel(backend: HostBackend, name: str):  # type: ignore[no-untyped-def]
+    request = ArtifactRequest(name, ArtifactFormat.HOST_PY, 2, 1, KERNELS, origin="test")
+    artifact = backend.create_artifact(request)
+    loaded = backend.load_artifact(artifact)
+    return artifact, loaded
+
+
+def test_satisfies_the_backend_protocol(backend: HostBackend) -> None:
+    assert isinstance(backend, Backend)
+    assert backend.formats == frozenset({ArtifactFormat.HOST_PY})
+
+
+def test_buffers_are_256_byte_aligned_and_accounted(backend: HostBackend) -> None:
+    buffers = [backend.allocate_buffer(size) for size in (1, 255, 4097)]
+    assert all(b.address % 256 == 0 for b in buffers)
+    assert backend.memory_in_use() == 1 + 255 + 4097
+    for buffer in buffers:
+        backend.destroy(buffer)
+    assert backend.memory_in_use() == 0
+
+
+def test_write_read_round_trip_and_bounds(backend: HostBackend) -> None:
+    buffer = backend.allocate_buffer(64)
+    data = np.arange(16, dtype=np.float32)
+    backend.write(buffer, 0, data.tobytes(), None)
+    backend.write(buffer, 60, b"\x01\x02\x03\x04", None)
+    got = np.frombuffer(backend.read(buffer, 0, 64, None), dtype=np.float32)
+    assert np.array_equal(got[:15], data[:15])
+    assert backend.read(buffer, 60, 4, None) == b"\x01\x02\x03\x04"
+    with pytest.raises(LaunchArgumentMismatch, match="outside the buffer's 64"):
+        backend.write(buffer, 62, b"\x00" * 4, None)
+    with pytest.raises(LaunchArgumentMismatch, match="outside"):
+        backend.read(buffer, 0, 65, None)
+    backend.destroy(buffer)
+    with pytest.raises(LaunchArgumentMismatch, match="not allocated"):
+        backend.read(buffer, 0, 4, None)
+
+
+def test_memory_limit_gives_out_of_memory_and_the_backend_keeps_working(
+    backend: HostBackend,
+) -> None:
+    with pytest.raises(OutOfMemory, match="limit"):
+        backend.allocate_buffer(2 << 30)
+    assert backend.memory_in_use() == 0
+    backend.destroy(backend.allocate_buffer(1024))
+
+
+def test_launches_run_in_order_on_one_stream_and_asynchronously(backend: HostBackend) -> None:
+    _, append = kernel(backend, "append")
+    _, blocked = kernel(backend, "blocked")
+    stream = backend.create_stream()
+    log = backend.allocate_buffer(4 * 101)
+    backend.write(log, 0, bytes(4 * 101), stream)
+    backend.launch(LaunchRequest(None, blocked, [log], [Scalar.u32(0)], ONE, stream))
+    for value in range(100):
+        backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(value)], ONE, stream))
+    event = backend.record_event(stream)
+    assert not backend.event_done(event)  # the stream is held by the blocked kernel
+    blocked.native.__globals__["gate"].set()
+    backend.synchronize(stream)
+    assert backend.event_done(event)
+    got = np.frombuffer(backend.read(log, 0, 4 * 101, stream), dtype=np.uint32)
+    assert got[0] == 100
+    assert list(got[1:]) == list(range(100))
+    backend.destroy_event(event)
+    backend.destroy_stream(stream)
+
+
+def test_wait_event_orders_work_across_streams(backend: HostBackend) -> None:
+    _, append = kernel(backend, "append")
+    _, blocked = kernel(backend, "blocked")
+    first, second = backend.create_stream(), backend.create_stream()
+    log = backend.allocate_buffer(4 * 3)
+    backend.write(log, 0, bytes(12), first)
+    backend.launch(LaunchRequest(None, blocked, [log], [Scalar.u32(0)], ONE, first))
+    backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(1)], ONE, first))
+    written = backend.record_event(first)
+    backend.wait_event(second, written)
+    backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(2)], ONE, second))
+    threading.Timer(0.05, blocked.native.__globals__["gate"].set).start()
+    backend.synchronize(second)
+    got = np.frombuffer(backend.read(log, 0, 12, second), dtype=np.uint32)
+    assert list(got) == [2, 1, 2]
+
+
+def test_a_failing_kernel_fails_its_stream_once_and_nothing_else(backend: HostBackend) -> None:
+    _, boom = kernel(backend, "boom")
+    _, append = kernel(backend, "append")
+    bad, good = backend.create_stream(), backend.create_stream()
+    log = backend.allocate_buffer(8)
+    backend.write(log, 0, bytes(8), good)
+    backend.launch(LaunchRequest(None, boom, [log], [Scalar.u32(0)], ONE, bad))
+    backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(7)], ONE, good))
+    backend.synchronize(good)
+    with pytest.raises(LaunchFailed, match="ZeroDivisionError: planted"):
+        backend.synchronize(bad)
+    backend.synchronize(bad)  # reported once, then the stream is usable again
+    assert np.frombuffer(backend.read(log, 0, 8, good), dtype=np.uint32).tolist() == [1, 7]
+
+
+def test_artifact_errors_are_runtime_unavailable(backend: HostBackend) -> None:
+    with pytest.raises(RuntimeUnavailable, match=r"invalid syntax|expected"):
+        backend.create_artifact(ArtifactRequest("f", ArtifactFormat.HOST_PY, 1, 0, "def f(:\n"))
+    with pytest.raises(RuntimeUnavailable, match="no function 'missing'"):
+        kernel(backend, "missing")
+    with pytest.raises(UnsupportedOperation, match="not cuda_cpp"):
+        backend.create_artifact(ArtifactRequest("f", ArtifactFormat.CUDA_CPP, 1, 0, "__global__"))
+
+
+def test_launch_of_an_unloaded_kernel_or_freed_buffer_fails(backend: HostBackend) -> None:
+    _, append = kernel(backend, "append")
+    log = backend.allocate_buffer(8)
+    backend.destroy(log)
+    with pytest.raises(LaunchFailed, match="not allocated"):
+        backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(1)], ONE, None))
+    backend.destroy(append)
+    with pytest.raises(LaunchFailed, match="not loaded"):
+        backend.launch(LaunchRequest(None, append, [], [Scalar.u32(1)], ONE, None))
+
+
+def test_close_is_idempotent_and_frees_everything() -> None:
+    backend = HostBackend()
+    backend.allocate_buffer(1 << 20)
+    backend.create_stream()
+    backend.close()
+    assert backend.memory_in_use() == 0
+    backend.close()
