@@ -1,0 +1,67 @@
+"""Prometheus metrics of one daemon, in a registry of its own (no process-global state)."""
+
+from __future__ import annotations
+
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (
+    50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 0.1, 0.2, 0.5, 1.0,
+    2.0, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """Every metric the daemon exports; ``serve`` exposes them over HTTP on a port of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.launches = Counter(
+            "accy_launches", "Pipeline launches by pipeline and status.", ["pipeline", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.launch_seconds = Histogram(
+            "accy_launch_seconds", "Launch latency from request to completion or enqueue.",
+            ["pipeline", "waited"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.clients = Gauge("accy_clients", "Attached clients.", registry=r)
+        self.sessions = Gauge("accy_sessions", "Live sessions.", registry=r)
+        self.buffers = Gauge("accy_buffers", "Live client buffers.", registry=r)
+        self.memory = Gauge(
+            "accy_device_memory_bytes", "Device memory held, by tenant.", ["tenant"], registry=r
+        )
+        self.quota_refusals = Counter(
+            "accy_quota_refusals", "Calls refused by a quota.", ["tenant", "quota"], registry=r
+        )
+        self.device_faults = Counter("accy_device_faults", "Sticky device faults.", registry=r)
+        self.restarts = Gauge(
+            "accy_restarts", "Times the supervisor restarted the server process.", registry=r
+        )
+        self._server: WSGIServer | None = None
+
+    def serve(self, port: int, address: str = "127.0.0.1") -> int:
+        """Expose ``/metrics`` on ``address:port`` (0 picks a port) in a background thread."""
+        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop serving; idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def render(self) -> str:
+        """The text exposition of every metric, as ``/metrics`` serves it."""
+        return generate_latest(self.registry).decode()
