@@ -12,6 +12,7 @@ from accyd.backends.host import HostBackend
 from accyd.catalog import ArtifactFormat, Scalar
 from accyd.catalog.model import FixedGeometry
 from accyd.errors import (
+    DeviceFault,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -174,3 +175,30 @@ def test_close_is_idempotent_and_frees_everything() -> None:
     backend.close()
     assert backend.memory_in_use() == 0
     backend.close()
+
+
+def test_a_device_fault_poisons_the_backend_until_a_new_one_is_made(backend: HostBackend) -> None:
+    fault = ArtifactRequest(
+        "fault",
+        ArtifactFormat.HOST_PY,
+        0,
+        0,
+        "from accyd.errors import DeviceFault\n"
+        "def fault(grid, block, buffers, scalars):\n    raise DeviceFault('planted')\n",
+    )
+    loaded = backend.load_artifact(backend.create_artifact(fault))
+    buffer = backend.allocate_buffer(64)
+    stream, other = backend.create_stream(), backend.create_stream()
+    backend.launch(LaunchRequest(None, loaded, [], [], ONE, stream))
+    with pytest.raises(DeviceFault, match="planted"):
+        backend.synchronize(stream)
+    for call in (
+        lambda: backend.synchronize(other),
+        lambda: backend.allocate_buffer(64),
+        lambda: backend.read(buffer, 0, 4, other),
+        lambda: backend.launch(LaunchRequest(None, loaded, [], [], ONE, other)),
+    ):
+        with pytest.raises(DeviceFault, match="lost earlier: planted"):
+            call()
+    backend.destroy(buffer)  # freeing still works, so cleanup can run
+    assert backend.memory_in_use() == 0

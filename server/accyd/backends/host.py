@@ -32,6 +32,7 @@ from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
     AccyError,
+    DeviceFault,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -47,7 +48,8 @@ HostKernel = Callable[..., None]
 class _Worker:
     """One stream's thread: runs submitted tasks in order; the first error waits for a sync."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, on_fault: Callable[[DeviceFault], None]) -> None:
+        self._on_fault = on_fault
         self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -61,6 +63,8 @@ class _Worker:
             try:
                 task()
             except BaseException as error:  # reported at the next synchronize
+                if isinstance(error, DeviceFault):
+                    self._on_fault(error)
                 if self._error is None:
                     self._error = error
 
@@ -93,6 +97,10 @@ class HostBackend:
     ``stream=None`` is a default stream the backend owns. ``close()`` stops
     every worker and drops every buffer, kernel, stream and event still held.
     ``memory_limit`` (bytes) makes allocations past it fail with ``OutOfMemory``.
+
+    A kernel that raises ``DeviceFault`` poisons the backend as a sticky CUDA
+    error poisons a context: every later call but the freeing ones raises
+    ``DeviceFault``. That lets the daemon's fault handling run without a GPU.
     """
 
     def __init__(self, *, memory_limit: int | None = None) -> None:
@@ -106,7 +114,18 @@ class HostBackend:
         self._in_use = 0
         self._memory_limit = memory_limit
         self._default: Stream | None = None
+        self._fault: DeviceFault | None = None
         self._closed = False
+
+    def _set_fault(self, fault: DeviceFault) -> None:
+        with self._lock:
+            if self._fault is None:
+                self._fault = fault
+
+    def _alive(self) -> None:
+        fault = self._fault
+        if fault is not None:
+            raise DeviceFault(f"the device was lost earlier: {fault.message}")
 
     @property
     def kind(self) -> BackendKind:
@@ -134,6 +153,7 @@ class HostBackend:
         dtype: DType | None = None,
         element_count: int | None = None,
     ) -> DeviceBuffer:
+        self._alive()
         if byte_size <= 0:
             raise LaunchArgumentMismatch(f"a buffer needs at least 1 byte, not {byte_size}")
         with self._lock:
@@ -179,6 +199,7 @@ class HostBackend:
         return CompiledArtifact(request, (digest, code))
 
     def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
+        self._alive()
         if artifact.closed:
             raise RuntimeUnavailable(f"{artifact.kernel_name}: the artifact is closed")
         digest, code = artifact.image
@@ -224,6 +245,7 @@ class HostBackend:
         return default
 
     def launch(self, request: LaunchRequest) -> None:
+        self._alive()
         with self._lock:
             if request.loaded.id not in self._kernels:
                 raise LaunchFailed(f"kernel {request.loaded.kernel_name} is not loaded")
@@ -249,15 +271,17 @@ class HostBackend:
     def synchronize(self, stream: Stream | None = None) -> None:
         if stream is not None:
             self._worker(stream).synchronize()
-            return
-        with self._lock:
-            workers = list(self._streams.values())
-        for worker in workers:
-            worker.synchronize()
+        else:
+            with self._lock:
+                workers = list(self._streams.values())
+            for worker in workers:
+                worker.synchronize()
+        self._alive()
 
     def create_stream(self) -> Stream:
+        self._alive()
         stream = Stream(self._take_id())
-        worker = _Worker(f"accy-host-stream-{stream.id}")
+        worker = _Worker(f"accy-host-stream-{stream.id}", self._set_fault)
         with self._lock:
             self._streams[stream.id] = worker
         return stream
@@ -269,6 +293,7 @@ class HostBackend:
             worker.stop()
 
     def record_event(self, stream: Stream | None) -> Event:
+        self._alive()
         done = self._worker(stream).fence()
         event = Event(self._take_id(), done)
         with self._lock:
@@ -296,6 +321,7 @@ class HostBackend:
             self._events.pop(event.id, None)
 
     def _view(self, buffer: DeviceBuffer, offset: int, size: int) -> npt.NDArray[np.uint8]:
+        self._alive()
         with self._lock:
             live = buffer.id in self._buffers
         if not live:
