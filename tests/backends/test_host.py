@@ -202,3 +202,32 @@ def test_a_device_fault_poisons_the_backend_until_a_new_one_is_made(backend: Hos
             call()
     backend.destroy(buffer)  # freeing still works, so cleanup can run
     assert backend.memory_in_use() == 0
+
+
+def test_synchronize_event_reports_the_error_of_the_work_before_it_once(
+    backend: HostBackend,
+) -> None:
+    _, boom = kernel(backend, "boom")
+    _, append = kernel(backend, "append")
+    stream = backend.create_stream()
+    log = backend.allocate_buffer(8)
+    backend.write(log, 0, bytes(8), stream)
+    before = backend.record_event(stream)
+    backend.launch(LaunchRequest(None, boom, [log], [Scalar.u32(0)], ONE, stream))
+    after = backend.record_event(stream)
+    backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(5)], ONE, stream))
+    backend.synchronize_event(before)  # the failure came later: not this event's
+    with pytest.raises(LaunchFailed, match="ZeroDivisionError: planted"):
+        backend.synchronize_event(after)
+    backend.synchronize(stream)  # reported once, not again at the next sync
+    assert np.frombuffer(backend.read(log, 0, 8, stream), dtype=np.uint32).tolist() == [1, 5]
+
+
+def test_zeroed_buffers_never_show_earlier_data(backend: HostBackend) -> None:
+    for _ in range(20):
+        old = backend.allocate_buffer(4096)
+        backend.write(old, 0, b"\xff" * 4096, None)
+        backend.destroy(old)
+        fresh = backend.allocate_buffer(4096, zero=True)
+        assert backend.read(fresh, 0, 4096, None) == bytes(4096)
+        backend.destroy(fresh)

@@ -165,7 +165,14 @@ class Backend(Protocol):
         alignment: int = BUFFER_ALIGNMENT,
         dtype: DType | None = None,
         element_count: int | None = None,
-    ) -> DeviceBuffer: ...
+        zero: bool = False,
+    ) -> DeviceBuffer:
+        """A new buffer; ``zero`` fills it with zeros before it is returned.
+
+        Memory is reused between clients, so a buffer a client can read must be
+        zeroed (or fully written) first, or it may show another client's data.
+        """
+        ...
 
     def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact: ...
 

@@ -71,22 +71,48 @@ class _Worker:
     def submit(self, task: Callable[[], None]) -> None:
         self._tasks.put(task)
 
-    def fence(self) -> threading.Event:
-        done = threading.Event()
-        self._tasks.put(done.set)
-        return done
+    def fence(self) -> _Fence:
+        fence = _Fence(self)
+        self._tasks.put(fence.reach)
+        return fence
+
+    def take_error(self, error: BaseException | None) -> None:
+        """Raise ``error`` (a failure of work before a fence) once, as a domain error."""
+        if error is None:
+            return
+        if self._error is error:
+            self._error = None
+        if isinstance(error, AccyError):
+            raise error
+        raise LaunchFailed(f"host kernel failed: {type(error).__name__}: {error}") from error
 
     def synchronize(self) -> None:
-        self.fence().wait()
-        error, self._error = self._error, None
-        if error is not None:
-            if isinstance(error, AccyError):
-                raise error
-            raise LaunchFailed(f"host kernel failed: {type(error).__name__}: {error}") from error
+        fence = self.fence()
+        fence.done.wait()
+        self.take_error(fence.error)
 
     def stop(self) -> None:
         self._tasks.put(None)
         self._thread.join()
+
+
+class _Fence:
+    """A point in a stream: set once the work before it ran, with that work's first error."""
+
+    __slots__ = ("done", "error", "worker")
+
+    def __init__(self, worker: _Worker) -> None:
+        self.worker = worker
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def reach(self) -> None:
+        self.error = self.worker._error
+        self.done.set()
+
+    def synchronize(self) -> None:
+        self.done.wait()
+        self.worker.take_error(self.error)
 
 
 class HostBackend:
@@ -152,6 +178,7 @@ class HostBackend:
         alignment: int = BUFFER_ALIGNMENT,
         dtype: DType | None = None,
         element_count: int | None = None,
+        zero: bool = False,
     ) -> DeviceBuffer:
         self._alive()
         if byte_size <= 0:
@@ -171,6 +198,8 @@ class HostBackend:
             raise OutOfMemory(f"host backend: cannot allocate {byte_size} bytes") from None
         skew = (-raw.ctypes.data) % alignment
         data = raw[skew : skew + byte_size]
+        if zero:
+            data.fill(0)
         buffer = DeviceBuffer(
             self._take_id(),
             BackendKind.HOST,
@@ -294,27 +323,28 @@ class HostBackend:
 
     def record_event(self, stream: Stream | None) -> Event:
         self._alive()
-        done = self._worker(stream).fence()
-        event = Event(self._take_id(), done)
+        event = Event(self._take_id(), self._worker(stream).fence())
         with self._lock:
             self._events[event.id] = event
         return event
 
     def wait_event(self, stream: Stream | None, event: Event) -> None:
-        done: threading.Event = event.native
+        fence: _Fence = event.native
 
         def wait() -> None:
-            done.wait()
+            fence.done.wait()
 
         self._worker(stream).submit(wait)
 
     def event_done(self, event: Event) -> bool:
-        done: threading.Event = event.native
-        return done.is_set()
+        fence: _Fence = event.native
+        return fence.done.is_set()
 
     def synchronize_event(self, event: Event) -> None:
-        done: threading.Event = event.native
-        done.wait()
+        """Wait for the work before ``event``; raise its error, once, as ``synchronize`` does."""
+        fence: _Fence = event.native
+        fence.synchronize()
+        self._alive()
 
     def destroy_event(self, event: Event) -> None:
         with self._lock:

@@ -101,6 +101,7 @@ class RecordingBackend:
         alignment: int = BUFFER_ALIGNMENT,
         dtype: DType | None = None,
         element_count: int | None = None,
+        zero: bool = False,
     ) -> DeviceBuffer:
         if (
             self.fail_buffer_allocate_after_count is not None
