@@ -14,6 +14,7 @@ __all__ = [
     "DeviceFault",
     "FailedPrecondition",
     "InvalidArtifact",
+    "InvalidRequest",
     "LaunchArgumentMismatch",
     "LaunchFailed",
     "NotFound",
@@ -55,6 +56,12 @@ class CatalogError(InvalidArtifact):
     """A catalog manifest that does not load; the message names file, entry and field."""
 
     reason = "CATALOG_INVALID"
+
+
+class InvalidRequest(AccyError):
+    """A malformed or out-of-range request field: an empty id, a zero size, a bad offset."""
+
+    reason = "INVALID_REQUEST"
 
 
 class LaunchArgumentMismatch(AccyError):

@@ -1,0 +1,130 @@
+"""Every daemon setting in one frozen dataclass; ``ACCYD_*`` environment variables override them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accy._paths import default_socket_path
+
+from accyd.core.tenants import DEFAULT_TENANT, Quotas
+
+__all__ = ["ENV_PREFIX", "Config"]
+
+ENV_PREFIX = "ACCYD_"
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What ``accyd serve`` runs with. Times are seconds, sizes bytes."""
+
+    listen: tuple[str, ...] = ()
+    """Addresses: ``unix:/path`` or ``host:port``; empty means the default Unix socket."""
+    backend: str = "auto"
+    devices: tuple[int, ...] = (0,)
+    catalog_dirs: tuple[Path, ...] = ()
+    builtin_catalog: bool = True
+    cache_dir: Path | None = None
+    log_format: str = "console"
+    log_level: str = "info"
+    insecure: bool = False
+    """Serve TCP without credentials: only when the operator asks for it by name."""
+    heartbeat_seconds: float = 2.0
+    keepalive_seconds: float = 2.0
+    keepalive_timeout_seconds: float = 3.0
+    grace_seconds: float = 10.0
+    fault_grace_seconds: float = 0.5
+    max_message_bytes: int = 64 * MiB
+    read_chunk_bytes: int = 1 * MiB
+    blocking_threads: int = 32
+    default_tenant: str = DEFAULT_TENANT
+    quotas: Quotas = field(default_factory=Quotas)
+
+    @property
+    def listen_addresses(self) -> tuple[str, ...]:
+        return self.listen or (f"unix:{default_socket_path()}",)
+
+    def validate(self) -> Config:
+        """Refuse settings that cannot work; returns ``self``."""
+        for name in ("heartbeat_seconds", "keepalive_seconds", "keepalive_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.grace_seconds < 0:
+            raise ValueError("grace_seconds must not be negative")
+        if not 1 <= self.read_chunk_bytes <= self.max_message_bytes - 1024:
+            raise ValueError("read_chunk_bytes must be positive and below max_message_bytes")
+        if self.blocking_threads < 1 or not self.devices:
+            raise ValueError("blocking_threads and devices need at least one")
+        if self.log_format not in ("console", "json"):
+            raise ValueError(f"log_format must be console or json, not {self.log_format!r}")
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Defaults, then ``ACCYD_<FIELD>`` (quotas: ``ACCYD_QUOTA_<NAME>``), then ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for item in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + item.name.upper())
+            if raw is not None and item.name in _PARSERS:
+                values[item.name] = _parse(item.name, raw, _PARSERS[item.name])
+        quotas = {
+            q.name: _parse(q.name, raw, _optional_int)
+            for q in dataclasses.fields(Quotas)
+            if (raw := env.get(f"{ENV_PREFIX}QUOTA_{q.name.upper()}")) is not None
+        }
+        if quotas:
+            values["quotas"] = Quotas(**quotas)
+        values.update(overrides)
+        return cls(**values).validate()
+
+
+def _parse(name: str, raw: str, parser: Callable[[str], Any]) -> Any:
+    try:
+        return parser(raw)
+    except ValueError as error:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from None
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _list(raw: str, sep: str = ",") -> list[str]:
+    return [part.strip() for part in raw.split(sep) if part.strip()]
+
+
+def _optional_int(raw: str) -> int | None:
+    return None if raw.strip() in ("", "none") else int(raw)
+
+
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "listen": lambda raw: tuple(_list(raw)),
+    "backend": str,
+    "devices": lambda raw: tuple(int(part) for part in _list(raw)),
+    "catalog_dirs": lambda raw: tuple(Path(part) for part in _list(raw, os.pathsep)),
+    "builtin_catalog": _bool,
+    "cache_dir": lambda raw: Path(raw) if raw else None,
+    "log_format": str,
+    "log_level": str,
+    "insecure": _bool,
+    "heartbeat_seconds": float,
+    "keepalive_seconds": float,
+    "keepalive_timeout_seconds": float,
+    "grace_seconds": float,
+    "fault_grace_seconds": float,
+    "max_message_bytes": int,
+    "read_chunk_bytes": int,
+    "blocking_threads": int,
+    "default_tenant": str,
+}

@@ -1,0 +1,141 @@
+"""Device buffers owned by one client, their hazards across streams, and streamed transfers.
+
+Every buffer remembers the mark of its last write and the marks of launches
+that read it since. Work that reads it first waits for the last write; work
+that writes or frees it waits for the readers too (DESIGN.md, "Concurrency").
+Marks and these lists change only under the daemon's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from accyd.backends.base import Backend, DeviceBuffer, Stream
+from accyd.catalog.dtypes import DType
+from accyd.core.marks import Mark
+from accyd.errors import InvalidRequest, NotFound
+
+__all__ = ["BufferRecord", "Transfer"]
+
+
+@dataclass(eq=False, slots=True)
+class BufferRecord:
+    """One client's device buffer: the backend's handle, its element type, its hazards."""
+
+    id: str
+    device: int
+    buffer: DeviceBuffer
+    dtype: DType | None = None
+    last_write: Mark | None = None
+    readers: list[Mark] = field(default_factory=list)
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """Held by each chunk of a transfer and by the free, so a free never races a copy."""
+
+    @property
+    def byte_size(self) -> int:
+        return self.buffer.byte_size
+
+    def read_hazards(self) -> list[Mark]:
+        return [] if self.last_write is None else [self.last_write]
+
+    def write_hazards(self) -> list[Mark]:
+        return [*self.read_hazards(), *self.readers]
+
+    def note_read(self, mark: Mark) -> None:
+        """A read recorded by ``mark``; it supersedes older reads on the same stream."""
+        for old in [m for m in self.readers if m.stream_id == mark.stream_id]:
+            self.readers.remove(old)
+            old.release()
+        self.readers.append(mark.retain())
+
+    def note_write(self, mark: Mark) -> None:
+        for old in self.take_marks():
+            old.release()
+        self.last_write = mark.retain()
+
+    def take_marks(self) -> list[Mark]:
+        """Every mark held, handed to the caller (who waits and releases them)."""
+        marks = self.write_hazards()
+        self.last_write = None
+        self.readers = []
+        return marks
+
+
+class Transfer:
+    """One streamed write or read of a buffer, in order on its client's transfer stream.
+
+    Made by the daemon after the stream was ordered after the buffer's hazards.
+    ``write`` and ``read`` block until the copy is done; ``finish`` records the
+    write for later hazards. A buffer freed meanwhile is ``NotFound``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        record: BufferRecord,
+        stream: Stream,
+        lock: threading.RLock,
+        *,
+        writing: bool,
+    ) -> None:
+        self.backend = backend
+        self.record = record
+        self.stream = stream
+        self.writing = writing
+        self.bytes_moved = 0
+        self._lock = lock
+
+    @property
+    def byte_size(self) -> int:
+        return self.record.byte_size
+
+    def check_range(self, offset: int, size: int, field: str) -> None:
+        if offset < 0 or size < 0 or offset + size > self.record.byte_size:
+            raise InvalidRequest(
+                f"bytes {offset}..{offset + size} are outside buffer {self.record.id} "
+                f"of {self.record.byte_size} bytes",
+                field=field,
+            )
+
+    def _live(self) -> BufferRecord:
+        if self.record.closed:
+            raise NotFound(f"buffer {self.record.id} was freed", field="buffer_id")
+        return self.record
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Copy ``data`` in at ``offset``; blocks until done (call off the event loop)."""
+        self.check_range(offset, len(data), "offset")
+        with self.record.lock:
+            self.backend.write(self._live().buffer, offset, data, self.stream)
+        self.bytes_moved += len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Copy ``size`` bytes out from ``offset``; blocks until done (call off the event loop)."""
+        self.check_range(offset, size, "size")
+        with self.record.lock:
+            data = self.backend.read(self._live().buffer, offset, size, self.stream)
+        self.bytes_moved += size
+        return data
+
+    def finish(self) -> None:
+        """Record a write so later work on other streams waits for it; idempotent."""
+        if not self.writing or self.bytes_moved == 0:
+            return
+        self.writing = False
+        with self._lock:
+            if self.record.closed:
+                return
+            mark = Mark(self.backend, self.stream)
+            self.record.note_write(mark)
+            mark.release()
+
+    def __enter__(self) -> Transfer:
+        return self
+
+    def __exit__(
+        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.finish()

@@ -1,0 +1,103 @@
+"""Attached clients and the table that routes every call to its client's state.
+
+Every lookup of a session or buffer goes through its owner, so another
+client's id is answered exactly as an unknown one: ``NotFound``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from accyd.backends.base import Stream
+from accyd.core.buffers import BufferRecord
+from accyd.core.sessions import Session, SessionKey
+from accyd.core.tenants import Tenant
+from accyd.errors import InvalidRequest, NotFound
+
+__all__ = ["Client", "ClientTable"]
+
+
+@dataclass(eq=False)
+class Client:
+    """One attached client of one tenant, and everything it owns."""
+
+    id: str
+    name: str
+    tenant: Tenant
+    attached_at: float = field(default_factory=time.time)
+    sessions: dict[str, Session] = field(default_factory=dict)
+    session_ids: dict[SessionKey, str] = field(default_factory=dict)
+    buffers: dict[str, BufferRecord] = field(default_factory=dict)
+    transfer_streams: dict[int, Stream] = field(default_factory=dict)
+
+    def session(self, session_id: str) -> Session:
+        _require(session_id, "session_id")
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no session {session_id!r}", field="session_id")
+        return session
+
+    def session_for(self, key: SessionKey) -> Session | None:
+        session_id = self.session_ids.get(key)
+        return None if session_id is None else self.sessions[session_id]
+
+    def add_session(self, session: Session) -> None:
+        self.sessions[session.id] = session
+        self.session_ids[session.key] = session.id
+
+    def pop_session(self, session_id: str) -> Session:
+        session = self.session(session_id)
+        del self.sessions[session_id]
+        del self.session_ids[session.key]
+        return session
+
+    def buffer(self, buffer_id: str, field: str = "buffer_id") -> BufferRecord:
+        _require(buffer_id, field)
+        record = self.buffers.get(buffer_id)
+        if record is None:
+            raise NotFound(f"no buffer {buffer_id!r}", field=field)
+        return record
+
+    def memory_in_use(self) -> int:
+        buffers = sum(record.byte_size for record in self.buffers.values())
+        return buffers + sum(session.scratch_bytes() for session in self.sessions.values())
+
+
+def _require(value: str, field: str) -> None:
+    if not value:
+        raise InvalidRequest(f"{field} is empty", field=field)
+
+
+class ClientTable:
+    """Every attached client by id: the one place a call is routed to its client's state."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, Client] = {}
+
+    def add(self, client: Client) -> None:
+        self._clients[client.id] = client
+
+    def get(self, client_id: str | None) -> Client:
+        if not client_id:
+            raise InvalidRequest(
+                "this call needs an attached client: call Attach and send its client id",
+                field="client_id",
+            )
+        client = self._clients.get(client_id)
+        if client is None:
+            raise NotFound(f"no attached client {client_id!r}", field="client_id")
+        return client
+
+    def find(self, client_id: str) -> Client | None:
+        return self._clients.get(client_id)
+
+    def pop(self, client_id: str) -> Client | None:
+        return self._clients.pop(client_id, None)
+
+    def __iter__(self) -> Iterator[Client]:
+        return iter(list(self._clients.values()))
+
+    def __len__(self) -> int:
+        return len(self._clients)

@@ -1,0 +1,1 @@
+"""The service layer: the only code that imports grpc (servicer, error mapping, conversions)."""

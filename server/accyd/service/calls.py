@@ -1,0 +1,182 @@
+"""Per-call plumbing: request ids, log context, errors to status, blocking work off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+import grpc
+import structlog
+
+from accyd.core.ids import REQUEST, new_id
+from accyd.errors import AccyError, InvalidRequest
+from accyd.logs import bind, unbind
+from accyd.service.errors import code_of, to_status
+
+__all__ = ["CLIENT_ID_HEADER", "Call", "CallTracker", "Context", "streaming", "unary"]
+
+CLIENT_ID_HEADER = "accy-client-id"
+MAX_ID_LENGTH = 256
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+log = structlog.get_logger("accyd.service")
+
+
+@dataclass(slots=True)
+class Call:
+    """What one call knows about itself: its request id, its client, its context."""
+
+    method: str
+    request_id: str
+    client_id: str | None
+    context: Context
+    started: float = field(default_factory=time.perf_counter)
+
+    def need_client(self) -> str:
+        if not self.client_id:
+            raise InvalidRequest(
+                f"call Attach first and send its client id in the {CLIENT_ID_HEADER!r} metadata",
+                field=CLIENT_ID_HEADER,
+            )
+        return self.client_id
+
+
+class CallTracker:
+    """Counts calls in flight (long-lived Attach streams aside) and runs blocking work."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self.executor = executor
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self, method: str) -> None:
+        if method != "Attach":
+            self._active += 1
+            self._idle.clear()
+
+    def leave(self, method: str) -> None:
+        if method != "Attach":
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), max(timeout, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+    async def blocking(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run ``fn`` on the device-work threads, with this call's log context."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.executor, functools.partial(context.run, fn, *args, **kwargs)
+        )
+
+
+class _Servicer(Protocol):
+    @property
+    def calls(self) -> CallTracker: ...
+
+
+_S = TypeVar("_S", bound=_Servicer)
+
+
+def _client_id(context: Context) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER and isinstance(value, str):
+            if len(value) > MAX_ID_LENGTH:
+                raise InvalidRequest("the client id is too long", field=CLIENT_ID_HEADER)
+            return value
+    return None
+
+
+def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, Any]:
+    request_id = new_id(REQUEST, 9)
+    tokens = bind(request_id=request_id, rpc=method)
+    call = Call(method, request_id, None, context)
+    servicer.calls.enter(method)
+    return call, tokens
+
+
+async def _fail(call: Call, error: Exception) -> None:
+    if isinstance(error, AccyError):
+        log.info(
+            "call refused",
+            code=code_of(error).name,
+            reason=error.reason,
+            field=error.field,
+            error=error.message,
+        )
+    else:
+        log.exception("call failed")
+    status = to_status(error, call.request_id)
+    await call.context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def _end(servicer: _Servicer, call: Call, tokens: Any) -> None:
+    servicer.calls.leave(call.method)
+    log.debug("call done", seconds=round(time.perf_counter() - call.started, 6))
+    unbind(**tokens)
+
+
+def unary(
+    method: Callable[[_S, _Req, Call], Awaitable[_Resp]],
+) -> Callable[[_S, _Req, Context], Awaitable[_Resp]]:
+    """Wrap a unary (or client-streaming) handler: ids, logs, errors to status."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: _Req, context: Context) -> _Resp:
+        call, tokens = _begin(self, name, context)
+        try:
+            call.client_id = _client_id(context)
+            bind(client_id=call.client_id)
+            return await method(self, request, call)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:
+            await _fail(call, error)
+            raise
+        finally:
+            _end(self, call, tokens)
+
+    return handler
+
+
+def streaming(
+    method: Callable[[_S, _Req, Call], AsyncIterator[_Resp]],
+) -> Callable[[_S, _Req, Context], AsyncIterator[_Resp]]:
+    """Wrap a server-streaming handler: ids, logs, errors to status."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def handler(self: _S, request: _Req, context: Context) -> AsyncIterator[_Resp]:
+        call, tokens = _begin(self, name, context)
+        try:
+            call.client_id = _client_id(context)
+            bind(client_id=call.client_id)
+            async for item in method(self, request, call):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as error:
+            await _fail(call, error)
+        finally:
+            _end(self, call, tokens)
+
+    return handler

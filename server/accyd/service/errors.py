@@ -1,0 +1,110 @@
+"""The one place domain errors become gRPC status codes with ``google.rpc`` details.
+
+``ErrorInfo`` carries the error's stable ``reason`` (domain ``accy.dev``) and
+metadata such as the session or quota; ``BadRequest`` names the field at fault;
+``QuotaFailure`` names the quota; ``RequestInfo`` carries the request id. An
+error that is no domain error is ``INTERNAL`` and says only the request id.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
+from grpc_status import rpc_status
+
+from accyd.errors import (
+    AccyError,
+    AlreadyExists,
+    DeviceFault,
+    FailedPrecondition,
+    InvalidArtifact,
+    InvalidRequest,
+    LaunchArgumentMismatch,
+    LaunchFailed,
+    NotFound,
+    OutOfMemory,
+    PermissionDenied,
+    QuotaExceeded,
+    RuntimeUnavailable,
+    Unauthenticated,
+    Unavailable,
+    UnsupportedOperation,
+)
+
+__all__ = ["DOMAIN", "code_of", "to_status"]
+
+DOMAIN = "accy.dev"
+
+_CODES: tuple[tuple[type[AccyError], grpc.StatusCode], ...] = (
+    (DeviceFault, grpc.StatusCode.UNAVAILABLE),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (RuntimeUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (QuotaExceeded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (OutOfMemory, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (InvalidArtifact, grpc.StatusCode.INVALID_ARGUMENT),
+    (LaunchArgumentMismatch, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (LaunchFailed, grpc.StatusCode.INTERNAL),
+)
+
+
+def code_of(error: AccyError) -> grpc.StatusCode:
+    """The status code of a domain error (an unsupported request field is INVALID_ARGUMENT)."""
+    if isinstance(error, UnsupportedOperation):
+        return grpc.StatusCode.INVALID_ARGUMENT if error.field else grpc.StatusCode.UNIMPLEMENTED
+    for kind, code in _CODES:
+        if isinstance(error, kind):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _pack(message: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def _details(error: AccyError, request_id: str) -> list[Message]:
+    metadata = {"request_id": request_id}
+    if error.field:
+        metadata["field"] = error.field
+    if isinstance(error, DeviceFault) and error.session:
+        metadata["session"] = error.session
+    if isinstance(error, QuotaExceeded):
+        metadata["quota"] = error.quota
+    details: list[Message] = [
+        error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata),
+        error_details_pb2.RequestInfo(request_id=request_id),
+    ]
+    if error.field:
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=error.field, description=error.message
+        )
+        details.append(error_details_pb2.BadRequest(field_violations=[violation]))
+    if isinstance(error, QuotaExceeded):
+        quota = error_details_pb2.QuotaFailure.Violation(
+            subject=error.quota, description=error.message
+        )
+        details.append(error_details_pb2.QuotaFailure(violations=[quota]))
+    return details
+
+
+def to_status(error: BaseException, request_id: str) -> grpc.Status:
+    """The status to abort a call with; internals of a non-domain error are not sent."""
+    if isinstance(error, AccyError):
+        code, message, details = code_of(error), error.message, _details(error, request_id)
+    else:
+        code = grpc.StatusCode.INTERNAL
+        message = f"internal error; the daemon's log has it under request {request_id}"
+        details = [error_details_pb2.RequestInfo(request_id=request_id)]
+    status = status_pb2.Status(
+        code=code.value[0], message=message, details=[_pack(d) for d in details]
+    )
+    return rpc_status.to_status(status)

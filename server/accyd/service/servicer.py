@@ -1,0 +1,299 @@
+"""The launch service on grpc.aio: every RPC of ``accy.launch.v1.LaunchService``.
+
+Handlers check the request's fields, convert them to domain values and call
+the daemon; calls that wait on the device run on the device-work threads so
+the event loop never blocks. Buffer data moves in chunks, so no message size
+limit bounds a buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+from accy.launch.v1 import launch_pb2 as pb
+from accy.launch.v1 import launch_pb2_grpc
+
+from accyd.core.daemon import Daemon
+from accyd.errors import InvalidRequest
+from accyd.logs import bind
+from accyd.service import convert
+from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, unary
+
+__all__ = ["SERVICE_NAME", "LaunchServicer"]
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaunchService"].full_name
+
+log = structlog.get_logger("accyd.service")
+
+
+def _text(value: str, field: str, *, required: bool = True) -> str:
+    """An id or name field: present (if required) and of sane length."""
+    if required and not value:
+        raise InvalidRequest(f"{field} is empty", field=field)
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidRequest(f"{field} is longer than {MAX_ID_LENGTH} characters", field=field)
+    return value
+
+
+def _ids(values: list[str] | tuple[str, ...], field: str) -> list[str]:
+    return [_text(value, f"{field}[{index}]") for index, value in enumerate(values)]
+
+
+class LaunchServicer:
+    """The RPCs of the launch service over one ``Daemon``."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        calls: CallTracker,
+        *,
+        tenant: str,
+        heartbeat_seconds: float,
+        read_chunk_bytes: int,
+        max_chunk_bytes: int,
+    ) -> None:
+        self.daemon = daemon
+        self.calls = calls
+        self._tenant = tenant
+        self._heartbeat = heartbeat_seconds
+        self._read_chunk = read_chunk_bytes
+        self._max_chunk = max_chunk_bytes
+        self._closing = asyncio.Event()
+        self._detaching: set[asyncio.Task[None]] = set()
+
+    def register(self, server: grpc.aio.Server) -> None:
+        add = launch_pb2_grpc.add_LaunchServiceServicer_to_server
+        add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
+
+    # Attach -------------------------------------------------------------------
+
+    @streaming
+    async def Attach(self, request: pb.AttachRequest, call: Call) -> AsyncIterator[pb.AttachEvent]:
+        name = request.client_name[:MAX_ID_LENGTH]
+        client = self.daemon.attach(name, self._tenant)
+        bind(client_id=client.id)
+        try:
+            yield pb.AttachEvent(
+                attached=pb.Attached(
+                    client_id=client.id,
+                    instance_id=self.daemon.instance_id,
+                    backend=self.daemon.backend.kind.value,
+                    device_name=self.daemon.backend.device_name,
+                    tenant=client.tenant.name,
+                )
+            )
+            sequence = 0
+            while not self._closing.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), self._heartbeat)
+                    break
+                sequence += 1
+                yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
+        finally:
+            self._detach_later(client.id)
+
+    def _detach_later(self, client_id: str) -> None:
+        """Free the client's resources in the background: the stream may be cancelled."""
+        task = asyncio.get_running_loop().create_task(self._detach(client_id))
+        self._detaching.add(task)
+        task.add_done_callback(self._detaching.discard)
+
+    async def _detach(self, client_id: str) -> None:
+        try:
+            await self.calls.blocking(self.daemon.detach, client_id)
+        except Exception:
+            log.exception("detach failed", client_id=client_id)
+
+    def close_attach_streams(self) -> None:
+        """End every Attach stream (each detaches its client)."""
+        self._closing.set()
+
+    async def wait_detached(self) -> None:
+        while self._detaching:
+            await asyncio.gather(*self._detaching, return_exceptions=True)
+
+    # Catalog ------------------------------------------------------------------
+
+    @unary
+    async def ListPipelines(
+        self, request: pb.ListPipelinesRequest, call: Call
+    ) -> pb.ListPipelinesResponse:
+        return pb.ListPipelinesResponse(
+            pipelines=[
+                convert.pipeline_info(p, self.daemon.formats_of(p)) for p in self.daemon.pipelines()
+            ],
+            backend_formats=[f.value for f in self.daemon.backend_formats()],
+        )
+
+    # Sessions -----------------------------------------------------------------
+
+    @unary
+    async def LoadPipeline(
+        self, request: pb.LoadPipelineRequest, call: Call
+    ) -> pb.LoadPipelineResponse:
+        client_id = call.need_client()
+        target = _text(request.target, "target")
+        fmt = convert.format_from_proto(_text(request.format, "format", required=False))
+        loaded = await self.calls.blocking(
+            self.daemon.load_pipeline, client_id, target, request.version, fmt, request.device
+        )
+        bind(session_id=loaded.session_id)
+        return pb.LoadPipelineResponse(
+            session_id=loaded.session_id,
+            created=loaded.created,
+            pipeline=convert.pipeline_info(
+                loaded.pipeline, self.daemon.formats_of(loaded.pipeline)
+            ),
+            format=loaded.format.value,
+        )
+
+    @unary
+    async def AllocateIntermediates(
+        self, request: pb.AllocateIntermediatesRequest, call: Call
+    ) -> pb.AllocateIntermediatesResponse:
+        client_id = call.need_client()
+        session_id = self._session_id(request.session_id)
+        scalars = convert.scalars_from_proto(request.runtime_scalars)
+        size = await self.calls.blocking(
+            self.daemon.allocate_intermediates, client_id, session_id, scalars
+        )
+        return pb.AllocateIntermediatesResponse(byte_size=size)
+
+    @unary
+    async def Launch(self, request: pb.LaunchRequest, call: Call) -> pb.LaunchResponse:
+        client_id = call.need_client()
+        session_id = self._session_id(request.session_id)
+        operands = _ids(list(request.operands), "operands")
+        results = _ids(list(request.results), "results")
+        scalars = convert.scalars_from_proto(request.runtime_scalars)
+        ticket = self.daemon.launch(client_id, session_id, operands, results, scalars)
+        enqueued = time.perf_counter() - call.started
+        waited = request.wait or ticket.must_wait
+        if waited:
+            await self.calls.blocking(
+                self.daemon.wait_launch, client_id, session_id, ticket.launch_id
+            )
+        return pb.LaunchResponse(
+            launch_id=ticket.launch_id,
+            completed=waited,
+            enqueue_seconds=enqueued,
+            elapsed_seconds=time.perf_counter() - call.started,
+        )
+
+    @unary
+    async def WaitLaunch(self, request: pb.WaitLaunchRequest, call: Call) -> pb.WaitLaunchResponse:
+        client_id = call.need_client()
+        session_id = self._session_id(request.session_id)
+        launch_id = _text(request.launch_id, "launch_id", required=False) or None
+        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
+        return pb.WaitLaunchResponse()
+
+    @unary
+    async def Release(self, request: pb.ReleaseRequest, call: Call) -> pb.ReleaseResponse:
+        client_id = call.need_client()
+        session_id = self._session_id(request.session_id)
+        await self.calls.blocking(self.daemon.release, client_id, session_id)
+        return pb.ReleaseResponse()
+
+    @staticmethod
+    def _session_id(value: str) -> str:
+        session_id = _text(value, "session_id")
+        bind(session_id=session_id)
+        return session_id
+
+    # Buffers ------------------------------------------------------------------
+
+    @unary
+    async def AllocateBuffer(
+        self, request: pb.AllocateBufferRequest, call: Call
+    ) -> pb.AllocateBufferResponse:
+        client_id = call.need_client()
+        dtype = convert.dtype_from_proto(request.dtype, "dtype")
+        record = await self.calls.blocking(
+            self.daemon.allocate_buffer, client_id, request.byte_size, dtype, request.device
+        )
+        return pb.AllocateBufferResponse(buffer_id=record.id, byte_size=record.byte_size)
+
+    @unary
+    async def WriteBuffer(
+        self, request: AsyncIterator[pb.WriteBufferChunk], call: Call
+    ) -> pb.WriteBufferResponse:
+        client_id = call.need_client()
+        transfer = None
+        try:
+            async for chunk in request:
+                if transfer is None:
+                    buffer_id = _text(chunk.buffer_id, "buffer_id")
+                    bind(buffer_id=buffer_id)
+                    transfer = self.daemon.open_write(client_id, buffer_id)
+                elif chunk.buffer_id and chunk.buffer_id != transfer.record.id:
+                    raise InvalidRequest(
+                        "every chunk of a write names the same buffer (or none)", field="buffer_id"
+                    )
+                if chunk.data:
+                    await self.calls.blocking(transfer.write, chunk.offset, chunk.data)
+        finally:
+            if transfer is not None:
+                transfer.finish()
+        if transfer is None:
+            raise InvalidRequest("a write needs at least one chunk", field="buffer_id")
+        return pb.WriteBufferResponse(bytes_written=transfer.bytes_moved)
+
+    @streaming
+    async def ReadBuffer(
+        self, request: pb.ReadBufferRequest, call: Call
+    ) -> AsyncIterator[pb.ReadBufferChunk]:
+        client_id = call.need_client()
+        chunk_size = request.chunk_size or self._read_chunk
+        if chunk_size > self._max_chunk:
+            raise InvalidRequest(
+                f"chunk_size {chunk_size} is past the largest message ({self._max_chunk})",
+                field="chunk_size",
+            )
+        buffer_id = _text(request.buffer_id, "buffer_id")
+        bind(buffer_id=buffer_id)
+        transfer = self.daemon.open_read(client_id, buffer_id)
+        offset = request.offset
+        size = request.size or max(transfer.byte_size - offset, 0)
+        transfer.check_range(offset, size, "size" if request.size else "offset")
+        end = offset + size
+        while offset < end:
+            count = min(chunk_size, end - offset)
+            data = await self.calls.blocking(transfer.read, offset, count)
+            yield pb.ReadBufferChunk(offset=offset, data=data)
+            offset += count
+
+    @unary
+    async def FreeBuffer(self, request: pb.FreeBufferRequest, call: Call) -> pb.FreeBufferResponse:
+        client_id = call.need_client()
+        buffer_id = _text(request.buffer_id, "buffer_id")
+        await self.calls.blocking(self.daemon.free_buffer, client_id, buffer_id)
+        return pb.FreeBufferResponse()
+
+    # One call and status ------------------------------------------------------
+
+    @unary
+    async def Run(self, request: pb.RunRequest, call: Call) -> pb.RunResponse:
+        target = _text(request.target, "target")
+        fmt = convert.format_from_proto(_text(request.format, "format", required=False))
+        operands = [
+            convert.tensor_from_proto(tensor, f"operands[{index}]")
+            for index, tensor in enumerate(request.operands)
+        ]
+        scalars = convert.scalars_from_proto(request.runtime_scalars)
+        results = await self.calls.blocking(
+            self.daemon.run, call.client_id, target, request.version, fmt, operands, scalars
+        )
+        return pb.RunResponse(
+            results=[convert.tensor_to_proto(result) for result in results],
+            elapsed_seconds=time.perf_counter() - call.started,
+        )
+
+    @unary
+    async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
+        return convert.status_to_proto(self.daemon.status(call.client_id))

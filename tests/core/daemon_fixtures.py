@@ -1,0 +1,39 @@
+"""A catalog over the seed's test pipeline, and daemons on the recording and host backends."""
+
+from __future__ import annotations
+
+from accyd.backends.host import HostBackend
+from accyd.backends.recording import RecordingBackend
+from accyd.catalog import load_catalog
+from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
+from accyd.core.daemon import Daemon
+from accyd.core.tenants import Quotas
+from accyd.errors import NotFound
+
+from tests.core.seed_fixtures import TEST_PIPELINE, seed_registry
+
+
+class SeedCatalog:
+    """The seed's device_scan test pipeline, in the CUDA PTX format only."""
+
+    def __init__(self) -> None:
+        self.registry: Registry = seed_registry()
+        self.pipelines: tuple[Pipeline, ...] = (TEST_PIPELINE,)
+
+    def find_pipeline(self, target: str, version: int = 0) -> Pipeline:
+        if target != TEST_PIPELINE.target or version not in (0, TEST_PIPELINE.version):
+            raise NotFound(f"no pipeline {target}", field="target")
+        return TEST_PIPELINE
+
+    def formats_of(self, pipeline: Pipeline) -> tuple[ArtifactFormat, ...]:
+        return (ArtifactFormat.CUDA_PTX,)
+
+
+def recording_daemon(quotas: Quotas | None = None) -> tuple[Daemon, RecordingBackend]:
+    backend = RecordingBackend()
+    return Daemon(SeedCatalog(), {0: backend}, quotas=quotas), backend
+
+
+def host_daemon(quotas: Quotas | None = None) -> tuple[Daemon, HostBackend]:
+    backend = HostBackend()
+    return Daemon(load_catalog(), {0: backend}, quotas=quotas), backend
