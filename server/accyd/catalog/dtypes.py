@@ -26,15 +26,15 @@ class DType(enum.Enum):
 
     @property
     def numpy(self) -> np.dtype[np.generic]:
-        return np.dtype(_NUMPY[self])
+        return _NUMPY_DTYPES[self]
 
     @property
     def itemsize(self) -> int:
-        return self.numpy.itemsize
+        return _NUMPY_DTYPES[self].itemsize
 
     @property
     def is_integer(self) -> bool:
-        return self.numpy.kind in "iu"
+        return self in _INT_RANGES
 
     @classmethod
     def parse(cls, name: str) -> DType:
@@ -56,12 +56,10 @@ class DType(enum.Enum):
         if self.is_integer:
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise LaunchArgumentMismatch(f"expected an integer for {self.value}, got {value!r}")
-            info = np.iinfo(_NUMPY[self])
+            low, high = _INT_RANGES[self]
             ivalue = int(value)
-            if not info.min <= ivalue <= info.max:
-                raise LaunchArgumentMismatch(
-                    f"{ivalue} does not fit {self.value} ({info.min}..{info.max})"
-                )
+            if not low <= ivalue <= high:
+                raise LaunchArgumentMismatch(f"{ivalue} does not fit {self.value} ({low}..{high})")
             return ivalue
         if isinstance(value, bool) or not isinstance(value, int | float | np.number):
             raise LaunchArgumentMismatch(f"expected a number for {self.value}, got {value!r}")
@@ -79,6 +77,12 @@ _NUMPY: dict[DType, str] = {
     DType.I64: "int64",
     DType.U64: "uint64",
     DType.U8: "uint8",
+}
+_NUMPY_DTYPES: dict[DType, np.dtype[np.generic]] = {d: np.dtype(n) for d, n in _NUMPY.items()}
+_INT_RANGES: dict[DType, tuple[int, int]] = {
+    d: (int(np.iinfo(n).min), int(np.iinfo(n).max))
+    for d, n in _NUMPY.items()
+    if np.dtype(n).kind in "iu"
 }
 
 
