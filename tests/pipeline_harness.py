@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
 from accyd.backends.base import Backend, DeviceBuffer, Stream
 from accyd.catalog import ArtifactFormat, Catalog, Scalar
 from accyd.core.executor import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from accyd.auth import TokenTable, hash_token, new_token
 from accyd.errors import CatalogError, PermissionDenied, Unauthenticated
 

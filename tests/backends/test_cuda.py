@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from accyd.backends.base import ArtifactRequest, DeviceBuffer, LaunchRequest, LoadedKernel, Stream
 from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend

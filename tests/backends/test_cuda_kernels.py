@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 import pytest
+
 from accyd.backends.base import ArtifactRequest, DeviceBuffer, LaunchRequest, LoadedKernel
 from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend

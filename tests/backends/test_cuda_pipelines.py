@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend
 from accyd.catalog import ArtifactFormat, load_catalog
-
 from tests.pipeline_harness import CASES, SIZES, run_case
 
 pytestmark = [

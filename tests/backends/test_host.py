@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+
 from accyd.backends.base import ArtifactRequest, Backend, LaunchRequest
 from accyd.backends.host import HostBackend
 from accyd.catalog import ArtifactFormat, Scalar

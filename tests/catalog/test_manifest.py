@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from accyd.catalog import ArtifactFormat, load_catalog
 from accyd.catalog.expr import Arg, CeilDiv
 from accyd.errors import CatalogError, NotFound

@@ -9,7 +9,6 @@ from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import NotFound
-
 from tests.core.seed_fixtures import TEST_PIPELINE, seed_registry
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from accyd.backends.host import HostBackend
 from accyd.catalog import ArtifactFormat, load_catalog
-
 from tests.pipeline_harness import CASES, SIZES, run_case
 
 CATALOG = load_catalog()

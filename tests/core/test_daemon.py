@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon, Tensor
 from accyd.core.tenants import Quotas
@@ -17,7 +18,6 @@ from accyd.errors import (
     QuotaExceeded,
     Unavailable,
 )
-
 from tests.core.daemon_fixtures import host_daemon, recording_daemon
 
 SCAN = "accy.kernel.test.device_scan"

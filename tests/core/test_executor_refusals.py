@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from accyd.backends.recording import RecordingBackend
 from accyd.catalog import Scalar, load_catalog
 from accyd.catalog.dtypes import DType
@@ -19,7 +20,6 @@ from accyd.catalog.model import (
 )
 from accyd.core.executor import PipelineLaunch, allocate_intermediates, launch_pipeline
 from accyd.errors import AccyError, InvalidArtifact, LaunchArgumentMismatch
-
 from tests.core.seed_fixtures import TEST_ENTRIES, TEST_PIPELINE, seed_binding, seed_registry
 
 CATALOG = load_catalog()

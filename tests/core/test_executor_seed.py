@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from accyd.backends.recording import RecordingBackend
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, ScalarBound
@@ -20,7 +21,6 @@ from accyd.errors import (
     OutOfMemory,
     RuntimeUnavailable,
 )
-
 from tests.core.seed_fixtures import (
     TEST_ENTRIES,
     TEST_PIPELINE,

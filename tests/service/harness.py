@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
+from grpc_status import rpc_status
+
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import HostBackend
 from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.server import Server
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
-from grpc_status import rpc_status
 
 CATALOG = load_catalog()
 

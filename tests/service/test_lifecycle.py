@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from accy.launch.v1 import launch_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from accy.launch.v1 import launch_pb2 as pb
 from tests.service.harness import ServerThread, attach, chunks, make_config
 
 SCAN = "accy.kernel.device_scan"

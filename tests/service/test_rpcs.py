@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import grpc
 import numpy as np
-from accy.launch.v1 import launch_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import (  # type: ignore[import-untyped, unused-ignore]
     reflection_pb2,
     reflection_pb2_grpc,
 )
 
+from accy.launch.v1 import launch_pb2 as pb
 from tests.service.harness import Attached, ServerThread, chunks
 
 N = 70000

@@ -1,0 +1,52 @@
+"""Evaluate a pipeline's extent expressions ("n", "ceil_div(n, 64)", "rows * cols") here."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+
+__all__ = ["ExtentError", "evaluate", "names"]
+
+
+class ExtentError(ValueError):
+    """An extent expression this client cannot read, or one that names a missing scalar."""
+
+
+def _parse(expression: str) -> ast.expr:
+    try:
+        return ast.parse(expression.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise ExtentError(f"cannot read extent {expression!r}: {error.msg}") from None
+
+
+def _eval(node: ast.expr, scalars: Mapping[str, int], expression: str) -> int:
+    match node:
+        case ast.Constant(value=int() as value) if not isinstance(value, bool):
+            return value
+        case ast.Name(id=name):
+            if name not in scalars:
+                raise ExtentError(f"extent {expression!r} needs the scalar {name!r}")
+            return int(scalars[name])
+        case ast.BinOp(left=left, op=ast.Mult() | ast.Add() | ast.Sub() as op, right=right):
+            a, b = _eval(left, scalars, expression), _eval(right, scalars, expression)
+            if isinstance(op, ast.Mult):
+                return a * b
+            return a + b if isinstance(op, ast.Add) else a - b
+        case ast.Call(func=ast.Name(id="ceil_div"), args=[inner, divisor], keywords=[]):
+            d = _eval(divisor, scalars, expression)
+            if d <= 0:
+                raise ExtentError(f"extent {expression!r} divides by {d}")
+            return -(-_eval(inner, scalars, expression) // d)
+    raise ExtentError(f"cannot read extent {expression!r}: unsupported {ast.dump(node)}")
+
+
+def evaluate(expression: str, scalars: Mapping[str, int]) -> int:
+    """The number of elements ``expression`` asks for, given integer runtime scalars."""
+    return _eval(_parse(expression), scalars, expression)
+
+
+def names(expression: str) -> set[str]:
+    """The scalar names an extent expression refers to (``ceil_div`` excluded)."""
+    tree = _parse(expression)
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}

@@ -1,0 +1,189 @@
+"""Plain descriptions of pipelines and daemon status, read from the protocol messages."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from accy import _extent
+from accy._dtypes import from_wire, name_of
+from accy.launch.v1 import launch_pb2
+
+__all__ = ["Attachment", "BufferSpec", "PipelineInfo", "ScalarSpec", "Status"]
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """An operand, result or intermediate: its name, element type and minimum extent."""
+
+    name: str
+    dtype: np.dtype[Any] | None
+    extent: str
+
+    @classmethod
+    def from_proto(cls, info: launch_pb2.BufferInfo) -> BufferSpec:
+        return cls(info.name, from_wire(info.dtype), info.extent)
+
+    def elements(self, scalars: Mapping[str, int]) -> int:
+        """The fewest elements this buffer must hold for these runtime scalars."""
+        return _extent.evaluate(self.extent, scalars)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": name_of(self.dtype), "extent": self.extent}
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarSpec:
+    """A runtime scalar: name, element type and inclusive bounds where declared."""
+
+    name: str
+    dtype: np.dtype[Any]
+    min: float | None
+    max: float | None
+
+    @classmethod
+    def from_proto(cls, info: launch_pb2.ScalarInfo) -> ScalarSpec:
+        dtype = from_wire(info.dtype)
+        if dtype is None:
+            raise ValueError(f"runtime scalar {info.name!r} has no dtype")
+        return cls(
+            info.name,
+            dtype,
+            info.min if info.has_min else None,
+            info.max if info.has_max else None,
+        )
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype.kind in "iu"
+
+    def bounds_text(self) -> str:
+        """The bounds as ``accy pipelines`` prints them (``1..1073741824``)."""
+
+        def show(v: float | None) -> str:
+            if v is None:
+                return ""
+            return str(int(v)) if self.is_integer else f"{v:g}"
+
+        if self.min is None and self.max is None:
+            return "any"
+        return f"{show(self.min)}..{show(self.max)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": name_of(self.dtype), "min": self.min, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineInfo:
+    """Everything a client needs to call one pipeline, as ``ListPipelines`` describes it."""
+
+    target: str
+    version: int
+    description: str
+    operands: tuple[BufferSpec, ...]
+    results: tuple[BufferSpec, ...]
+    runtime_scalars: tuple[ScalarSpec, ...]
+    intermediates: tuple[BufferSpec, ...]
+    stage_count: int
+    formats: tuple[str, ...]
+
+    @classmethod
+    def from_proto(cls, info: launch_pb2.PipelineInfo) -> PipelineInfo:
+        return cls(
+            target=info.target,
+            version=info.version,
+            description=info.description,
+            operands=tuple(BufferSpec.from_proto(b) for b in info.operands),
+            results=tuple(BufferSpec.from_proto(b) for b in info.results),
+            runtime_scalars=tuple(ScalarSpec.from_proto(s) for s in info.runtime_scalars),
+            intermediates=tuple(BufferSpec.from_proto(b) for b in info.intermediates),
+            stage_count=info.stage_count,
+            formats=tuple(info.formats),
+        )
+
+    def scalar(self, name: str) -> ScalarSpec:
+        """The declaration of one runtime scalar; ``KeyError`` naming the known ones."""
+        for spec in self.runtime_scalars:
+            if spec.name == name:
+                return spec
+        known = ", ".join(s.name for s in self.runtime_scalars) or "none"
+        raise KeyError(f"{self.target} has no runtime scalar {name!r} (it takes: {known})")
+
+    def signature(self) -> str:
+        """One line: ``x: f32[n] -> y: f32[n]; n: u32 1..1073741824``."""
+
+        def bufs(specs: tuple[BufferSpec, ...]) -> str:
+            return ", ".join(f"{b.name}: {name_of(b.dtype)}[{b.extent}]" for b in specs)
+
+        scalars = ", ".join(
+            f"{s.name}: {name_of(s.dtype)} {s.bounds_text()}" for s in self.runtime_scalars
+        )
+        return f"{bufs(self.operands)} -> {bufs(self.results)}; {scalars}"
+
+    def to_dict(self) -> dict[str, Any]:
+        def many(specs: tuple[BufferSpec, ...] | tuple[ScalarSpec, ...]) -> list[dict[str, Any]]:
+            return [s.to_dict() for s in specs]
+
+        return {
+            "target": self.target,
+            "version": self.version,
+            "description": self.description,
+            "operands": many(self.operands),
+            "results": many(self.results),
+            "runtime_scalars": many(self.runtime_scalars),
+            "intermediates": many(self.intermediates),
+            "stage_count": self.stage_count,
+            "formats": list(self.formats),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """Who this client is to the daemon, from the first event of its Attach stream."""
+
+    client_id: str
+    instance_id: str
+    backend: str
+    device_name: str
+    tenant: str
+
+    @classmethod
+    def from_proto(cls, attached: launch_pb2.Attached) -> Attachment:
+        return cls(
+            attached.client_id,
+            attached.instance_id,
+            attached.backend,
+            attached.device_name,
+            attached.tenant,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The daemon's state as this client may see it (``GetStatus``)."""
+
+    instance_id: str
+    backend: str
+    device_name: str
+    serving: bool
+    uptime_seconds: float
+    clients: int
+    sessions: int
+    buffers: int
+    device_memory_in_use: int
+    launches_total: int
+    launches_failed: int
+    my_sessions: int
+    my_buffers: int
+    my_memory_in_use: int
+
+    @classmethod
+    def from_proto(cls, response: launch_pb2.GetStatusResponse) -> Status:
+        return cls(**{f.name: getattr(response, f.name) for f in dataclasses.fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,67 @@
+"""A typed stub of accy.launch.v1.LaunchService, built from the service descriptor."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from accy.launch.v1 import launch_pb2 as pb
+
+__all__ = ["SERVICE_NAME", "Stub", "channel_options"]
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["LaunchService"]
+SERVICE_NAME = _SERVICE.full_name
+
+_Req = TypeVar("_Req", bound=Message)
+_Resp = TypeVar("_Resp", bound=Message)
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Channel options every accy client channel uses: no cap on received messages."""
+    return [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+def _path(name: str) -> str:
+    return f"/{SERVICE_NAME}/{_SERVICE.methods_by_name[name].name}"
+
+
+class Stub:
+    """One typed multi-callable per RPC of the launch service."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        def uu(
+            name: str, req: type[_Req], resp: type[_Resp]
+        ) -> grpc.UnaryUnaryMultiCallable[_Req, _Resp]:
+            return channel.unary_unary(_path(name), req.SerializeToString, resp.FromString)
+
+        def us(
+            name: str, req: type[_Req], resp: type[_Resp]
+        ) -> grpc.UnaryStreamMultiCallable[_Req, _Resp]:
+            return channel.unary_stream(_path(name), req.SerializeToString, resp.FromString)
+
+        def su(
+            name: str, req: type[_Req], resp: type[_Resp]
+        ) -> grpc.StreamUnaryMultiCallable[_Req, _Resp]:
+            return channel.stream_unary(_path(name), req.SerializeToString, resp.FromString)
+
+        self.Attach = us("Attach", pb.AttachRequest, pb.AttachEvent)
+        self.ListPipelines = uu("ListPipelines", pb.ListPipelinesRequest, pb.ListPipelinesResponse)
+        self.LoadPipeline = uu("LoadPipeline", pb.LoadPipelineRequest, pb.LoadPipelineResponse)
+        self.AllocateIntermediates = uu(
+            "AllocateIntermediates",
+            pb.AllocateIntermediatesRequest,
+            pb.AllocateIntermediatesResponse,
+        )
+        self.Launch = uu("Launch", pb.LaunchRequest, pb.LaunchResponse)
+        self.WaitLaunch = uu("WaitLaunch", pb.WaitLaunchRequest, pb.WaitLaunchResponse)
+        self.Release = uu("Release", pb.ReleaseRequest, pb.ReleaseResponse)
+        self.AllocateBuffer = uu(
+            "AllocateBuffer", pb.AllocateBufferRequest, pb.AllocateBufferResponse
+        )
+        self.WriteBuffer = su("WriteBuffer", pb.WriteBufferChunk, pb.WriteBufferResponse)
+        self.ReadBuffer = us("ReadBuffer", pb.ReadBufferRequest, pb.ReadBufferChunk)
+        self.FreeBuffer = uu("FreeBuffer", pb.FreeBufferRequest, pb.FreeBufferResponse)
+        self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
+        self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)

@@ -1,0 +1,303 @@
+"""Typed exceptions that mirror gRPC status codes, decoded from google.rpc details."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+from google.rpc.error_details_pb2 import (  # type: ignore[import-untyped, unused-ignore]
+    BadRequest,
+    ErrorInfo,
+    QuotaFailure,
+    RequestInfo,
+)
+from google.rpc.status_pb2 import Status as RpcStatus  # type: ignore[import-untyped, unused-ignore]
+from grpc_status import rpc_status
+
+__all__ = [
+    "DOMAIN",
+    "Aborted",
+    "AccyError",
+    "AlreadyExists",
+    "Cancelled",
+    "DaemonUnreachable",
+    "DataLoss",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "FieldViolation",
+    "Internal",
+    "InvalidArgument",
+    "NotFound",
+    "OutOfRange",
+    "PermissionDenied",
+    "QuotaViolation",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "Unknown",
+    "error_class",
+    "from_rpc_error",
+    "from_status",
+]
+
+DOMAIN = "accy.dev"
+"""The ``ErrorInfo.domain`` of every error the daemon raises."""
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One ``google.rpc.BadRequest`` field violation: the request field at fault and why."""
+
+    field: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaViolation:
+    """One ``google.rpc.QuotaFailure`` violation: which quota and why."""
+
+    subject: str
+    description: str
+
+
+class AccyError(Exception):
+    """Base of every error the client raises for a failed call.
+
+    ``code`` is the gRPC status code; ``reason`` and ``metadata`` come from the
+    daemon's ``google.rpc.ErrorInfo`` (``None`` and empty when it sent none);
+    ``request_id`` from its ``RequestInfo``, the key to the daemon's log.
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        domain: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        field_violations: Sequence[FieldViolation] = (),
+        quota_violations: Sequence[QuotaViolation] = (),
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.domain = domain
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.field_violations = tuple(field_violations)
+        self.quota_violations = tuple(quota_violations)
+        self.request_id = request_id
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The request fields named at fault, in the order the daemon gave them."""
+        return tuple(v.field for v in self.field_violations)
+
+    def __str__(self) -> str:
+        text = f"{self.code.name}: {self.message}"
+        if self.reason:
+            text += f" [{self.reason}]"
+        for violation in self.field_violations:
+            if violation.description == self.message:
+                text += f" (field {violation.field})"
+            else:
+                text += f"\n  {violation.field}: {violation.description}"
+        return text
+
+
+class Cancelled(AccyError):
+    """The call was cancelled, usually by the caller."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
+class Unknown(AccyError):
+    """A status the daemon did not classify."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(AccyError):
+    """A request that can never succeed as written; ``field_violations`` name the fields."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class DeadlineExceeded(AccyError):
+    """The call's deadline passed before it finished."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class NotFound(AccyError):
+    """An id or name this client cannot see: unknown, freed, or another client's."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(AccyError):
+    """Something created twice."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class PermissionDenied(AccyError):
+    """Credentials that lack the scope the call needs."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class ResourceExhausted(AccyError):
+    """A quota or a device limit; ``quota`` names the quota where the daemon said which."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    @property
+    def quota(self) -> str | None:
+        if self.quota_violations:
+            return self.quota_violations[0].subject
+        return self.metadata.get("quota")
+
+
+class FailedPrecondition(AccyError):
+    """A valid call in the wrong state (for example scratch allocated too small)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(AccyError):
+    """A call aborted by a conflict; retrying may succeed."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class OutOfRange(AccyError):
+    """An offset or size past the end of a buffer."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unimplemented(AccyError):
+    """A method or feature this daemon does not have."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Internal(AccyError):
+    """A bug in the daemon."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+class Unavailable(AccyError):
+    """The daemon cannot serve now: draining, restarting, or its device was lost.
+
+    With ``reason == "DEVICE_LOST"``, ``session`` names the session whose work
+    faulted, where the daemon knows it.
+    """
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    @property
+    def session(self) -> str | None:
+        return self.metadata.get("session") or self.metadata.get("session_id")
+
+
+class DaemonUnreachable(Unavailable):
+    """No daemon answered at ``target``: not running, wrong address, or no permission."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(
+            f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
+            "or point --target / ACCY_TARGET at a running one",
+            reason="UNREACHABLE",
+        )
+        self.target = target
+        self.detail = detail
+
+
+class DataLoss(AccyError):
+    """Data that was lost, for example buffers of a daemon that restarted."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class Unauthenticated(AccyError):
+    """A call without valid credentials."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+_BY_CODE: dict[grpc.StatusCode, type[AccyError]] = {
+    cls.code: cls
+    for cls in (
+        Cancelled,
+        Unknown,
+        InvalidArgument,
+        DeadlineExceeded,
+        NotFound,
+        AlreadyExists,
+        PermissionDenied,
+        ResourceExhausted,
+        FailedPrecondition,
+        Aborted,
+        OutOfRange,
+        Unimplemented,
+        Internal,
+        Unavailable,
+        DataLoss,
+        Unauthenticated,
+    )
+}
+
+
+def error_class(code: grpc.StatusCode) -> type[AccyError]:
+    """The exception class for one status code (``Unknown`` for codes without one)."""
+    return _BY_CODE.get(code, Unknown)
+
+
+def from_status(code: grpc.StatusCode, message: str, status: RpcStatus | None) -> AccyError:
+    """Build the typed exception for ``code`` from a decoded ``google.rpc.Status``."""
+    reason: str | None = None
+    domain: str | None = None
+    metadata: dict[str, str] = {}
+    fields: list[FieldViolation] = []
+    quotas: list[QuotaViolation] = []
+    request_id: str | None = None
+    for detail in status.details if status is not None else ():
+        info, bad, quota, request = ErrorInfo(), BadRequest(), QuotaFailure(), RequestInfo()
+        if detail.Unpack(info):
+            reason, domain = info.reason or None, info.domain or None
+            metadata.update(info.metadata)
+        elif detail.Unpack(bad):
+            fields.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
+        elif detail.Unpack(quota):
+            quotas.extend(QuotaViolation(v.subject, v.description) for v in quota.violations)
+        elif detail.Unpack(request):
+            request_id = request.request_id or None
+    return error_class(code)(
+        message,
+        reason=reason,
+        domain=domain,
+        metadata=metadata,
+        field_violations=fields,
+        quota_violations=quotas,
+        request_id=request_id,
+    )
+
+
+def from_rpc_error(error: grpc.RpcError) -> AccyError:
+    """Turn a failed gRPC call into the typed exception for its status and details."""
+    if not isinstance(error, grpc.Call):
+        return Unknown(str(error) or type(error).__name__)
+    code = error.code()
+    message = error.details() or code.name
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:  # details that disagree with the status line: keep the line
+        status = None
+    return from_status(code, message, status)
