@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from accyd.backends.base import DeviceBuffer, LaunchRequest, Stream
 from accyd.backends.cuda import CudaBackend, cuda_available
 from accyd.backends.cuda.compile_cache import CompileCache

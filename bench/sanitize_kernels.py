@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 import numpy as np
+
 from accyd.backends.base import ArtifactRequest, DeviceBuffer, LaunchRequest
 from accyd.backends.cuda import CudaBackend
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from accy._paths import default_socket_path
-
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
 
 __all__ = ["ENV_PREFIX", "Config"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from accy.launch.v1 import launch_pb2 as pb
-
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline

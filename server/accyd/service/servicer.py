@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
+
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
-
 from accyd.core.daemon import Daemon
 from accyd.errors import InvalidRequest
 from accyd.logs import bind
