@@ -509,6 +509,39 @@ def test_stream_order_within_one_stream(
     backend.destroy(b)
 
 
+def test_notify_runs_after_the_streams_work_and_zero_fill(
+    backend: CudaBackend, kernels: dict[str, LoadedKernel]
+) -> None:
+    n = 1 << 16
+    a = backend.allocate_buffer(n * 4)
+    backend.write(a, 0, f32(np.full(n, 9.0)), None)
+    backend.destroy(a)
+    zeroed = backend.allocate_buffer(n * 4, zero=True)
+    assert not np.any(read_f32(backend, zeroed, n))
+    s = backend.create_stream()
+    event = backend.record_event(s)
+    launch(
+        backend,
+        kernels["accy_test_spin_fill"],
+        [zeroed],
+        [Scalar.u32(n), Scalar.f32(5.0), Scalar(DType.U64, 20_000_000)],
+        (n // 256, 1, 1),
+        stream=s,
+    )
+    after = backend.record_event(s)
+    called = threading.Event()  # the callback may make no CUDA call: it only signals
+    backend.notify(s, called.set)
+    assert called.wait(10), "the notification never came"
+    # The spin kernel runs for milliseconds: a notification before it ended shows here.
+    assert backend.event_done(after), "notified before the stream's work had finished"
+    assert backend.event_done(event)
+    assert np.all(read_f32(backend, zeroed, n, s) == 5.0)
+    for e in (event, after):
+        backend.destroy_event(e)
+    backend.destroy_stream(s)
+    backend.destroy(zeroed)
+
+
 # -- the compile cache -------------------------------------------------------------------------
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -222,5 +224,28 @@ def test_host_scan_results_and_in_order_chain() -> None:
             expected_y = a * x + expected_y
     got = np.frombuffer(daemon.open_read(client, by).read(0, y.nbytes), np.float32)
     np.testing.assert_allclose(got, expected_y, rtol=1e-5)
+    daemon.close()
+    assert backend.memory_in_use() == 0
+
+
+def test_launch_notifies_once_its_work_finished() -> None:
+    daemon, backend = host_daemon()
+    client = daemon.attach().id
+    n = 1 << 16
+    session = daemon.load_pipeline(client, "accy.kernel.saxpy").session_id
+    buffers = [daemon.allocate_buffer(client, n * 4, DType.F32).id for _ in range(2)]
+    order: list[str] = []
+    finished = threading.Event()
+
+    def notified() -> None:
+        order.append("notified")
+        finished.set()
+
+    scalars = {"n": Scalar.u32(n), "a": Scalar.f32(2.0)}
+    ticket = daemon.launch(client, session, buffers, buffers[1:], scalars, notified)
+    assert finished.wait(10)
+    # The notification comes after the launch's mark, so waiting now returns at once.
+    daemon.wait_launch(client, session, ticket.launch_id)
+    assert order == ["notified"]
     daemon.close()
     assert backend.memory_in_use() == 0

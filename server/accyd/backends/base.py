@@ -9,7 +9,7 @@ unique within their backend, which the executor uses to tell buffers apart.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -199,6 +199,16 @@ class Backend(Protocol):
         ...
 
     def event_done(self, event: Event) -> bool: ...
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the work enqueued on ``stream`` so far has finished.
+
+        It runs on another thread (the backend's or the driver's), must be quick
+        and must not call the backend; errors are reported by the next wait, not
+        to it. A stream whose device was lost may never call it: a waiter keeps
+        a blocking wait as its fallback.
+        """
+        ...
 
     def synchronize_event(self, event: Event) -> None: ...
 

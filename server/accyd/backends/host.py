@@ -336,6 +336,10 @@ class HostBackend:
 
         self._worker(stream).submit(wait)
 
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        self._alive()
+        self._worker(stream).submit(callback)
+
     def event_done(self, event: Event) -> bool:
         fence: _Fence = event.native
         return fence.done.is_set()

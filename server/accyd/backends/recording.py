@@ -8,6 +8,7 @@ by every kind of object, as in the seed. It runs no kernel and holds no memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accyd.backends.base import (
@@ -168,6 +169,9 @@ class RecordingBackend:
 
     def event_done(self, event: Event) -> bool:
         return True
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        callback()
 
     def synchronize_event(self, event: Event) -> None:
         pass

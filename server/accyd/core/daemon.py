@@ -390,8 +390,13 @@ class Daemon:
         operands: Sequence[str],
         results: Sequence[str],
         scalars: Mapping[str, Scalar],
+        notify: Callable[[], None] | None = None,
     ) -> LaunchTicket:
-        """Validate, then enqueue on the session's stream; returns at once."""
+        """Validate, then enqueue on the session's stream; returns at once.
+
+        ``notify`` (optional) is called from another thread once the launch's work
+        has finished, so a waiter need not block a thread; see ``Backend.notify``.
+        """
         with self._lock, self._counted():
             self._check_serving()
             client, session = self._session(client_id, session_id)
@@ -428,6 +433,11 @@ class Daemon:
                     _note(parked.mark, ops, res)
                 raise
             _note(record.mark, ops, res)
+            if notify is not None and transient is None:
+                # Without the notification the waiter falls back to a blocking wait,
+                # which reports whatever went wrong; the launch itself is enqueued.
+                with contextlib.suppress(AccyError):
+                    session.backend.notify(session.stream, notify)
             return LaunchTicket(session.id, session.launch_id(record.seq), transient is not None)
 
     @contextlib.contextmanager

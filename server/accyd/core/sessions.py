@@ -100,7 +100,9 @@ class Session:
         self.backend = backend
         self.pool = pool
         self.stream = stream
-        self.scratch: Intermediates | None = None
+        self._scratch: Intermediates | None = None
+        self._scratch_fits: tuple[Scalar, ...] | None = None
+        """The last runtime scalars the scratch was found large enough for."""
         self.launches_total = 0
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
@@ -124,6 +126,16 @@ class Session:
     # Scratch ------------------------------------------------------------------
 
     @property
+    def scratch(self) -> Intermediates | None:
+        """Scratch from AllocateIntermediates, kept across launches; ``None`` if never asked."""
+        return self._scratch
+
+    @scratch.setter
+    def scratch(self, value: Intermediates | None) -> None:
+        self._scratch = value
+        self._scratch_fits = None
+
+    @property
     def needs_scratch(self) -> bool:
         return bool(self.pipeline.intermediates)
 
@@ -131,6 +143,8 @@ class Session:
         """The session's scratch if it is large enough for ``args``; ``None`` if it has none."""
         if self.scratch is None:
             return None
+        if args == self._scratch_fits:
+            return self.scratch
         needed = intermediate_byte_sizes(self.pipeline, args)
         have = [buffer.byte_size for buffer in self.scratch.buffers]
         if any(n > h for n, h in zip(needed, have, strict=True)):
@@ -139,6 +153,7 @@ class Session:
                 f"{needed}: call AllocateIntermediates with the larger runtime scalars first",
                 field="runtime_scalars",
             )
+        self._scratch_fits = tuple(args)
         return self.scratch
 
     def scratch_bytes(self) -> int:

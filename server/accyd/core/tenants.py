@@ -21,6 +21,9 @@ class Quotas:
     launches_in_flight: int | None = None
 
 
+_QUOTA_NAMES = tuple(item.name for item in fields(Quotas))
+
+
 @dataclass(slots=True)
 class Usage:
     """What a tenant holds now, in the same units as ``Quotas``."""
@@ -31,8 +34,11 @@ class Usage:
     launches_in_flight: int = 0
 
     def add(self, other: Usage, sign: int = 1) -> None:
-        for item in fields(self):
-            setattr(self, item.name, getattr(self, item.name) + sign * getattr(other, item.name))
+        # Spelled out: this runs twice per launch, and dataclasses.fields() is slow.
+        self.memory_bytes += sign * other.memory_bytes
+        self.sessions += sign * other.sessions
+        self.buffers += sign * other.buffers
+        self.launches_in_flight += sign * other.launches_in_flight
 
 
 @dataclass(eq=False, slots=True)
@@ -45,15 +51,17 @@ class Tenant:
 
     def charge(self, amount: Usage) -> None:
         """Take ``amount`` or raise ``QuotaExceeded`` naming the first quota it would pass."""
-        for item in fields(amount):
-            wanted = getattr(amount, item.name)
-            limit = getattr(self.quotas, item.name)
-            have = getattr(self.usage, item.name)
-            if wanted and limit is not None and have + wanted > limit:
+        for name in _QUOTA_NAMES:
+            wanted = getattr(amount, name)
+            if not wanted:
+                continue
+            limit = getattr(self.quotas, name)
+            have = getattr(self.usage, name)
+            if limit is not None and have + wanted > limit:
                 raise QuotaExceeded(
-                    f"tenant {self.name!r}: {item.name} quota is {limit}; {have} in use, "
+                    f"tenant {self.name!r}: {name} quota is {limit}; {have} in use, "
                     f"{wanted} more asked",
-                    quota=item.name,
+                    quota=name,
                 )
         self.usage.add(amount)
 

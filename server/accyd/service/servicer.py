@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,7 @@ import structlog
 
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
-from accyd.core.daemon import Daemon
+from accyd.core.daemon import Daemon, LaunchTicket
 from accyd.errors import InvalidRequest
 from accyd.logs import bind
 from accyd.service import convert
@@ -29,6 +30,19 @@ __all__ = ["SERVICE_NAME", "LaunchServicer"]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaunchService"].full_name
 
 log = structlog.get_logger("accyd.service")
+
+NOTIFY_PATIENCE_SECONDS = 0.005
+"""How long a waiting Launch relies on the backend's notification before a blocking wait."""
+
+
+def _resolve_soon(future: asyncio.Future[None]) -> None:
+    """From any thread: mark ``future`` done on its loop."""
+    future.get_loop().call_soon_threadsafe(_resolve, future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _text(value: str, field: str, *, required: bool = True) -> str:
@@ -171,19 +185,42 @@ class LaunchServicer:
         operands = _ids(list(request.operands), "operands")
         results = _ids(list(request.results), "results")
         scalars = convert.scalars_from_proto(request.runtime_scalars)
-        ticket = self.daemon.launch(client_id, session_id, operands, results, scalars)
+        finished: asyncio.Future[None] | None = None
+        if request.wait:
+            finished = asyncio.get_running_loop().create_future()
+        notify = None if finished is None else functools.partial(_resolve_soon, finished)
+        ticket = self.daemon.launch(client_id, session_id, operands, results, scalars, notify)
         enqueued = time.perf_counter() - call.started
         waited = request.wait or ticket.must_wait
         if waited:
-            await self.calls.blocking(
-                self.daemon.wait_launch, client_id, session_id, ticket.launch_id
-            )
+            await self._wait_launch(client_id, session_id, ticket, finished)
         return pb.LaunchResponse(
             launch_id=ticket.launch_id,
             completed=waited,
             enqueue_seconds=enqueued,
             elapsed_seconds=time.perf_counter() - call.started,
         )
+
+    async def _wait_launch(
+        self,
+        client_id: str,
+        session_id: str,
+        ticket: LaunchTicket,
+        finished: asyncio.Future[None] | None,
+    ) -> None:
+        """Wait for a launch: by the backend's notification if it comes soon, else a thread.
+
+        A notification saves two thread hops on the hot path; the blocking wait
+        stays the fallback for long kernels and for a device that was lost.
+        """
+        if finished is not None and not ticket.must_wait:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(finished), NOTIFY_PATIENCE_SECONDS)
+            if finished.done():
+                # Finished: this wait returns at once and reports any error.
+                self.daemon.wait_launch(client_id, session_id, ticket.launch_id)
+                return
+        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, ticket.launch_id)
 
     @unary
     async def WaitLaunch(self, request: pb.WaitLaunchRequest, call: Call) -> pb.WaitLaunchResponse:

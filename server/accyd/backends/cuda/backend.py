@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import os
 import struct
 import threading
@@ -128,6 +129,14 @@ class _Allocation:
         self.base = base
 
 
+_HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+"""The C signature of a CUhostFn: ``void fn(void* user_data)``."""
+
+
+def _log_callback_error() -> None:
+    logging.getLogger(__name__).exception("a stream notification callback failed")
+
+
 class CudaBackend:
     """One CUDA device, through its primary context, for every caller in the process.
 
@@ -170,6 +179,12 @@ class CudaBackend:
         self._events: dict[int, Event] = {}
         self._event_pool: list[Any] = []
         self._bytes_in_use = 0
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._callback_ids = itertools.count(1)
+        # The driver calls this one C trampoline for every notify(); it must outlive
+        # every host function still queued, so it lives as long as the backend.
+        self._host_fn = _HOST_FN(self._run_callback)
+        self._host_fn_handle = cu.CUhostFn(ctypes.cast(self._host_fn, ctypes.c_void_p).value)
         try:
             check(cu.cuInit(0), "cuInit")
         except RuntimeError as error:  # cuda-python could not dlopen libcuda
@@ -677,6 +692,32 @@ class CudaBackend:
             "cuStreamWaitEvent",
             LaunchFailed,
         )
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the driver's host-function thread after the stream's work."""
+        self._enter()
+        key = next(self._callback_ids)
+        with self._lock:
+            self._callbacks[key] = callback
+        try:
+            self._check(
+                self._cu.cuLaunchHostFunc(self._stream_handle(stream), self._host_fn_handle, key),
+                "cuLaunchHostFunc",
+                LaunchFailed,
+            )
+        except BaseException:
+            with self._lock:
+                self._callbacks.pop(key, None)
+            raise
+
+    def _run_callback(self, user_data: int | None) -> None:
+        with self._lock:
+            callback = self._callbacks.pop(user_data or 0, None)
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # nothing may escape into the driver's thread
+                _log_callback_error()
 
     def event_done(self, event: Event) -> bool:
         self._enter()
