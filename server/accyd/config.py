@@ -32,7 +32,22 @@ class Config:
     log_format: str = "console"
     log_level: str = "info"
     insecure: bool = False
-    """Serve TCP without credentials: only when the operator asks for it by name."""
+    """Serve TCP without TLS and without tokens: only when the operator asks for it by name."""
+    tokens_file: Path | None = None
+    """The bearer tokens file (``accyd.auth``); with it every call needs a token."""
+    unix_trusted: bool = False
+    """With ``tokens_file``: calls on the Unix socket without a token are the default tenant."""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    """With it, TCP clients must present a certificate this CA signed (mutual TLS)."""
+    metrics_port: int | None = None
+    """Prometheus metrics on this port (0 picks one); ``None``: not served."""
+    metrics_address: str = "127.0.0.1"
+    supervise: bool = True
+    """Run the server in a child process that is restarted after a device fault."""
+    restart_max: int = 10
+    restart_window_seconds: float = 300.0
     heartbeat_seconds: float = 2.0
     keepalive_seconds: float = 2.0
     keepalive_timeout_seconds: float = 3.0
@@ -61,24 +76,70 @@ class Config:
             raise ValueError("blocking_threads and devices need at least one")
         if self.log_format not in ("console", "json"):
             raise ValueError(f"log_format must be console or json, not {self.log_format!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key too")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a port number, not {self.metrics_port}")
+        for item in dataclasses.fields(Quotas):
+            limit = getattr(self.quotas, item.name)
+            if limit is not None and limit < 0:
+                raise ValueError(f"quota {item.name} must not be negative")
+        if self.restart_max < 0 or self.restart_window_seconds <= 0:
+            raise ValueError("restart_max must not be negative and restart_window positive")
+        for address in self.listen_addresses:
+            refusal = self.tcp_refusal(address)
+            if refusal:
+                raise ValueError(refusal)
         return self
 
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    def tcp_refusal(self, address: str) -> str | None:
+        """Why ``address`` may not be served with these settings; ``None`` if it may."""
+        if address.startswith("unix:") or self.insecure:
+            return None
+        missing = []
+        if not self.tls:
+            missing.append("TLS (pass --tls-cert FILE --tls-key FILE)")
+        if self.tokens_file is None:
+            missing.append("bearer tokens (pass --tokens FILE)")
+        if not missing:
+            return None
+        return (
+            f"refusing to serve {address} over TCP without {' or '.join(missing)}; "
+            "pass --insecure to serve it anyway on a trusted network"
+        )
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-        """Defaults, then ``ACCYD_<FIELD>`` (quotas: ``ACCYD_QUOTA_<NAME>``), then ``overrides``."""
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        quotas: Mapping[str, int | None] | None = None,
+        **overrides: Any,
+    ) -> Config:
+        """Defaults, then ``ACCYD_<FIELD>`` (quotas: ``ACCYD_QUOTA_<NAME>``), then ``overrides``.
+
+        ``quotas`` overrides single default quotas by name (``memory_bytes``...).
+        """
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for item in dataclasses.fields(cls):
             raw = env.get(ENV_PREFIX + item.name.upper())
             if raw is not None and item.name in _PARSERS:
                 values[item.name] = _parse(item.name, raw, _PARSERS[item.name])
-        quotas = {
-            q.name: _parse(q.name, raw, _optional_int)
+        limits = {
+            q.name: _parse(f"QUOTA_{q.name}", raw, _optional_int)
             for q in dataclasses.fields(Quotas)
             if (raw := env.get(f"{ENV_PREFIX}QUOTA_{q.name.upper()}")) is not None
         }
-        if quotas:
-            values["quotas"] = Quotas(**quotas)
+        limits.update(quotas or {})
+        if limits:
+            values["quotas"] = Quotas(**limits)
         values.update(overrides)
         return cls(**values).validate()
 
@@ -107,16 +168,30 @@ def _optional_int(raw: str) -> int | None:
     return None if raw.strip() in ("", "none") else int(raw)
 
 
+def _optional_path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
+
+
 _PARSERS: dict[str, Callable[[str], Any]] = {
     "listen": lambda raw: tuple(_list(raw)),
     "backend": str,
     "devices": lambda raw: tuple(int(part) for part in _list(raw)),
     "catalog_dirs": lambda raw: tuple(Path(part) for part in _list(raw, os.pathsep)),
     "builtin_catalog": _bool,
-    "cache_dir": lambda raw: Path(raw) if raw else None,
+    "cache_dir": _optional_path,
     "log_format": str,
     "log_level": str,
     "insecure": _bool,
+    "tokens_file": _optional_path,
+    "unix_trusted": _bool,
+    "tls_cert": _optional_path,
+    "tls_key": _optional_path,
+    "tls_client_ca": _optional_path,
+    "metrics_port": _optional_int,
+    "metrics_address": str,
+    "supervise": _bool,
+    "restart_max": int,
+    "restart_window_seconds": float,
     "heartbeat_seconds": float,
     "keepalive_seconds": float,
     "keepalive_timeout_seconds": float,

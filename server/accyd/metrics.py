@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -12,6 +14,12 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
+
+from accyd.errors import AccyError
+
+if TYPE_CHECKING:
+    from accyd.core.daemon import DaemonStatus
 
 __all__ = ["Metrics"]
 
@@ -21,12 +29,29 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+class _BeforeScrape:
+    """A collector of nothing that runs callbacks first, so gauges read live state at a scrape."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for callback in self.callbacks:
+            callback()
+        return iter(())
+
+
 class Metrics:
     """Every metric the daemon exports; ``serve`` exposes them over HTTP on a port of their own."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._before_scrape = _BeforeScrape()
+        r.register(self._before_scrape)  # first: collectors run in the order registered
         self.launches = Counter(
             "accy_launches", "Pipeline launches by pipeline and status.", ["pipeline", "status"],
             registry=r,
@@ -49,6 +74,43 @@ class Metrics:
             "accy_restarts", "Times the supervisor restarted the server process.", registry=r
         )
         self._server: WSGIServer | None = None
+        self._launch_children: dict[tuple[str, str, bool], tuple[Counter, Histogram]] = {}
+
+    def observe_launch(
+        self, pipeline: str, seconds: float, *, waited: bool, error: BaseException | None = None
+    ) -> None:
+        """Count one launch (status ``ok``, or the error's reason in lower case) and its latency."""
+        if error is None:
+            status = "ok"
+        elif isinstance(error, AccyError):
+            status = error.reason.lower()
+        else:
+            status = "internal"
+        key = (pipeline, status, waited)
+        children = self._launch_children.get(key)
+        if children is None:
+            children = self._launch_children[key] = (
+                self.launches.labels(pipeline, status),
+                self.launch_seconds.labels(pipeline, "true" if waited else "false"),
+            )
+        children[0].inc()
+        if error is None:
+            children[1].observe(seconds)
+
+    def quota_refused(self, tenant: str, quota: str) -> None:
+        self.quota_refusals.labels(tenant, quota).inc()
+
+    def watch(self, status: Callable[[], DaemonStatus]) -> None:
+        """Read clients, sessions, buffers and memory per tenant from ``status`` at each scrape."""
+        self._before_scrape.callbacks.append(lambda: self.show(status()))
+
+    def show(self, status: DaemonStatus) -> None:
+        """Set the gauges from a daemon's status."""
+        self.clients.set(status.clients)
+        self.sessions.set(status.sessions)
+        self.buffers.set(status.buffers)
+        for tenant in status.tenants:
+            self.memory.labels(tenant.name).set(tenant.usage.memory_bytes)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` on ``address:port`` (0 picks a port) in a background thread."""

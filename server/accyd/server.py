@@ -5,6 +5,10 @@ device work and calls in flight drained within the grace, Attach streams
 ended, every client's resources released, the backends closed. A device
 fault skips the release (the context is poisoned) and exits non-zero so the
 process is restarted.
+
+Every call but health and reflection passes the auth interceptor
+(``accyd.service.auth``); TCP listeners serve TLS when a certificate is
+configured; metrics are served on a port of their own when asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import signal
 import socket
 import stat
+import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,20 +28,26 @@ import grpc
 import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
+from accyd.auth import TokenTable
 from accyd.backends.base import Backend
 from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
-from accyd.errors import DeviceFault, Unavailable
+from accyd.errors import AccyError, DeviceFault, Unavailable
+from accyd.metrics import Metrics
+from accyd.service.auth import Authenticator, AuthInterceptor, default_principal
 from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
+from accyd.service.tls import server_credentials
 from accyd.supervisor import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
+from accyd.supervisor import Lineage
 
 __all__ = ["EXIT_DEVICE_FAULT", "Server", "serve"]
 
 EXIT_FORCED = 1
+SUPERVISOR_POLL_SECONDS = 0.5
 
 log = structlog.get_logger("accyd.server")
 
@@ -50,11 +61,16 @@ class Server:
         *,
         backends: Mapping[int, Backend] | None = None,
         catalog: CatalogView | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         self.config = config
         self._backends = dict(backends) if backends is not None else None
         self._catalog = catalog
+        self.lineage = Lineage.from_env() if lineage is None else lineage
         self.addresses: list[str] = []
+        self.metrics = Metrics()
+        self.metrics_port: int | None = None
+        self._watching: asyncio.Task[None] | None = None
         self.exit_code = 0
         self._sockets: list[Path] = []
         self._stop_requested: asyncio.Event | None = None
@@ -65,6 +81,8 @@ class Server:
         config = self.config
         loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
+        tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
+        credentials = server_credentials(config)
         backends = self._backends or {
             device: make_backend(config.backend, device=device, cache_dir=config.cache_dir)
             for device in config.devices
@@ -72,9 +90,22 @@ class Server:
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread
-            loop.call_soon_threadsafe(self._on_fault, fault)
+            if _on_loop(loop):  # at once, before the faulting call's reply goes out
+                self._on_fault(fault)
+            else:
+                loop.call_soon_threadsafe(self._on_fault, fault)
 
-        self.daemon = Daemon(catalog, backends, quotas=config.quotas, on_fault=on_fault)
+        metrics = self.metrics
+        self.daemon = Daemon(
+            catalog,
+            backends,
+            quotas=config.quotas,
+            on_fault=on_fault,
+            on_quota_refused=metrics.quota_refused,
+        )
+        metrics.watch(self.daemon.status)
+        metrics.restarts.set(self.lineage.restarts)
+        metrics.device_faults.inc(self.lineage.device_faults)
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
         self.calls = CallTracker(self._executor)
         self.servicer = LaunchServicer(
@@ -84,9 +115,20 @@ class Server:
             heartbeat_seconds=config.heartbeat_seconds,
             read_chunk_bytes=config.read_chunk_bytes,
             max_chunk_bytes=config.max_message_bytes - 1024,
+            quotas=config.quotas,
+            metrics=metrics,
+            lineage=self.lineage,
         )
         self.health = Health([SERVICE_NAME])
-        self._grpc = grpc.aio.server(options=_options(config))
+        authenticator = Authenticator(
+            tokens,
+            default_principal(config.default_tenant, config.quotas),
+            unix_trusted=config.unix_trusted,
+            tenant_of_client=self._tenant_of_client,
+        )
+        self._grpc = grpc.aio.server(
+            options=_options(config), interceptors=[AuthInterceptor(authenticator)]
+        )
         self.servicer.register(self._grpc)
         self.health.register(self._grpc)
         reflection.enable_server_reflection(
@@ -94,8 +136,11 @@ class Server:
         )
         try:
             for address in config.listen_addresses:
-                self.addresses.append(self._bind(address))
+                self.addresses.append(self._bind(address, credentials))
+            if config.metrics_port is not None:
+                self.metrics_port = metrics.serve(config.metrics_port, config.metrics_address)
         except BaseException:
+            metrics.close()
             self._executor.shutdown(wait=False)
             if self._backends is None:
                 for backend in backends.values():
@@ -105,6 +150,8 @@ class Server:
         for path in self._sockets:
             os.chmod(path, 0o660)
         await self.health.set_serving(True)
+        if self.supervised:
+            self._watching = loop.create_task(self._watch_supervisor())
         backend = self.daemon.backend
         log.info(
             "accyd serving",
@@ -114,9 +161,33 @@ class Server:
             listen=self.addresses,
             instance_id=self.daemon.instance_id,
             pid=os.getpid(),
+            tls=credentials is not None,
+            mutual_tls=config.tls_client_ca is not None,
+            tokens=None if tokens is None else len(tokens),
+            unix_trusted=config.unix_trusted,
+            metrics_port=self.metrics_port,
+            restarts=self.lineage.restarts,
         )
 
-    def _bind(self, address: str) -> str:
+    @property
+    def supervised(self) -> bool:
+        """Whether a supervisor started this process (it may have died since)."""
+        pid = self.lineage.supervisor_pid
+        return pid is not None and (os.getppid() == pid or not _alive(pid))
+
+    def _tenant_of_client(self, client_id: str) -> str | None:
+        try:
+            return self.daemon.client(client_id).tenant.name
+        except AccyError:
+            return None
+
+    async def _watch_supervisor(self) -> None:
+        """Stop (gracefully) once the supervisor that started this process is gone."""
+        while os.getppid() == self.lineage.supervisor_pid:
+            await asyncio.sleep(SUPERVISOR_POLL_SECONDS)
+        self.request_stop("supervisor gone")
+
+    def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> str:
         if address.startswith("unix:"):
             path = Path(address.removeprefix("unix:")).expanduser()
             _prepare_socket(path)
@@ -124,12 +195,13 @@ class Server:
                 self._grpc.add_insecure_port(f"unix:{path}")
             self._sockets.append(path)
             return f"unix:{path}"
-        if not self.config.insecure:
-            raise Unavailable(
-                f"refusing to serve {address} over TCP without credentials; "
-                "pass --insecure to allow it on a trusted network"
-            )
-        port = self._grpc.add_insecure_port(address)
+        refusal = self.config.tcp_refusal(address)
+        if refusal:
+            raise Unavailable(refusal)
+        if credentials is None:
+            port = self._grpc.add_insecure_port(address)
+        else:
+            port = self._grpc.add_secure_port(address, credentials)
         if port == 0:
             raise Unavailable(f"cannot listen on {address}")
         host = address.rsplit(":", 1)[0]
@@ -137,6 +209,7 @@ class Server:
 
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
+        self.metrics.device_faults.inc()
         self.exit_code = EXIT_DEVICE_FAULT
         asyncio.get_running_loop().create_task(self.health.set_serving(False))
         self.request_stop("device fault")
@@ -159,6 +232,8 @@ class Server:
         if self._stopping:
             return
         self._stopping = True
+        if self._watching is not None:
+            self._watching.cancel()
         faulted = self.daemon.fault is not None
         grace = self.config.fault_grace_seconds if faulted else self.config.grace_seconds
         loop = asyncio.get_running_loop()
@@ -179,8 +254,31 @@ class Server:
         for path in self._sockets:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        # The metrics server takes up to half a second to stop: not worth waiting for after
+        # a device fault, since the process exits at once.
+        closing = threading.Thread(target=self.metrics.close, name="accyd-metrics-close")
+        closing.start()
+        if not faulted:
+            await asyncio.to_thread(closing.join)
         self._stopped = True
         log.info("accyd stopped", exit_code=self.exit_code)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _options(config: Config) -> list[tuple[str, int]]:
@@ -229,12 +327,15 @@ async def serve(config: Config) -> int:
     """Run a server until SIGTERM or SIGINT (a second one forces exit); returns the exit status."""
     server = Server(config)
     loop = asyncio.get_running_loop()
+    # Under the supervisor a terminal's Ctrl-C or a service manager's SIGTERM reaches this
+    # process twice (directly and passed on); the supervisor forces on a second signal itself.
+    supervised = server.supervised
     signals_seen = 0
 
     def on_signal(signum: signal.Signals) -> None:
         nonlocal signals_seen
         signals_seen += 1
-        if signals_seen > 1:
+        if signals_seen > 1 and not supervised:
             log.warning("second signal; exiting now", signal=signum.name)
             os._exit(EXIT_FORCED)
         server.request_stop(signum.name)

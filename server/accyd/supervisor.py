@@ -6,25 +6,62 @@ any non-zero exit or death by signal is restarted after a back-off that doubles
 from ``backoff_initial`` up to ``backoff_max``, until more than ``max_restarts``
 restarts fall within ``window_seconds``. SIGTERM and SIGINT are passed to the
 child and stop the restarting; the supervisor then exits with the child's code.
+Each child finds in its environment how many restarts and device faults came
+before it (``Lineage``), so its metrics can count them.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 import structlog
 
-__all__ = ["EXIT_DEVICE_LOST", "RestartPolicy", "Supervisor"]
+__all__ = ["EXIT_DEVICE_LOST", "Lineage", "RestartPolicy", "Supervisor"]
 
 EXIT_DEVICE_LOST = 75
 """The server's exit code after a sticky device fault (EX_TEMPFAIL: try again)."""
+
+
+_PID_ENV = "ACCYD_SUPERVISOR_PID"
+_RESTARTS_ENV = "ACCYD_SUPERVISOR_RESTARTS"
+_DEVICE_FAULTS_ENV = "ACCYD_SUPERVISOR_DEVICE_FAULTS"
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """What came before this server process, as its supervisor tells it through the environment."""
+
+    supervisor_pid: int | None = None
+    restarts: int = 0
+    device_faults: int = 0
+
+    def environment(self) -> dict[str, str]:
+        return {
+            _PID_ENV: str(self.supervisor_pid or ""),
+            _RESTARTS_ENV: str(self.restarts),
+            _DEVICE_FAULTS_ENV: str(self.device_faults),
+        }
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Lineage:
+        """The lineage a supervisor passed down; an unsupervised process has none."""
+        env = os.environ if environ is None else environ
+        try:
+            return cls(
+                int(env[_PID_ENV]) if env.get(_PID_ENV) else None,
+                int(env.get(_RESTARTS_ENV) or 0),
+                int(env.get(_DEVICE_FAULTS_ENV) or 0),
+            )
+        except ValueError:
+            return cls()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +87,7 @@ class Supervisor:
         self.command = list(command)
         self.policy = policy
         self.restarts = 0
+        self.device_faults = 0
         self._on_start = on_start
         self._stop = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
@@ -74,12 +112,17 @@ class Supervisor:
         backoff = self.policy.backoff_initial
         while True:
             started = time.monotonic()
-            self._child = subprocess.Popen(self.command)
+            lineage = Lineage(os.getpid(), self.restarts, self.device_faults)
+            self._child = subprocess.Popen(
+                self.command, env={**os.environ, **lineage.environment()}
+            )
             self._log.info("supervisor.started", pid=self._child.pid, restarts=self.restarts)
             if self._on_start is not None:
                 self._on_start(self._child.pid)
             code = self._child.wait()
             ran = time.monotonic() - started
+            if code == EXIT_DEVICE_LOST:
+                self.device_faults += 1
             if self._stop.is_set() or code == 0:
                 self._log.info("supervisor.exit", code=code)
                 return 0 if code < 0 and self._stop.is_set() else code

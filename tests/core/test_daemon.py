@@ -249,3 +249,18 @@ def test_launch_notifies_once_its_work_finished() -> None:
     assert order == ["notified"]
     daemon.close()
     assert backend.memory_in_use() == 0
+
+
+def test_run_without_attaching_is_held_to_the_callers_tenant_quotas() -> None:
+    daemon, backend = host_daemon()
+    x = np.ones(1024, np.float32)
+    with pytest.raises(QuotaExceeded) as refused:
+        daemon.run(
+            None, "accy.kernel.device_scan", 0, None, [Tensor("x", None, x.tobytes())],
+            {"n": Scalar.u32(x.size)}, tenant="team-a", quotas=Quotas(memory_bytes=1024),
+        )  # fmt: skip
+    assert refused.value.quota == "memory_bytes"
+    status = daemon.status()
+    assert (status.clients, status.buffers, status.device_memory_in_use) == (0, 0, 0)
+    daemon.close()
+    assert backend.memory_in_use() == 0

@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import HostBackend
-from accyd.catalog import load_catalog
+from accyd.catalog import Catalog, load_catalog
 from accyd.config import Config
 from accyd.server import Server
 
@@ -27,9 +27,9 @@ CATALOG = load_catalog()
 class ServerThread:
     """``Server`` running on a loop of its own; ``stop()`` runs its ordered shutdown."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, catalog: Catalog = CATALOG) -> None:
         self.backend = HostBackend()
-        self.server = Server(config, backends={0: self.backend}, catalog=CATALOG)
+        self.server = Server(config, backends={0: self.backend}, catalog=catalog)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()

@@ -116,7 +116,8 @@ def test_graceful_shutdown_drains_calls_in_flight_then_releases(fresh: ServerThr
 def test_accyd_serve_logs_its_backend_first_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     socket_path = tmp_path / "s" / "accyd.sock"
     process = subprocess.Popen(
-        [sys.executable, "-m", "accyd.cli", "serve", "--backend", "auto", "--log-format", "json",
+        [sys.executable, "-m", "accyd.cli", "serve", "--no-supervise", "--backend", "auto",
+         "--log-format", "json",
          "--listen", f"unix:{socket_path}"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         env={**os.environ, "ACCYD_GRACE_SECONDS": "2"},

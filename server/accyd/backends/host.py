@@ -192,7 +192,7 @@ class HostBackend:
             self._in_use += byte_size
         try:
             raw = np.empty(byte_size + alignment, dtype=np.uint8)
-        except MemoryError:
+        except (MemoryError, ValueError):  # ValueError: past numpy's largest array
             with self._lock:
                 self._in_use -= byte_size
             raise OutOfMemory(f"host backend: cannot allocate {byte_size} bytes") from None

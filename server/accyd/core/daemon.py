@@ -8,9 +8,10 @@ safe from any thread: tables change under one lock, never held across a wait.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +47,7 @@ __all__ = [
     "DaemonStatus",
     "LaunchTicket",
     "LoadedSession",
+    "TenantStatus",
     "Tensor",
 ]
 
@@ -74,6 +76,11 @@ class LoadedSession:
     format: ArtifactFormat
 
 
+MAX_BUFFER_BYTES = 1 << 40
+"""No buffer is larger (1 TiB): a sanity bound before any quota, so no request asks the
+backend to allocate and zero absurd sizes."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchTicket:
     """An enqueued launch; ``must_wait`` when it runs on scratch made for it alone."""
@@ -81,6 +88,8 @@ class LaunchTicket:
     session_id: str
     launch_id: str
     must_wait: bool
+    pipeline: str
+    """The catalog target the session runs: a bounded label for metrics."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,21 @@ class DaemonStatus:
     my_sessions: int = 0
     my_buffers: int = 0
     my_memory_in_use: int = 0
+    tenants: tuple[TenantStatus, ...] = ()
+    """Every tenant's usage, or only those asked for (``status(tenants=...)``)."""
+    quota_refusals: int = 0
+    """Calls refused by a quota since start, over every tenant."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStatus:
+    """One tenant's quotas, what it holds now, and its refusals by quota name."""
+
+    name: str
+    clients: int
+    quotas: Quotas
+    usage: Usage
+    quota_refusals: Mapping[str, int]
 
 
 class Daemon:
@@ -121,6 +145,7 @@ class Daemon:
         quotas: Quotas | None = None,
         tenant_quotas: Mapping[str, Quotas] | None = None,
         on_fault: Callable[[DeviceFault], None] | None = None,
+        on_quota_refused: Callable[[str, str], None] | None = None,
     ) -> None:
         if not backends:
             raise ValueError("the daemon needs at least one device")
@@ -138,6 +163,8 @@ class Daemon:
         self._draining = False
         self._fault: DeviceFault | None = None
         self._on_fault = on_fault
+        self._on_quota_refused = on_quota_refused
+        self._refusals: dict[tuple[str, str], int] = {}
 
     # State ------------------------------------------------------------------
 
@@ -181,18 +208,27 @@ class Daemon:
             noted = DeviceFault(fault.message, session=fault.session or session_id)
             with self._lock:
                 first, self._fault = self._fault is None, self._fault or noted
+                origin = self._fault
             if first:
                 log.error("device fault", session_id=noted.session, error=noted.message)
                 if self._on_fault is not None:
                     self._on_fault(noted)
-            raise
+            # Every caller learns which session's work lost the device, the first one too.
+            raise DeviceFault(origin.message, session=origin.session) from fault
 
     def _tenant(self, name: str) -> Tenant:
         tenant = self._tenants.get(name)
         if tenant is None:
             quotas = self._tenant_quotas.get(name, self._quotas)
-            tenant = self._tenants[name] = Tenant(name, quotas)
+            tenant = self._tenants[name] = Tenant(name, quotas, on_refused=self._refused)
         return tenant
+
+    def _refused(self, tenant: Tenant, quota: str) -> None:
+        """Count a quota refusal (called under the lock, before ``QuotaExceeded`` is raised)."""
+        key = (tenant.name, quota)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+        if self._on_quota_refused is not None:
+            self._on_quota_refused(tenant.name, quota)
 
     def _backend(self, device: int) -> Backend:
         backend = self.backends.get(device)
@@ -438,7 +474,12 @@ class Daemon:
                 # which reports whatever went wrong; the launch itself is enqueued.
                 with contextlib.suppress(AccyError):
                     session.backend.notify(session.stream, notify)
-            return LaunchTicket(session.id, session.launch_id(record.seq), transient is not None)
+            return LaunchTicket(
+                session.id,
+                session.launch_id(record.seq),
+                transient is not None,
+                session.pipeline.target,
+            )
 
     @contextlib.contextmanager
     def _counted(self) -> Iterator[None]:
@@ -465,6 +506,14 @@ class Daemon:
                 )
             records.append(record)
         return records
+
+    def pipeline_of(self, client_id: str, session_id: str) -> str:
+        """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
+        with self._lock:
+            try:
+                return self._session(client_id, session_id)[1].pipeline.target
+            except AccyError:
+                return "unknown"
 
     def wait_launch(self, client_id: str, session_id: str, launch_id: str | None = None) -> None:
         """*Blocking*: wait for one launch of the session, or for all so far."""
@@ -519,8 +568,10 @@ class Daemon:
         self, client_id: str, byte_size: int, dtype: DType | None = None, device: int = 0
     ) -> BufferRecord:
         """*Blocking* (the device may take a while): a buffer of ``byte_size`` bytes."""
-        if byte_size <= 0:
-            raise InvalidRequest(f"byte_size must be positive, not {byte_size}", field="byte_size")
+        if not 0 < byte_size <= MAX_BUFFER_BYTES:
+            raise InvalidRequest(
+                f"byte_size must be 1..{MAX_BUFFER_BYTES}, not {byte_size}", field="byte_size"
+            )
         if dtype is not None and byte_size % dtype.itemsize:
             raise InvalidRequest(
                 f"byte_size {byte_size} is no whole number of {dtype.value} elements",
@@ -620,16 +671,31 @@ class Daemon:
         format: ArtifactFormat | None,
         operands: Sequence[Tensor],
         scalars: Mapping[str, Scalar],
+        *,
+        tenant: str = DEFAULT_TENANT,
+        quotas: Quotas | None = None,
     ) -> list[Tensor]:
-        """*Blocking*: upload, launch, wait, download (on a client of its own if none)."""
+        """*Blocking*: upload, launch, wait, download.
+
+        A caller that did not attach gets a client of its own for the call, of its
+        ``tenant`` and under its ``quotas``, so the one-call path bypasses no quota.
+        """
         anonymous = client_id is None
-        owner = self.attach("run").id if client_id is None else client_id
+        owner = self.attach("run", tenant, quotas).id if client_id is None else client_id
         try:
             loaded = self.load_pipeline(owner, target, version, format)
             pipeline = loaded.pipeline
             _check_tensors(pipeline, operands)
             args = order_scalars(pipeline, scalars)
             pipeline.validate_runtime_scalars(args)
+            for index, (spec, tensor) in enumerate(zip(pipeline.operands, operands, strict=True)):
+                needed = spec.byte_size(args)
+                if len(tensor.data) < needed:  # refused before anything is allocated
+                    raise LaunchArgumentMismatch(
+                        f"operand {spec.name!r} holds {len(tensor.data)} bytes; these runtime "
+                        f"scalars need {needed} ({spec.extent} x {spec.dtype.value})",
+                        field=f"operands[{index}]",
+                    )
             sizes = [spec.byte_size(args) for spec in pipeline.results]
             made: list[BufferRecord] = []
             try:
@@ -658,11 +724,15 @@ class Daemon:
 
     # Status and lifecycle ---------------------------------------------------
 
-    def status(self, client_id: str | None = None) -> DaemonStatus:
+    def status(
+        self, client_id: str | None = None, tenants: Collection[str] | None = None
+    ) -> DaemonStatus:
+        """The daemon's numbers; ``tenants`` limits the per-tenant part (``None``: all)."""
         with self._lock:
             clients = list(self._clients)
             mine = self._clients.find(client_id) if client_id else None
             backend = self.backend
+            shown = [t for t in self._tenants.values() if tenants is None or t.name in tenants]
             return DaemonStatus(
                 instance_id=self.instance_id,
                 backend=backend.kind.value,
@@ -678,7 +748,18 @@ class Daemon:
                 my_sessions=0 if mine is None else len(mine.sessions),
                 my_buffers=0 if mine is None else len(mine.buffers),
                 my_memory_in_use=0 if mine is None else mine.memory_in_use(),
+                tenants=tuple(self._tenant_status(t, clients) for t in shown),
+                quota_refusals=sum(self._refusals.values()),
             )
+
+    def _tenant_status(self, tenant: Tenant, clients: Sequence[Client]) -> TenantStatus:
+        return TenantStatus(
+            name=tenant.name,
+            clients=sum(1 for c in clients if c.tenant is tenant),
+            quotas=tenant.quotas,
+            usage=dataclasses.replace(tenant.usage),
+            quota_refusals={q: n for (t, q), n in self._refusals.items() if t == tenant.name},
+        )
 
     def wait_idle(self, timeout: float) -> bool:
         """*Blocking*: wait up to ``timeout`` seconds for every launch so far; True if all done."""

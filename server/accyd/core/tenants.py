@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 from accyd.errors import QuotaExceeded
@@ -48,6 +49,8 @@ class Tenant:
     name: str
     quotas: Quotas = field(default_factory=Quotas)
     usage: Usage = field(default_factory=Usage)
+    on_refused: Callable[[Tenant, str], None] | None = field(default=None, repr=False)
+    """Told of each refusal (tenant, quota name) before ``QuotaExceeded`` is raised."""
 
     def charge(self, amount: Usage) -> None:
         """Take ``amount`` or raise ``QuotaExceeded`` naming the first quota it would pass."""
@@ -58,6 +61,8 @@ class Tenant:
             limit = getattr(self.quotas, name)
             have = getattr(self.usage, name)
             if limit is not None and have + wanted > limit:
+                if self.on_refused is not None:
+                    self.on_refused(self, name)
                 raise QuotaExceeded(
                     f"tenant {self.name!r}: {name} quota is {limit}; {have} in use, "
                     f"{wanted} more asked",

@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import grpc
 import structlog
 
-from accyd.core.ids import REQUEST, new_id
+from accyd.core.ids import new_request_id
 from accyd.errors import AccyError, InvalidRequest
 from accyd.logs import bind, unbind
 from accyd.service.errors import code_of, to_status
@@ -106,7 +106,7 @@ def _client_id(context: Context) -> str | None:
 
 
 def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, Any]:
-    request_id = new_id(REQUEST, 9)
+    request_id = new_request_id()
     tokens = bind(request_id=request_id, rpc=method)
     call = Call(method, request_id, None, context)
     servicer.calls.enter(method)

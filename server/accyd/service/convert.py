@@ -8,7 +8,7 @@ from accy.launch.v1 import launch_pb2 as pb
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
-from accyd.core.daemon import DaemonStatus, Tensor
+from accyd.core.daemon import DaemonStatus, TenantStatus, Tensor
 from accyd.errors import InvalidRequest, LaunchArgumentMismatch
 
 __all__ = [
@@ -153,4 +153,25 @@ def status_to_proto(status: DaemonStatus) -> pb.GetStatusResponse:
         my_sessions=status.my_sessions,
         my_buffers=status.my_buffers,
         my_memory_in_use=status.my_memory_in_use,
+        tenants=[_tenant_to_proto(tenant) for tenant in status.tenants],
+        quota_refusals=status.quota_refusals,
+    )
+
+
+def _tenant_to_proto(tenant: TenantStatus) -> pb.TenantStatus:
+    quotas, usage = tenant.quotas, tenant.usage
+    return pb.TenantStatus(
+        name=tenant.name,
+        clients=tenant.clients,
+        memory_bytes=usage.memory_bytes,
+        sessions=usage.sessions,
+        buffers=usage.buffers,
+        launches_in_flight=usage.launches_in_flight,
+        quotas=pb.TenantQuotas(
+            memory_bytes=quotas.memory_bytes,
+            sessions=quotas.sessions,
+            buffers=quotas.buffers,
+            launches_in_flight=quotas.launches_in_flight,
+        ),
+        quota_refusals=tenant.quota_refusals,
     )

@@ -19,11 +19,16 @@ import structlog
 
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
+from accyd.auth import Principal
 from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.core.tenants import Quotas
 from accyd.errors import InvalidRequest
 from accyd.logs import bind
+from accyd.metrics import Metrics
 from accyd.service import convert
+from accyd.service.auth import ADMIN_SCOPE, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, unary
+from accyd.supervisor import Lineage
 
 __all__ = ["SERVICE_NAME", "LaunchServicer"]
 
@@ -35,14 +40,14 @@ NOTIFY_PATIENCE_SECONDS = 0.005
 """How long a waiting Launch relies on the backend's notification before a blocking wait."""
 
 
-def _resolve_soon(future: asyncio.Future[None]) -> None:
-    """From any thread: mark ``future`` done on its loop."""
-    future.get_loop().call_soon_threadsafe(_resolve, future)
+def _resolve_soon(future: asyncio.Future[bool]) -> None:
+    """From any thread: the launch finished; resolve ``future`` with True on its loop."""
+    future.get_loop().call_soon_threadsafe(_resolve, future, True)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[bool], finished: bool) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(finished)
 
 
 def _text(value: str, field: str, *, required: bool = True) -> str:
@@ -70,10 +75,16 @@ class LaunchServicer:
         heartbeat_seconds: float,
         read_chunk_bytes: int,
         max_chunk_bytes: int,
+        quotas: Quotas | None = None,
+        metrics: Metrics | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
         self.daemon = daemon
         self.calls = calls
-        self._tenant = tenant
+        self.metrics = metrics or Metrics()
+        """Launch and WaitLaunch report to ``metrics.observe_launch``."""
+        self._default_principal = default_principal(tenant, quotas or Quotas())
+        self._lineage = lineage or Lineage()
         self._heartbeat = heartbeat_seconds
         self._read_chunk = read_chunk_bytes
         self._max_chunk = max_chunk_bytes
@@ -89,7 +100,8 @@ class LaunchServicer:
     @streaming
     async def Attach(self, request: pb.AttachRequest, call: Call) -> AsyncIterator[pb.AttachEvent]:
         name = request.client_name[:MAX_ID_LENGTH]
-        client = self.daemon.attach(name, self._tenant)
+        principal = self._principal()
+        client = self.daemon.attach(name, principal.tenant, principal.quotas)
         bind(client_id=client.id)
         try:
             yield pb.AttachEvent(
@@ -185,20 +197,27 @@ class LaunchServicer:
         operands = _ids(list(request.operands), "operands")
         results = _ids(list(request.results), "results")
         scalars = convert.scalars_from_proto(request.runtime_scalars)
-        finished: asyncio.Future[None] | None = None
+        finished: asyncio.Future[bool] | None = None
         if request.wait:
             finished = asyncio.get_running_loop().create_future()
         notify = None if finished is None else functools.partial(_resolve_soon, finished)
-        ticket = self.daemon.launch(client_id, session_id, operands, results, scalars, notify)
-        enqueued = time.perf_counter() - call.started
-        waited = request.wait or ticket.must_wait
-        if waited:
-            await self._wait_launch(client_id, session_id, ticket, finished)
+        try:
+            ticket = self.daemon.launch(client_id, session_id, operands, results, scalars, notify)
+            enqueued = time.perf_counter() - call.started
+            waited = request.wait or ticket.must_wait
+            if waited:
+                await self._wait_launch(client_id, session_id, ticket, finished)
+        except Exception as error:
+            pipeline = self.daemon.pipeline_of(client_id, session_id)
+            self.metrics.observe_launch(pipeline, 0.0, waited=request.wait, error=error)
+            raise
+        elapsed = time.perf_counter() - call.started
+        self.metrics.observe_launch(ticket.pipeline, elapsed, waited=waited)
         return pb.LaunchResponse(
             launch_id=ticket.launch_id,
             completed=waited,
             enqueue_seconds=enqueued,
-            elapsed_seconds=time.perf_counter() - call.started,
+            elapsed_seconds=elapsed,
         )
 
     async def _wait_launch(
@@ -206,7 +225,7 @@ class LaunchServicer:
         client_id: str,
         session_id: str,
         ticket: LaunchTicket,
-        finished: asyncio.Future[None] | None,
+        finished: asyncio.Future[bool] | None,
     ) -> None:
         """Wait for a launch: by the backend's notification if it comes soon, else a thread.
 
@@ -214,9 +233,15 @@ class LaunchServicer:
         stays the fallback for long kernels and for a device that was lost.
         """
         if finished is not None and not ticket.must_wait:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(finished), NOTIFY_PATIENCE_SECONDS)
-            if finished.done():
+            # A timer resolves the same future with False: no task, no shield, one wake-up.
+            timer = finished.get_loop().call_later(
+                NOTIFY_PATIENCE_SECONDS, _resolve, finished, False
+            )
+            try:
+                notified = await finished
+            finally:
+                timer.cancel()
+            if notified:
                 # Finished: this wait returns at once and reports any error.
                 self.daemon.wait_launch(client_id, session_id, ticket.launch_id)
                 return
@@ -323,8 +348,19 @@ class LaunchServicer:
             for index, tensor in enumerate(request.operands)
         ]
         scalars = convert.scalars_from_proto(request.runtime_scalars)
+        principal = self._principal()
         results = await self.calls.blocking(
-            self.daemon.run, call.client_id, target, request.version, fmt, operands, scalars
+            functools.partial(
+                self.daemon.run,
+                call.client_id,
+                target,
+                request.version,
+                fmt,
+                operands,
+                scalars,
+                tenant=principal.tenant,
+                quotas=principal.quotas,
+            )
         )
         return pb.RunResponse(
             results=[convert.tensor_to_proto(result) for result in results],
@@ -333,4 +369,15 @@ class LaunchServicer:
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
-        return convert.status_to_proto(self.daemon.status(call.client_id))
+        principal = self._principal()
+        admin = ADMIN_SCOPE in principal.scopes
+        status = self.daemon.status(call.client_id, None if admin else (principal.tenant,))
+        reply = convert.status_to_proto(status)
+        reply.tenant = principal.tenant
+        reply.restarts = self._lineage.restarts
+        reply.device_faults = self._lineage.device_faults + (self.daemon.fault is not None)
+        return reply
+
+    def _principal(self) -> Principal:
+        """The caller, as the auth interceptor found it (the default tenant where none ran)."""
+        return current_principal() or self._default_principal

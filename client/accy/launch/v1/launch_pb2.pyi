@@ -344,7 +344,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("instance_id", "backend", "device_name", "serving", "uptime_seconds", "clients", "sessions", "buffers", "device_memory_in_use", "launches_total", "launches_failed", "my_sessions", "my_buffers", "my_memory_in_use")
+    __slots__ = ("instance_id", "backend", "device_name", "serving", "uptime_seconds", "clients", "sessions", "buffers", "device_memory_in_use", "launches_total", "launches_failed", "my_sessions", "my_buffers", "my_memory_in_use", "tenant", "tenants", "quota_refusals", "restarts", "device_faults")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +359,11 @@ class GetStatusResponse(_message.Message):
     MY_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MY_BUFFERS_FIELD_NUMBER: _ClassVar[int]
     MY_MEMORY_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FAULTS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     backend: str
     device_name: str
@@ -373,4 +378,48 @@ class GetStatusResponse(_message.Message):
     my_sessions: int
     my_buffers: int
     my_memory_in_use: int
-    def __init__(self, instance_id: _Optional[str] = ..., backend: _Optional[str] = ..., device_name: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_seconds: _Optional[float] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., device_memory_in_use: _Optional[int] = ..., launches_total: _Optional[int] = ..., launches_failed: _Optional[int] = ..., my_sessions: _Optional[int] = ..., my_buffers: _Optional[int] = ..., my_memory_in_use: _Optional[int] = ...) -> None: ...
+    tenant: str
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantStatus]
+    quota_refusals: int
+    restarts: int
+    device_faults: int
+    def __init__(self, instance_id: _Optional[str] = ..., backend: _Optional[str] = ..., device_name: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_seconds: _Optional[float] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., device_memory_in_use: _Optional[int] = ..., launches_total: _Optional[int] = ..., launches_failed: _Optional[int] = ..., my_sessions: _Optional[int] = ..., my_buffers: _Optional[int] = ..., my_memory_in_use: _Optional[int] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., quota_refusals: _Optional[int] = ..., restarts: _Optional[int] = ..., device_faults: _Optional[int] = ...) -> None: ...
+
+class TenantStatus(_message.Message):
+    __slots__ = ("name", "clients", "memory_bytes", "sessions", "buffers", "launches_in_flight", "quotas", "quota_refusals")
+    class QuotaRefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    clients: int
+    memory_bytes: int
+    sessions: int
+    buffers: int
+    launches_in_flight: int
+    quotas: TenantQuotas
+    quota_refusals: _containers.ScalarMap[str, int]
+    def __init__(self, name: _Optional[str] = ..., clients: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ..., quota_refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class TenantQuotas(_message.Message):
+    __slots__ = ("memory_bytes", "sessions", "buffers", "launches_in_flight")
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    memory_bytes: int
+    sessions: int
+    buffers: int
+    launches_in_flight: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., launches_in_flight: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,243 @@
+"""Authentication and authorization of every call: bearer tokens, scopes, the caller's tenant.
+
+``AuthInterceptor`` wraps each method handler of the server, so each call is
+checked inside the task that runs it, before its handler starts:
+
+- The token comes from ``authorization: Bearer <token>`` metadata. Without a
+  tokens file every caller is the default principal (the default tenant, its
+  quotas, the ``launch`` scope): what may connect is decided by the Unix
+  socket's permissions, or by ``--insecure`` on TCP. With a tokens file every
+  call needs a valid token (``UNAUTHENTICATED`` otherwise), except calls on the
+  Unix socket that carry none when the operator trusts it (``--unix-trusted``).
+- Every call of the launch service needs the ``launch`` scope
+  (``PERMISSION_DENIED`` otherwise); ``admin`` is for catalog changes.
+- A client id (``accy-client-id``) attached under another tenant is answered
+  exactly as an unknown one: ``NOT_FOUND``.
+- The health and reflection services need no token, so that container
+  orchestrators and tools such as grpcurl can reach them.
+
+The handler finds the principal with ``current_principal()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from accyd.auth import Principal, TokenTable
+from accyd.core.ids import REQUEST, new_id
+from accyd.core.tenants import Quotas
+from accyd.errors import AccyError, NotFound, Unauthenticated
+from accyd.logs import bind
+from accyd.service.calls import CLIENT_ID_HEADER, Context
+from accyd.service.errors import code_of, to_status
+
+__all__ = [
+    "ADMIN_SCOPE",
+    "AUTHORIZATION_HEADER",
+    "LAUNCH_SCOPE",
+    "OPEN_SERVICES",
+    "AuthInterceptor",
+    "Authenticator",
+    "current_principal",
+    "default_principal",
+]
+
+AUTHORIZATION_HEADER = "authorization"
+OPEN_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+"""Services callable without a token."""
+LAUNCH_SCOPE = "launch"
+ADMIN_SCOPE = "admin"
+
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "accy_principal", default=None
+)
+
+log = structlog.get_logger("accyd.service")
+
+
+def current_principal() -> Principal | None:
+    """Who the call in progress comes from; ``None`` outside a checked call."""
+    return _principal.get()
+
+
+def default_principal(tenant: str, quotas: Quotas) -> Principal:
+    """The principal of calls that need no token."""
+    return Principal(tenant, frozenset({LAUNCH_SCOPE}), quotas)
+
+
+def _with_defaults(quotas: Quotas, defaults: Quotas) -> Quotas:
+    """A token's quotas, each one it leaves out taken from the defaults."""
+    values: dict[str, int | None] = {}
+    for item in dataclasses.fields(Quotas):
+        own = getattr(quotas, item.name)
+        values[item.name] = getattr(defaults, item.name) if own is None else own
+    return Quotas(**values)
+
+
+class Authenticator:
+    """Turns a call's metadata and peer into its ``Principal``, or refuses it."""
+
+    def __init__(
+        self,
+        tokens: TokenTable | None,
+        default: Principal,
+        *,
+        unix_trusted: bool = False,
+        tenant_of_client: Callable[[str], str | None] = lambda client_id: None,
+    ) -> None:
+        self.tokens = tokens
+        self.default = default
+        self.unix_trusted = unix_trusted
+        self._tenant_of_client = tenant_of_client
+        self._merged: dict[Principal, Principal] = {}
+
+    def principal(self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str]) -> Principal:
+        """The caller: the default principal, or the token's (``Unauthenticated`` if invalid).
+
+        ``peer`` gives the call's peer address (``unix:`` on the Unix socket).
+        """
+        if self.tokens is None:
+            return self.default
+        token = _bearer(metadata)
+        if token is None and self.unix_trusted and peer().startswith("unix:"):
+            return self.default
+        found = self.tokens.authenticate(token)
+        merged = self._merged.get(found)
+        if merged is None:
+            quotas = _with_defaults(found.quotas, self.default.quotas)
+            merged = self._merged[found] = dataclasses.replace(found, quotas=quotas)
+        return merged
+
+    def check(
+        self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str], scope: str
+    ) -> Principal:
+        """The caller, if it may make a call that needs ``scope`` with the client id it names."""
+        principal = self.principal(metadata, peer)
+        principal.require(scope)
+        for key, value in metadata:
+            if key == CLIENT_ID_HEADER and isinstance(value, str):
+                tenant = self._tenant_of_client(value)
+                if tenant is not None and tenant != principal.tenant:
+                    # Worded as for an unknown id (ClientTable.get): nothing leaks.
+                    raise NotFound(f"no attached client {value!r}", field="client_id")
+        return principal
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]]) -> str | None:
+    for key, value in metadata:
+        if key == AUTHORIZATION_HEADER:
+            scheme, _, token = str(value).strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
+            return token.strip()
+    return None
+
+
+_Behavior = Callable[..., Any]
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+_Handler = grpc.RpcMethodHandler
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every call but those of ``OPEN_SERVICES`` before its handler runs."""
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self.authenticator = authenticator
+        self._wrapped: dict[str, tuple[_Handler[Any, Any], _Handler[Any, Any]]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler[_Req, _Resp] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler[_Req, _Resp] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            wrapped = _wrap(handler, lambda context: self._admit(method, context))
+            cached = self._wrapped[method] = (handler, wrapped)
+        return cached[1]
+
+    async def _admit(self, method: str, context: Context) -> None:
+        try:
+            principal = self.authenticator.check(
+                tuple(context.invocation_metadata() or ()), context.peer, LAUNCH_SCOPE
+            )
+        except AccyError as error:
+            request_id = new_id(REQUEST, 9)
+            log.info(
+                "call refused",
+                rpc=method,
+                request_id=request_id,
+                code=code_of(error).name,
+                reason=error.reason,
+                error=error.message,
+            )
+            status = to_status(error, request_id)
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        # Each call runs in a task of its own: what is set here ends with the call.
+        _principal.set(principal)
+        bind(tenant=principal.tenant)
+
+
+def _wrap(
+    handler: _Handler[_Req, _Resp], admit: Callable[[Context], Awaitable[None]]
+) -> _Handler[_Req, _Resp]:
+    """The same handler, with ``admit`` awaited before its behavior."""
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for name, make in kinds:
+        inner: _Behavior | None = getattr(handler, name)
+        if inner is not None:
+            return make(
+                _admitted(inner, admit),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    return handler
+
+
+def _admitted(inner: _Behavior, admit: Callable[[Context], Awaitable[None]]) -> _Behavior:
+    """A coroutine behavior that admits the call, then runs ``inner``.
+
+    A streaming ``inner`` is driven here and its items written with
+    ``context.write``, so it is always closed in the call's own task (its
+    ``finally`` blocks, such as the detach at the end of Attach, run at once and
+    in the call's context), never later by the garbage collector.
+    """
+    if inspect.isasyncgenfunction(inner):
+
+        async def streaming(request: Any, context: Context) -> None:
+            await admit(context)
+            async with contextlib.aclosing(inner(request, context)) as items:
+                async for item in items:
+                    await context.write(item)
+
+        return streaming
+
+    async def unary(request: Any, context: Context) -> Any:
+        await admit(context)
+        return await inner(request, context)
+
+    return unary
