@@ -1,9 +1,10 @@
-"""The Attach stream, kept open by a background thread for as long as the client lives."""
+"""One Attach stream: open it, wait for the daemon to name the client, read it until it ends."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -12,70 +13,89 @@ from accy._rpc import Stub
 from accy.errors import AccyError, DeadlineExceeded, Unavailable
 from accy.launch.v1 import launch_pb2
 
+if TYPE_CHECKING:
+    from grpc import _CallIterator
+
 __all__ = ["AttachStream"]
 
 
 class AttachStream:
-    """Reads the daemon's Attach events on a daemon thread; closing it detaches the client.
+    """An open Attach stream and the client it named; ``pump()`` reads its heartbeats.
 
-    The first event names the client; later ones are heartbeats, counted in
-    ``heartbeats``. If the stream ends while the client still wants it,
-    ``error`` says why (the daemon restarted, drained, or went away).
+    The daemon frees everything the client made once this stream ends, so the
+    client keeps it open for as long as it lives (a background thread pumps it).
     """
 
     def __init__(
         self,
+        call: _CallIterator[launch_pb2.AttachEvent],
+        attachment: Attachment,
+        translate: Callable[[grpc.RpcError], AccyError],
+    ) -> None:
+        self._call = call
+        self._translate = translate
+        self.attachment = attachment
+        self.heartbeats = 0
+
+    @classmethod
+    def open(
+        cls,
         stub: Stub,
         client_name: str,
         metadata: Sequence[tuple[str, str]],
         translate: Callable[[grpc.RpcError], AccyError],
-    ) -> None:
-        self._translate = translate
-        self._attached: Attachment | None = None
-        self._ready = threading.Event()
-        self._closing = False
-        self.error: AccyError | None = None
-        self.heartbeats = 0
-        self._call = stub.Attach(
-            launch_pb2.AttachRequest(client_name=client_name), metadata=tuple(metadata)
-        )
-        self._thread = threading.Thread(target=self._pump, name="accy-attach", daemon=True)
-        self._thread.start()
+        timeout: float | None,
+        *,
+        wait_for_ready: bool = False,
+    ) -> AttachStream:
+        """Attach and block until the daemon names the client, for at most ``timeout`` seconds.
 
-    def _pump(self) -> None:
+        With ``wait_for_ready`` the call waits for the channel to connect
+        instead of failing at once when no daemon answers (used to reattach).
+        """
+        call = stub.Attach(
+            launch_pb2.AttachRequest(client_name=client_name),
+            metadata=tuple(metadata),
+            wait_for_ready=wait_for_ready,
+        )
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            call.cancel()
+
+        timer = threading.Timer(timeout, expire) if timeout is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            event = next(call)
+        except StopIteration:
+            raise Unavailable("the Attach stream ended before naming the client") from None
+        except grpc.RpcError as error:
+            if expired.is_set():
+                raise DeadlineExceeded(
+                    f"the daemon did not answer Attach within {timeout} s"
+                ) from None
+            raise translate(error) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if event.WhichOneof("event") != "attached":
+            call.cancel()
+            raise Unavailable("the Attach stream did not begin by naming the client")
+        return cls(call, Attachment.from_proto(event.attached), translate)
+
+    def pump(self) -> AccyError:
+        """Read heartbeats until the stream ends; returns why it ended."""
         try:
             for event in self._call:
-                if event.WhichOneof("event") == "attached":
-                    self._attached = Attachment.from_proto(event.attached)
-                    self._ready.set()
-                else:
+                if event.WhichOneof("event") == "heartbeat":
                     self.heartbeats += 1
-            if not self._closing:
-                self.error = Unavailable("the daemon ended this client's Attach stream")
         except grpc.RpcError as error:
-            if not self._closing:
-                self.error = self._translate(error)
-        finally:
-            self._ready.set()
+            return self._translate(error)
+        return Unavailable("the daemon ended this client's Attach stream", reason="DETACHED")
 
-    @property
-    def alive(self) -> bool:
-        """Whether the stream is still open."""
-        return self._thread.is_alive()
-
-    def wait_attached(self, timeout: float | None) -> Attachment:
-        """Block until the daemon named this client; raise what went wrong otherwise."""
-        if not self._ready.wait(timeout):
-            self.close()
-            raise DeadlineExceeded(f"the daemon did not answer Attach within {timeout} s")
-        if self._attached is None:
-            self.close()
-            raise self.error or Unavailable("the Attach stream ended before naming the client")
-        return self._attached
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Detach: cancel the stream and wait briefly for the reader thread."""
-        self._closing = True
+    def cancel(self) -> None:
+        """End the stream from this side (the daemon then detaches the client)."""
         self._call.cancel()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)

@@ -8,12 +8,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from google.protobuf.message import Message
 
 from accy import _extent
 from accy._dtypes import from_wire, name_of
 from accy.launch.v1 import launch_pb2
 
-__all__ = ["Attachment", "BufferSpec", "PipelineInfo", "ScalarSpec", "Status"]
+__all__ = [
+    "Attachment",
+    "BufferSpec",
+    "PipelineInfo",
+    "Reattachment",
+    "ScalarSpec",
+    "Status",
+    "plain",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +173,11 @@ class Attachment:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """The daemon's state as this client may see it (``GetStatus``)."""
+    """The daemon's state as this client may see it (``GetStatus``).
+
+    Fields the daemon sends that this client version does not name (a newer
+    daemon's counters, per-tenant tables) are kept in ``extra``, as plain values.
+    """
 
     instance_id: str
     backend: str
@@ -180,10 +193,78 @@ class Status:
     my_sessions: int
     my_buffers: int
     my_memory_in_use: int
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_proto(cls, response: launch_pb2.GetStatusResponse) -> Status:
-        return cls(**{f.name: getattr(response, f.name) for f in dataclasses.fields(cls)})
+        values = plain(response)
+        named = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        extra = {k: v for k, v in values.items() if k not in named}
+        return cls(**{k: values[k] for k in named}, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field the daemon sent: the named ones, then those in ``extra``."""
+        named = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
+        }
+        return {**named, **self.extra}
+
+
+@dataclass(frozen=True, slots=True)
+class Reattachment:
+    """One time the client attached again by itself: why, to what, and what it restored or lost."""
+
+    number: int
+    """1 for the first reattachment of this client, then 2, ..."""
+    previous: Attachment
+    attachment: Attachment
+    why: str
+    """What ended the old attachment: "the daemon lost its device to a fault in session S"."""
+    restarted: bool
+    """Whether the daemon is a new instance (``instance_id`` changed)."""
+    fault_session: str | None
+    """The session whose launch faulted the device, where that was the cause."""
+    sessions_restored: int
+    sessions_lost: int
+    buffers_lost: int
+    seconds: float
+    """From noticing the loss to attached again with every session restored."""
+
+
+def plain(message: Message) -> dict[str, Any]:
+    """Every field of ``message`` (unset ones at their defaults) as plain Python values.
+
+    Messages become dicts, maps dicts, repeated fields lists, enums their names;
+    64-bit integers stay integers; an ``optional`` field or oneof member not
+    set is ``None``.
+    """
+    return {
+        fd.name: None if _unset(message, fd) else _field(fd, getattr(message, fd.name))
+        for fd in message.DESCRIPTOR.fields
+    }
+
+
+def _unset(message: Message, fd: Any) -> bool:
+    """Whether ``fd`` tracks presence (``optional``, a oneof member) and is not set."""
+    return bool(fd.has_presence and not fd.is_repeated and not message.HasField(fd.name))
+
+
+def _field(fd: Any, value: Any) -> Any:
+    entry = fd.message_type
+    if entry is not None and entry.GetOptions().map_entry:
+        value_fd = entry.fields_by_name["value"]
+        return {str(k): _single(value_fd, v) for k, v in value.items()}
+    if fd.is_repeated:
+        return [_single(fd, v) for v in value]
+    return _single(fd, value)
+
+
+def _single(fd: Any, value: Any) -> Any:
+    if fd.message_type is not None:
+        return plain(value)
+    if fd.enum_type is not None:
+        known = fd.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
+    if isinstance(value, bytes):
+        return value.hex()
+    return value

@@ -19,8 +19,18 @@ _Resp = TypeVar("_Resp", bound=Message)
 
 
 def channel_options() -> list[tuple[str, int]]:
-    """Channel options every accy client channel uses: no cap on received messages."""
-    return [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    """Options of every accy client channel: no cap on messages, prompt reconnection.
+
+    A daemon that restarts (after a device fault, in well under a second)
+    should find its clients reconnecting within half a second, not after
+    gRPC's default back-off of up to two minutes.
+    """
+    return [
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 500),
+    ]
 
 
 def _path(name: str) -> str:

@@ -8,7 +8,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -17,12 +17,20 @@ import numpy as np
 
 from accy import _table, references
 from accy._chunks import Progress
+from accy._credentials import TOKEN_ENV, channel_credentials
 from accy._extent import ExtentError
 from accy._models import BufferSpec, PipelineInfo
 from accy.client import Buffer, Client, open_channel, resolve_target
 from accy.errors import AccyError, DaemonUnreachable
 
-__all__ = ["EXIT_CHECK_FAILED", "EXIT_DAEMON_ERROR", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
+__all__ = [
+    "EXIT_CHECK_FAILED",
+    "EXIT_DAEMON_ERROR",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "main",
+    "status_text",
+]
 
 EXIT_CHECK_FAILED = 1
 """``--check`` found a result outside tolerance, or ``health`` found the daemon not serving."""
@@ -35,6 +43,8 @@ EXIT_DAEMON_ERROR = 4
 
 _EPILOG = """\
 target: --target, else $ACCY_TARGET, else the daemon's default Unix socket.
+credentials: --token (or $ACCY_TOKEN) on every call; TLS with --tls-ca or --tls,
+mutual TLS adds --tls-cert and --tls-key.
 exit codes: 0 ok, 1 check failed or not serving, 2 usage, 3 no daemon, 4 daemon error."""
 
 
@@ -315,12 +325,47 @@ def _pipelines(client: Client, args: argparse.Namespace) -> int:
 
 def _status(client: Client, args: argparse.Namespace) -> int:
     status = client.status()
-    if args.json:
-        print(json.dumps({"target": client.target, **status.to_dict()}, indent=2))
-        return 0
-    rows = [["target", client.target]] + [[k, str(v)] for k, v in status.to_dict().items()]
-    print(_table.plain(["field", "value"], rows))
+    fields = {"target": client.target, **status.to_dict()}
+    fields.setdefault("tenant", client.attachment.tenant)
+    print(json.dumps(fields, indent=2) if args.json else status_text(fields))
     return 0 if status.serving else EXIT_CHECK_FAILED
+
+
+def _value_text(name: str, value: Any) -> str:
+    """One status value for people: sizes also in binary units, unset as ``-``."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if "memory" in name or name.endswith("bytes"):
+        return f"{value} ({_table.bytes_text(value)})" if value >= 1024 else str(value)
+    if name.endswith("seconds"):
+        return _table.seconds_text(value)
+    return str(value)
+
+
+def _flat(prefix: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """``(dotted name, value)`` for every leaf of nested dicts."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _flat(f"{prefix}.{key}" if prefix else str(key), inner)
+    else:
+        yield prefix, value
+
+
+def status_text(fields: Mapping[str, Any]) -> str:
+    """Every status field as text: one table of values, then a table per list (tenants...)."""
+    rows: list[list[str]] = []
+    tables: list[str] = []
+    for name, value in fields.items():
+        if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+            items = [dict(_flat("", item)) for item in value]
+            columns = list(dict.fromkeys(key for item in items for key in item))
+            cells = [[_value_text(c, item.get(c)) for c in columns] for item in items]
+            tables.append(f"{name}:\n" + _table.plain(columns, cells) if items else f"{name}: none")
+            continue
+        rows.extend([key, _value_text(key, leaf)] for key, leaf in _flat(name, value))
+    return "\n\n".join([_table.plain(["field", "value"], rows), *tables])
 
 
 def _health(
@@ -328,7 +373,7 @@ def _health(
 ) -> int:
     from grpc_health.v1 import health_pb2
 
-    with open_channel(target, credentials) as channel:
+    with open_channel(target, credentials, server_name=args.tls_server_name) as channel:
         check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             health_pb2.HealthCheckRequest.SerializeToString,
@@ -361,10 +406,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", help="daemon address: unix:PATH or HOST:PORT")
     parser.add_argument(
         "--token",
-        default=os.environ.get("ACCY_TOKEN"),
-        help="bearer token for TCP (default: $ACCY_TOKEN)",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"bearer token sent on every call (default: ${TOKEN_ENV})",
     )
-    parser.add_argument("--tls-ca", metavar="PEM", help="connect with TLS, trusting this CA file")
+    tls = parser.add_argument_group("TLS (for a daemon that serves TCP with --tls-cert)")
+    tls.add_argument(
+        "--tls", action="store_true", help="connect with TLS, trusting the system's CAs"
+    )
+    for flag, env, what in (
+        ("--tls-ca", "ACCY_TLS_CA", "connect with TLS, trusting this CA file"),
+        ("--tls-cert", "ACCY_TLS_CERT", "mutual TLS: this client's certificate file"),
+        ("--tls-key", "ACCY_TLS_KEY", "mutual TLS: the key file of --tls-cert"),
+    ):
+        tls.add_argument(
+            flag, metavar="PEM", default=os.environ.get(env), help=f"{what} (default: ${env})"
+        )
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="the name the daemon's certificate must carry, where it is not the target's host",
+    )
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="seconds each call may take (default 120)"
     )
@@ -415,16 +476,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run" and args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    credentials = None
-    if args.tls_ca:
-        with open(args.tls_ca, "rb") as pem:
-            credentials = grpc.ssl_channel_credentials(root_certificates=pem.read())
+    try:
+        credentials = channel_credentials(
+            tls=args.tls, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key
+        )
+    except ValueError as error:
+        parser.error(str(error))
     try:
         target = resolve_target(args.target)
         if args.command == "health":
             return _health(target, credentials, args)
         with Client(
-            target, token=args.token, timeout=args.timeout, credentials=credentials
+            target,
+            token=args.token,
+            timeout=args.timeout,
+            credentials=credentials,
+            tls_server_name=args.tls_server_name,
         ) as client:
             return _COMMANDS[args.command](client, args)
     except DaemonUnreachable as error:

@@ -20,6 +20,7 @@ __all__ = [
     "Aborted",
     "AccyError",
     "AlreadyExists",
+    "BufferLost",
     "Cancelled",
     "DaemonUnreachable",
     "DataLoss",
@@ -33,6 +34,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaViolation",
     "ResourceExhausted",
+    "SessionLost",
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
@@ -40,6 +42,7 @@ __all__ = [
     "error_class",
     "from_rpc_error",
     "from_status",
+    "with_hint",
 ]
 
 DOMAIN = "accy.dev"
@@ -210,10 +213,10 @@ class Unavailable(AccyError):
 class DaemonUnreachable(Unavailable):
     """No daemon answered at ``target``: not running, wrong address, or no permission."""
 
-    def __init__(self, target: str, detail: str) -> None:
+    def __init__(self, target: str, detail: str, hint: str | None = None) -> None:
         super().__init__(
             f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
-            "or point --target / ACCY_TARGET at a running one",
+            "or point --target / ACCY_TARGET at a running one" + (f"; {hint}" if hint else ""),
             reason="UNREACHABLE",
         )
         self.target = target
@@ -224,6 +227,36 @@ class DataLoss(AccyError):
     """Data that was lost, for example buffers of a daemon that restarted."""
 
     code = grpc.StatusCode.DATA_LOSS
+
+
+class BufferLost(DataLoss):
+    """A buffer whose data is gone: the daemon restarted (or dropped this client) since it was made.
+
+    Nothing was read or written; make the buffer again and write its data.
+    ``session`` names the session whose launch faulted, where a device fault
+    was the cause.
+    """
+
+    def __init__(self, buffer_id: str, why: str, *, session: str | None = None) -> None:
+        super().__init__(
+            f"buffer {buffer_id} was lost when {why}; write it again",
+            reason="BUFFER_LOST",
+            metadata={"buffer_id": buffer_id, **({"session": session} if session else {})},
+        )
+        self.buffer_id = buffer_id
+        self.session = session
+
+
+class SessionLost(DataLoss):
+    """A session the client could not load again on the daemon that replaced the old one."""
+
+    def __init__(self, session_id: str, target: str, why: str, cause: AccyError) -> None:
+        super().__init__(
+            f"session {session_id} ({target}) could not be loaded again after {why}: {cause}",
+            reason="SESSION_LOST",
+            metadata={"session": session_id},
+        )
+        self.cause = cause
 
 
 class Unauthenticated(AccyError):
@@ -288,6 +321,13 @@ def from_status(code: grpc.StatusCode, message: str, status: RpcStatus | None) -
         quota_violations=quotas,
         request_id=request_id,
     )
+
+
+def with_hint(error: AccyError, hint: str) -> AccyError:
+    """``error`` with ``hint`` (what to do about it) added to its message; returns it."""
+    error.message = f"{error.message}; {hint}"
+    error.args = (error.message,)
+    return error
 
 
 def from_rpc_error(error: grpc.RpcError) -> AccyError:

@@ -1,15 +1,16 @@
 """A small in-process LaunchService double: buffers in memory, one scan pipeline, rich errors.
 
 It exists to test the client's wire behaviour (metadata, chunking, error
-decoding) without the real daemon; the end-to-end tests use the real one.
+decoding, credentials, surviving a restart) without the real daemon; the
+end-to-end tests use the real one. ``restart()`` acts out a daemon that came
+back as a new instance, ``fault()`` one whose device was lost.
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -72,19 +73,69 @@ class FakeState:
     write_chunk_sizes: list[int] = field(default_factory=list)
     read_chunk_size: int = 0
     launches: list[pb.LaunchRequest] = field(default_factory=list)
+    scratch: list[pb.AllocateIntermediatesRequest] = field(default_factory=list)
+    authorization: list[tuple[str, str]] = field(default_factory=list)
+    """(method, authorization metadata) of every call, Attach included."""
+
+
+TOKEN = "s3cret"
+"""The token a double made with ``tokens=True`` accepts; ``READ_ONLY`` may not launch."""
+READ_ONLY = "r3ad"
 
 
 class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[misc]
     """Enough of the service to exercise every client method."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tokens: bool = False) -> None:
         self.state = FakeState()
-        self._lock = threading.Lock()
+        self.tokens = tokens
+        self.instance_id = "i1"
+        self.fault_session: str | None = None
+        self.refuse_attach = False
+        self.port = 0
+        self._instances = 1
 
-    def _client(self, context: grpc.ServicerContext) -> str:
+    def restart(self) -> None:
+        """Come back as a new instance: every client, session and buffer forgotten."""
+        self._instances += 1
+        self.state = FakeState()
+        self.fault_session = None
+        self.instance_id = f"i{self._instances}"
+
+    def fault(self, session: str) -> None:
+        """Lose the device: every call fails UNAVAILABLE/DEVICE_LOST naming ``session``."""
+        self.fault_session = session
+
+    def _gate(self, context: grpc.ServicerContext, method: str) -> None:
+        """What the real daemon checks before anything: the token, then the device."""
+        metadata = dict(context.invocation_metadata())
+        given = metadata.get("authorization", "")
+        self.state.authorization.append((method, given))
+        if self.tokens and given not in (f"Bearer {TOKEN}", f"Bearer {READ_ONLY}"):
+            why = "no bearer token" if not given else "unknown bearer token"
+            abort(context, code_pb2.UNAUTHENTICATED, why, "UNAUTHENTICATED")
+        if self.tokens and method == "Launch" and given == f"Bearer {READ_ONLY}":
+            abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
+        if self.fault_session is not None:
+            abort(
+                context,
+                code_pb2.UNAVAILABLE,
+                "the device was lost",
+                "DEVICE_LOST",
+                session=self.fault_session,
+            )
+
+    def _client(self, context: grpc.ServicerContext, method: str = "") -> str:
+        self._gate(context, method)
         ids = [v for k, v in context.invocation_metadata() if k == "accy-client-id"]
         if not ids or ids[0] not in self.state.clients:
-            abort(context, code_pb2.UNAUTHENTICATED, "attach first", "NOT_ATTACHED")
+            abort(
+                context,
+                code_pb2.NOT_FOUND,
+                f"no attached client {ids[0] if ids else ''!r}",
+                "NOT_FOUND",
+                field="client_id",
+            )
         return str(ids[0])
 
     def _buffer(self, context: grpc.ServicerContext, buffer_id: str) -> bytearray:
@@ -102,17 +153,25 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
     def Attach(
         self, request: pb.AttachRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.AttachEvent]:
+        self._gate(context, "Attach")
+        if self.refuse_attach:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not serving yet")
         client_id = secrets.token_hex(8)
-        self.state.clients[client_id] = request.client_name
-        context.add_callback(lambda: self.state.clients.pop(client_id, None))
+        state, instance = self.state, self.instance_id
+        state.clients[client_id] = request.client_name
+        context.add_callback(lambda: state.clients.pop(client_id, None))
         yield pb.AttachEvent(
             attached=pb.Attached(
-                client_id=client_id, instance_id="i1", backend="fake", device_name="none"
+                client_id=client_id,
+                instance_id=instance,
+                backend="fake",
+                device_name="none",
+                tenant="default",
             )
         )
         sequence = 0
-        while context.is_active():
-            time.sleep(0.05)
+        while context.is_active() and self.instance_id == instance and not self.fault_session:
+            time.sleep(0.02)
             sequence += 1
             yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
 
@@ -144,10 +203,15 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         self, request: pb.AllocateIntermediatesRequest, context: grpc.ServicerContext
     ) -> pb.AllocateIntermediatesResponse:
         self._client(context)
+        if request.session_id not in self.state.sessions:
+            abort(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
+        self.state.scratch.append(request)
         return pb.AllocateIntermediatesResponse(byte_size=256)
 
     def Launch(self, request: pb.LaunchRequest, context: grpc.ServicerContext) -> pb.LaunchResponse:
-        self._client(context)
+        self._client(context, "Launch")
+        if request.session_id not in self.state.sessions:
+            abort(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
         self.state.launches.append(request)
         n = request.runtime_scalars["n"].u32
         if n > SCAN.runtime_scalars[0].max:
@@ -237,7 +301,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         client = self._client(context)
         mine = [b for owner, b in self.state.buffers.values() if owner == client]
         return pb.GetStatusResponse(
-            instance_id="i1",
+            instance_id=self.instance_id,
             backend="fake",
             serving=True,
             clients=len(self.state.clients),
@@ -246,11 +310,30 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         )
 
 
-def serve(address: str) -> tuple[grpc.Server, FakeLaunchService]:
-    """Start the double on ``address`` (``unix:PATH`` or ``127.0.0.1:0``); returns it running."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    service = FakeLaunchService()
+def serve(
+    address: str,
+    *,
+    tokens: bool = False,
+    credentials: grpc.ServerCredentials | None = None,
+) -> tuple[grpc.Server, FakeLaunchService]:
+    """Start the double on ``address`` (``unix:PATH`` or ``127.0.0.1:0``); returns it running.
+
+    ``tokens`` makes it want a bearer token, ``credentials`` serve TLS.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    service = FakeLaunchService(tokens=tokens)
     launch_pb2_grpc.add_LaunchServiceServicer_to_server(service, server)
-    server.add_insecure_port(address)
+    if credentials is None:
+        service.port = server.add_insecure_port(address)
+    else:
+        service.port = server.add_secure_port(address, credentials)
     server.start()
     return server, service
+
+
+def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accy import _chunks
@@ -12,6 +12,7 @@ from accy.errors import DataLoss, InvalidArgument
 from accy.launch.v1 import launch_pb2 as pb
 
 
+@settings(deadline=None)  # timing under a loaded machine is not the property
 @given(
     size=st.integers(min_value=0, max_value=5000),
     chunk=st.integers(min_value=1, max_value=700),
@@ -32,6 +33,7 @@ def test_write_chunks_cover_the_data_once(size: int, chunk: int, offset: int) ->
         assert progress[-1] == (size, size)
 
 
+@settings(deadline=None)  # timing under a loaded machine is not the property
 @given(
     size=st.integers(min_value=1, max_value=3000),
     chunk=st.integers(min_value=1, max_value=500),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from accy import cli, references
+from accy.launch.v1 import launch_pb2 as pb
 from tests.client.fake_daemon import FakeLaunchService
 
 
@@ -130,6 +131,50 @@ def test_pipelines_and_status(
     assert json.loads(capsys.readouterr().out)[0]["operands"][0]["extent"] == "n"
     assert cli.main(["--target", fake[0], "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["backend"] == "fake"
+
+
+def test_status_text_shows_every_field() -> None:
+    fields = {
+        "target": "unix:/s",
+        "serving": True,
+        "uptime_seconds": 2.5,
+        "device_memory_in_use": 3 << 20,
+        "restarts": 2,
+        "tenants": [
+            {
+                "name": "alice",
+                "memory_bytes": 4096,
+                "quotas": {"sessions": 3, "buffers": None},
+                "quota_refusals": {"sessions": 7},
+            }
+        ],
+        "by_device": {"0": 12},
+        "empty": [],
+    }
+    text = cli.status_text(fields)
+    assert "3145728 (3.00 MiB)" in text and "2.50 s" in text
+    assert "restarts" in text and "by_device.0" in text and "empty: none" in text
+    header, row = text.split("tenants:\n")[1].split("\n\n")[0].splitlines()
+    assert header.split() == [
+        "name",
+        "memory_bytes",
+        "quotas.sessions",
+        "quotas.buffers",
+        "quota_refusals.sessions",
+    ]
+    assert row.split() == ["alice", "4096", "(4.00", "KiB)", "3", "-", "7"]
+
+
+def test_status_shows_fields_this_client_does_not_name(
+    fake: tuple[str, FakeLaunchService], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["--target", fake[0], "status"]) == 0
+    out = capsys.readouterr().out
+    for name in ("instance_id", "my_buffers", "tenant"):
+        assert name in out
+    assert cli.main(["--target", fake[0], "status", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert set(pb.GetStatusResponse.DESCRIPTOR.fields_by_name) <= set(shown)
 
 
 def test_health_unreachable_exit_3() -> None:

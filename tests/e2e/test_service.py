@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import subprocess
@@ -246,3 +247,14 @@ def test_cli_without_daemon_says_where_it_looked(tmp_path: object) -> None:
     assert done.returncode == 3
     assert "unix:/nonexistent/accyd.sock" in done.stderr and "accyd serve" in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_cli_status_shows_every_field_the_daemon_sends(daemon: RunningDaemon) -> None:
+    env = dict(os.environ, ACCY_TARGET=daemon.unix_target)
+    done = _accy("status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert set(pb.GetStatusResponse.DESCRIPTOR.fields_by_name) <= set(json.loads(done.stdout))
+    text = _accy("status", env=env)
+    assert text.returncode == 0, text.stderr
+    for name in pb.GetStatusResponse.DESCRIPTOR.fields_by_name:
+        assert name in text.stdout, name
