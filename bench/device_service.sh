@@ -27,6 +27,7 @@ step pytest 240 $PY -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests/backen
 [ -n "${SKIP_CORE_BENCH:-}" ] || step bench_core 120 $PY bench/bench_core_cuda.py --json "$OUT/bench_core.json"
 step cli_check 240 $PY bench/cli_checks.py --backend cuda --sizes 1000000 268435456
 step bench_service 420 $PY bench/bench_service.py --backend cuda ${SERVICE_ARGS:-} --json "$OUT/bench_service.json"
+[ -z "${PROFILE:-}" ] || step profile 180 $PY bench/profile_launch.py --backend cuda --count 2000
 if [ -f bench/fault_recovery.py ] && [ -z "${SKIP_FAULT:-}" ]; then
   step fault 180 $PY bench/fault_recovery.py --backend cuda --repeat 3 --json "$OUT/fault.json"
 fi
@@ -37,5 +38,6 @@ echo "==== pytest"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -2; g
 [ -f "$OUT/bench_core.log" ] && { echo "==== bench_core"; tail -18 "$OUT/bench_core.log"; }
 echo "==== cli_check"; tail -8 "$OUT/cli_check.log"
 echo "==== bench_service"; tail -16 "$OUT/bench_service.log"
+[ -f "$OUT/profile.log" ] && { echo "==== profile"; tail -9 "$OUT/profile.log"; }
 [ -f "$OUT/fault.log" ] && { echo "==== fault"; tail -12 "$OUT/fault.log"; }
 exit 0
