@@ -38,5 +38,5 @@ def configure_logging(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(number),
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,  # a proxy re-binding per call costs every RPC
     )

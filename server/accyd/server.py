@@ -36,7 +36,7 @@ from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
 from accyd.errors import AccyError, DeviceFault, Unavailable
 from accyd.metrics import Metrics
-from accyd.service.auth import Authenticator, AuthInterceptor, default_principal
+from accyd.service.auth import Admitting, Authenticator, default_principal
 from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
@@ -126,10 +126,8 @@ class Server:
             unix_trusted=config.unix_trusted,
             tenant_of_client=self._tenant_of_client,
         )
-        self._grpc = grpc.aio.server(
-            options=_options(config), interceptors=[AuthInterceptor(authenticator)]
-        )
-        self.servicer.register(self._grpc)
+        self._grpc = grpc.aio.server(options=_options(config))
+        self.servicer.register(Admitting(self._grpc, authenticator))
         self.health.register(self._grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), self._grpc

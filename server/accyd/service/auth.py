@@ -1,7 +1,9 @@
 """Authentication and authorization of every call: bearer tokens, scopes, the caller's tenant.
 
-``AuthInterceptor`` wraps each method handler of the server, so each call is
-checked inside the task that runs it, before its handler starts:
+``Admitting`` wraps each method handler of the launch service once, as it is
+registered, so each call is checked inside the task that runs it, before its
+handler starts (a server interceptor would do the same at a cost on every call
+of every service, the open ones too):
 
 - The token comes from ``authorization: Bearer <token>`` metadata. Without a
   tokens file every caller is the default principal (the default tenant, its
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -32,7 +35,7 @@ import grpc
 import structlog
 
 from accyd.auth import Principal, TokenTable
-from accyd.core.ids import REQUEST, new_id
+from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
 from accyd.errors import AccyError, NotFound, Unauthenticated
 from accyd.logs import bind
@@ -44,6 +47,7 @@ __all__ = [
     "AUTHORIZATION_HEADER",
     "LAUNCH_SCOPE",
     "OPEN_SERVICES",
+    "Admitting",
     "AuthInterceptor",
     "Authenticator",
     "current_principal",
@@ -181,7 +185,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 tuple(context.invocation_metadata() or ()), context.peer, LAUNCH_SCOPE
             )
         except AccyError as error:
-            request_id = new_id(REQUEST, 9)
+            request_id = new_request_id()
             log.info(
                 "call refused",
                 rpc=method,
@@ -195,6 +199,37 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # Each call runs in a task of its own: what is set here ends with the call.
         _principal.set(principal)
         bind(tenant=principal.tenant)
+
+
+class Admitting:
+    """Registers a service's handlers on ``server``, each wrapped to admit its calls first.
+
+    It stands in for the server in a generated ``add_*Servicer_to_server`` call.
+    Services registered on the server directly (health, reflection) stay open.
+    """
+
+    def __init__(self, server: grpc.aio.Server, authenticator: Authenticator) -> None:
+        self._server = server
+        self._interceptor = AuthInterceptor(authenticator)
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        """Ignored: the same handlers come again, by name, to the call below."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, _Handler[Any, Any]]
+    ) -> None:
+        interceptor = self._interceptor
+        wrapped = {
+            name: _wrap(
+                handler,
+                functools.partial(interceptor._admit, f"/{service}/{name}"),
+            )
+            for name, handler in handlers.items()
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, wrapped),)
+        )
+        self._server.add_registered_method_handlers(service, wrapped)
 
 
 def _wrap(

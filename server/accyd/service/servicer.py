@@ -26,7 +26,7 @@ from accyd.errors import InvalidRequest
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
-from accyd.service.auth import ADMIN_SCOPE, current_principal, default_principal
+from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, unary
 from accyd.supervisor import Lineage
 
@@ -91,7 +91,8 @@ class LaunchServicer:
         self._closing = asyncio.Event()
         self._detaching: set[asyncio.Task[None]] = set()
 
-    def register(self, server: grpc.aio.Server) -> None:
+    def register(self, server: grpc.aio.Server | Admitting) -> None:
+        """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
         add = launch_pb2_grpc.add_LaunchServiceServicer_to_server
         add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
 
