@@ -116,7 +116,10 @@ class Supervisor:
             self._child = subprocess.Popen(
                 self.command, env={**os.environ, **lineage.environment()}
             )
-            self._log.info("supervisor.started", pid=self._child.pid, restarts=self.restarts)
+            # The first start is the server's own news: its first log line names the backend
+            # it picked and where it listens. Restarts are the supervisor's to report.
+            log = self._log.info if self.restarts else self._log.debug
+            log("supervisor.started", pid=self._child.pid, restarts=self.restarts)
             if self._on_start is not None:
                 self._on_start(self._child.pid)
             code = self._child.wait()
