@@ -47,14 +47,17 @@ class AttachStream:
         timeout: float | None,
         *,
         wait_for_ready: bool = False,
+        liveness_seconds: int = 0,
     ) -> AttachStream:
         """Attach and block until the daemon names the client, for at most ``timeout`` seconds.
 
         With ``wait_for_ready`` the call waits for the channel to connect
         instead of failing at once when no daemon answers (used to reattach).
+        With ``liveness_seconds`` the daemon detaches the client once it has
+        been silent that long, so the caller must call (or Ping) more often.
         """
         call = stub.Attach(
-            launch_pb2.AttachRequest(client_name=client_name),
+            launch_pb2.AttachRequest(client_name=client_name, liveness_seconds=liveness_seconds),
             metadata=tuple(metadata),
             wait_for_ready=wait_for_ready,
         )

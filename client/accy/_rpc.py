@@ -57,6 +57,7 @@ class Stub:
             return channel.stream_unary(_path(name), req.SerializeToString, resp.FromString)
 
         self.Attach = us("Attach", pb.AttachRequest, pb.AttachEvent)
+        self.Ping = uu("Ping", pb.PingRequest, pb.PingResponse)
         self.ListPipelines = uu("ListPipelines", pb.ListPipelinesRequest, pb.ListPipelinesResponse)
         self.LoadPipeline = uu("LoadPipeline", pb.LoadPipelineRequest, pb.LoadPipelineResponse)
         self.AllocateIntermediates = uu(

@@ -66,6 +66,8 @@ DEFAULT_TIMEOUT = 120.0
 """Seconds each call may take unless the caller says otherwise."""
 
 DEFAULT_REATTACH_TIMEOUT = 30.0
+DEFAULT_LIVENESS = 15.0
+"""Seconds of silence after which the daemon may detach this client (it pings at a quarter)."""
 """Seconds a client keeps trying to attach again after losing its daemon."""
 
 _FIRST_RETRY = 0.05
@@ -186,6 +188,7 @@ class Client(_Closeable):
         reattach_timeout: float | None = DEFAULT_REATTACH_TIMEOUT,
         on_reattach: Callable[[Reattachment], None] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        liveness: float | None = DEFAULT_LIVENESS,
     ) -> None:
         self.target = resolve_target(target)
         self.timeout = timeout
@@ -202,6 +205,9 @@ class Client(_Closeable):
         self._name = client_name or f"accy-python/{os.getpid()}"
         self._attach_timeout = attach_timeout
         self._on_reattach = on_reattach
+        if liveness is not None and liveness < 1:
+            raise ValueError(f"liveness must be at least 1 second (or None), not {liveness}")
+        self._liveness = 0 if liveness is None else math.ceil(liveness)
         self._channel = open_channel(self.target, secure, server_name=tls_server_name)
         self._stub = Stub(self._channel)
         self._cond = threading.Condition()
@@ -213,7 +219,12 @@ class Client(_Closeable):
         self._pipelines: dict[str, list[PipelineInfo]] = {}
         try:
             stream = AttachStream.open(
-                self._stub, self._name, self._auth, self._translate, attach_timeout
+                self._stub,
+                self._name,
+                self._auth,
+                self._translate,
+                attach_timeout,
+                liveness_seconds=self._liveness,
             )
         except BaseException:
             self._channel.close()
@@ -222,6 +233,24 @@ class Client(_Closeable):
         self._link: Link | None = self._last
         self._thread = threading.Thread(target=self._keep_attached, name="accy-attach", daemon=True)
         self._thread.start()
+        if self._liveness:
+            self._pinger = threading.Thread(target=self._keep_alive, name="accy-ping", daemon=True)
+            self._pinger.start()
+
+    def _keep_alive(self) -> None:
+        """The ping thread: tell the daemon this client lives, four times per liveness period.
+
+        A hung process stops pinging with everything else, so the daemon frees
+        what it holds; a live but idle one keeps its sessions and buffers.
+        """
+        period = self._liveness / 4
+        request = pb.PingRequest()
+        while not self._stopping.wait(period):
+            link = self._link
+            if link is None:  # reattaching: the new Attach is news enough
+                continue
+            with contextlib.suppress(grpc.RpcError, ValueError):  # ValueError: channel closed
+                self._stub.Ping(request, metadata=link.metadata, timeout=period)
 
     # -- staying attached -------------------------------------------------------
 
@@ -274,6 +303,7 @@ class Client(_Closeable):
                     self._translate,
                     min(remaining, self._attach_timeout),
                     wait_for_ready=True,
+                    liveness_seconds=self._liveness,
                 )
             except (Unauthenticated, PermissionDenied) as error:
                 self._give_up(old, error)

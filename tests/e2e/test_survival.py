@@ -143,3 +143,19 @@ def test_the_faulting_launch_names_its_session() -> None:
             x.read()
         assert lost.value.session == faulty.id
         assert caught.value.session == faulty.id
+
+
+def test_an_idle_client_that_pings_keeps_what_it_holds() -> None:
+    """Liveness detaches only the silent: the library's ping thread keeps an idle client."""
+    with (
+        running_daemon(tcp=False) as daemon,
+        Client(daemon.unix_target, liveness=1) as client,
+    ):
+        session = client.load(SCAN)
+        kept = client.buffer(np.arange(16, dtype=np.float32))
+        time.sleep(3)  # three liveness periods without a call of the user's own
+        status = client.status()
+        assert (status.my_sessions, status.my_buffers) == (1, 1)
+        assert client.reattachments == 0
+        np.testing.assert_array_equal(kept.read(), np.arange(16, dtype=np.float32))
+        session.release()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -32,6 +33,8 @@ SCAN, SAXPY = "accy.kernel.device_scan", "accy.kernel.saxpy"
 BIG = 16 << 20
 N = 1 << 20
 CHUNK = 64 << 10
+LIVENESS = 2
+"""Seconds of silence after which the daemon detaches this client (it pings four times as often)."""
 
 
 def ready() -> None:
@@ -42,9 +45,17 @@ class Victim:
     def __init__(self, target: str) -> None:
         self.channel = grpc.insecure_channel(target)
         self.stub = launch_pb2_grpc.LaunchServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.stream = self.stub.Attach(pb.AttachRequest(client_name="victim"))
+        request = pb.AttachRequest(client_name="victim", liveness_seconds=LIVENESS)
+        self.stream = self.stub.Attach(request)
         first = next(self.stream)
         self.metadata = (("accy-client-id", first.attached.client_id),)
+        threading.Thread(target=self.keep_alive, daemon=True).start()
+
+    def keep_alive(self) -> None:
+        """Ping as a live client does; a SIGSTOP stops this with the rest of the process."""
+        while True:
+            time.sleep(LIVENESS / 4)
+            self.stub.Ping(pb.PingRequest(), metadata=self.metadata)
 
     def buffer(self, nbytes: int) -> str:
         request = pb.AllocateBufferRequest(byte_size=nbytes, dtype=pb.DTYPE_F32)

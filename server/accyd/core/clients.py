@@ -31,6 +31,11 @@ class Client:
     session_ids: dict[SessionKey, str] = field(default_factory=dict)
     buffers: dict[str, BufferRecord] = field(default_factory=dict)
     transfer_streams: dict[int, Stream] = field(default_factory=dict)
+    last_seen: float = field(default_factory=time.monotonic)
+    """When the client last made a call (monotonic seconds): how liveness is judged."""
+
+    def silent_for(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.last_seen
 
     def session(self, session_id: str) -> Session:
         _require(session_id, "session_id")
@@ -88,6 +93,7 @@ class ClientTable:
         client = self._clients.get(client_id)
         if client is None:
             raise NotFound(f"no attached client {client_id!r}", field="client_id")
+        client.last_seen = time.monotonic()
         return client
 
     def find(self, client_id: str) -> Client | None:

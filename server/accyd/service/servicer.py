@@ -104,6 +104,9 @@ class LaunchServicer:
         principal = self._principal()
         client = self.daemon.attach(name, principal.tenant, principal.quotas)
         bind(client_id=client.id)
+        liveness = float(request.liveness_seconds)
+        # Check a silent client a few times per liveness period, and beat at least as often.
+        period = min(self._heartbeat, liveness / 4) if liveness else self._heartbeat
         try:
             yield pb.AttachEvent(
                 attached=pb.Attached(
@@ -115,12 +118,20 @@ class LaunchServicer:
                 )
             )
             sequence = 0
+            beat_at = time.monotonic() + self._heartbeat
             while not self._closing.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), self._heartbeat)
+                    await asyncio.wait_for(self._closing.wait(), period)
                     break
-                sequence += 1
-                yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
+                now = time.monotonic()
+                if liveness and client.silent_for(now) > liveness:
+                    # Hung, or cut off without its connection closing: free what it holds.
+                    log.warning("client silent; detaching", silent_seconds=liveness)
+                    break
+                if now >= beat_at:
+                    beat_at = now + self._heartbeat
+                    sequence += 1
+                    yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
         finally:
             self._detach_later(client.id)
 
@@ -143,6 +154,11 @@ class LaunchServicer:
     async def wait_detached(self) -> None:
         while self._detaching:
             await asyncio.gather(*self._detaching, return_exceptions=True)
+
+    @unary
+    async def Ping(self, request: pb.PingRequest, call: Call) -> pb.PingResponse:
+        self.daemon.client(call.need_client())  # finding the client marks it seen
+        return pb.PingResponse()
 
     # Catalog ------------------------------------------------------------------
 

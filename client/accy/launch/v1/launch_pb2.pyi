@@ -43,10 +43,20 @@ class Scalar(_message.Message):
     def __init__(self, u32: _Optional[int] = ..., i32: _Optional[int] = ..., f32: _Optional[float] = ..., f64: _Optional[float] = ..., u64: _Optional[int] = ..., i64: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
-    __slots__ = ("client_name",)
+    __slots__ = ("client_name", "liveness_seconds")
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_SECONDS_FIELD_NUMBER: _ClassVar[int]
     client_name: str
-    def __init__(self, client_name: _Optional[str] = ...) -> None: ...
+    liveness_seconds: int
+    def __init__(self, client_name: _Optional[str] = ..., liveness_seconds: _Optional[int] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class AttachEvent(_message.Message):
     __slots__ = ("attached", "heartbeat")

@@ -39,6 +39,11 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.AttachRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.AttachEvent.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/Ping',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.PingRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.PingResponse.FromString,
+                _registered_method=True)
         self.ListPipelines = channel.unary_unary(
                 '/accy.launch.v1.LaunchService/ListPipelines',
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.ListPipelinesRequest.SerializeToString,
@@ -107,6 +112,15 @@ class LaunchServiceServicer:
     def Attach(self, request, context):
         """Attach and stay attached: the first event carries the client id; the
         daemon then sends a heartbeat now and then. Closing the stream detaches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ping(self, request, context):
+        """"Still here": a client that attached with a liveness period calls this (or
+        anything else) at least that often, so that a client that hangs, or a host
+        cut off without closing its connection, is detached and its resources freed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -207,6 +221,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.AttachRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.AttachEvent.SerializeToString,
             ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.PingRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.PingResponse.SerializeToString,
+            ),
             'ListPipelines': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPipelines,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.ListPipelinesRequest.FromString,
@@ -295,6 +314,33 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/Attach',
             accy_dot_launch_dot_v1_dot_launch__pb2.AttachRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.AttachEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/Ping',
+            accy_dot_launch_dot_v1_dot_launch__pb2.PingRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.PingResponse.FromString,
             options,
             channel_credentials,
             insecure,
