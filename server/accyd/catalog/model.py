@@ -205,6 +205,15 @@ class BufferSpec:
     def byte_size(self, args: Sequence[Scalar]) -> int:
         return _byte_size(self.extent, self.dtype, args, f"{self.name}")
 
+    def check_holds(self, have: int, needed: int, role: str, index: int) -> None:
+        """Refuse ``have`` bytes where the runtime scalars need ``needed`` bytes."""
+        if have < needed:
+            raise LaunchArgumentMismatch(
+                f"{role} {self.name!r} holds {have} bytes; these runtime scalars need "
+                f"{needed} ({self.extent} x {self.dtype.value})",
+                field=f"{role}s[{index}]",
+            )
+
 
 @dataclass(frozen=True, slots=True)
 class IntermediateSpec:

@@ -689,13 +689,8 @@ class Daemon:
             args = order_scalars(pipeline, scalars)
             pipeline.validate_runtime_scalars(args)
             for index, (spec, tensor) in enumerate(zip(pipeline.operands, operands, strict=True)):
-                needed = spec.byte_size(args)
-                if len(tensor.data) < needed:  # refused before anything is allocated
-                    raise LaunchArgumentMismatch(
-                        f"operand {spec.name!r} holds {len(tensor.data)} bytes; these runtime "
-                        f"scalars need {needed} ({spec.extent} x {spec.dtype.value})",
-                        field=f"operands[{index}]",
-                    )
+                # Refused before anything is allocated, as Launch would refuse it.
+                spec.check_holds(len(tensor.data), spec.byte_size(args), "operand", index)
             sizes = [spec.byte_size(args) for spec in pipeline.results]
             made: list[BufferRecord] = []
             try:

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Self
 
 from accyd.backends.base import (
     BUFFER_ALIGNMENT,
@@ -52,7 +53,34 @@ class PoolEntry:
     loaded: LoadedKernel
 
 
-class ArtifactPool:
+class _Owned:
+    """Something freed once by ``close()`` (idempotent), also as a context manager."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._free()
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class ArtifactPool(_Owned):
     """The compiled and loaded kernel of every stage of one pipeline, made once.
 
     Made only by ``load_pipeline_artifacts``; owned by its caller, who launches
@@ -73,28 +101,12 @@ class ArtifactPool:
         self.version = pipeline.version
         self.format = format
         self.entries: tuple[PoolEntry, ...] = tuple(entries)
-        self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _free(self) -> None:
         _destroy_pool_entries(self.backend, self.entries)
 
-    def __enter__(self) -> ArtifactPool:
-        return self
 
-    def __exit__(
-        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class Intermediates:
+class Intermediates(_Owned):
     """The scratch buffers of one pipeline, sized for one set of runtime scalars.
 
     Made only by ``allocate_intermediates``; owned by its caller, who passes
@@ -105,30 +117,14 @@ class Intermediates:
     def __init__(self, backend: Backend, buffers: Sequence[DeviceBuffer]) -> None:
         self.backend = backend
         self.buffers: tuple[DeviceBuffer, ...] = tuple(buffers)
-        self._closed = False
 
     @property
     def byte_size(self) -> int:
         return sum(buffer.byte_size for buffer in self.buffers)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _free(self) -> None:
         for buffer in self.buffers:
             self.backend.destroy(buffer)
-
-    def __enter__(self) -> Intermediates:
-        return self
-
-    def __exit__(
-        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,17 +317,11 @@ def _plan(request: PipelineLaunch) -> _Plan:
             memo.clear()
         memo[key] = plan
     for role, given, specs, sizes in (
-        ("operands", request.operands, pipeline.operands, plan.operand_sizes),
-        ("results", request.results, pipeline.results, plan.result_sizes),
+        ("operand", request.operands, pipeline.operands, plan.operand_sizes),
+        ("result", request.results, pipeline.results, plan.result_sizes),
     ):
-        for index, (buffer, needed) in enumerate(zip(given, sizes, strict=True)):
-            if buffer.byte_size < needed:
-                spec = specs[index]
-                raise LaunchArgumentMismatch(
-                    f"{role[:-1]} {spec.name!r} holds {buffer.byte_size} bytes; these runtime "
-                    f"scalars need {needed} ({spec.extent} x {spec.dtype.value})",
-                    field=f"{role}[{index}]",
-                )
+        for index, (buffer, spec, needed) in enumerate(zip(given, specs, sizes, strict=True)):
+            spec.check_holds(buffer.byte_size, needed, role, index)
     return plan
 
 
