@@ -5,11 +5,15 @@ socket and a TCP loopback port, with the backend asked for):
 
     python bench/bench_service.py [--backend auto|cuda|host] [--quick] [--json [PATH]]
 
-(a) round trip of ``Launch`` (accy.kernel.device_scan, n = 5000, waiting for
+(a) round trip of a launch (accy.kernel.device_scan, n = 5000, waiting for
     completion, scratch allocated once) against a unary echo of a payload of the
-    same size as the LaunchRequest, p50 and p99, for TCP and the Unix socket;
+    same size as the LaunchRequest, p50 and p99, for TCP and the Unix socket.
+    The launch goes through the client library (``Session.launch``, which uses
+    the LaunchStream RPC); the unary ``Launch`` RPC (raw stub) and a streaming
+    echo (bidi ping-pong, the floor of the streaming path) are measured too;
 (b) waited launches per second from 1, 4 and 16 client processes (one session
-    each, Unix socket), next to echoes per second from as many processes;
+    each, Unix socket), next to unary and streaming echoes per second from as
+    many processes;
 (c) bytes per second of a buffer write and read (64 MiB in 1 MiB chunks) against
     the echo server streaming the same bytes in the same chunks, each way.
 
@@ -27,6 +31,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
@@ -42,6 +47,7 @@ import numpy as np
 from accy import Client
 from accy._table import markdown
 from accy.launch.v1 import launch_pb2 as pb
+from accy.launch.v1 import launch_pb2_grpc
 from accy.testing import free_port, running_daemon
 
 SCAN = "accy.kernel.device_scan"
@@ -54,6 +60,13 @@ MiB = 1 << 20
 
 async def _echo_unary(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
     return request
+
+
+async def _echo_bidi(
+    requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+) -> AsyncIterator[bytes]:
+    async for request in requests:
+        yield request
 
 
 async def _echo_upload(
@@ -82,6 +95,7 @@ async def _serve_echo(addresses: list[str]) -> None:
         "accy.bench.Echo",
         {
             "Unary": grpc.unary_unary_rpc_method_handler(_echo_unary),
+            "Bidi": grpc.stream_stream_rpc_method_handler(_echo_bidi),
             "Upload": grpc.stream_unary_rpc_method_handler(_echo_upload),
             "Download": grpc.unary_stream_rpc_method_handler(_echo_download),
         },
@@ -129,6 +143,27 @@ def _unary(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable[bytes, bytes]:
     return channel.unary_unary(ECHO + "Unary")
 
 
+class _StreamEcho:
+    """Ping-pong on one bidi echo call: a message out, its echo back (the streaming floor)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        bidi: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(ECHO + "Bidi")
+        self._answers = bidi(self._requests())
+
+    def _requests(self) -> Iterator[bytes]:
+        while (payload := self._outbox.get()) is not None:
+            yield payload
+
+    def __call__(self, payload: bytes) -> bytes:
+        self._outbox.put(payload)
+        return next(self._answers)
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._answers.cancel()
+
+
 # -- measurements ----------------------------------------------------------------------
 
 
@@ -170,32 +205,60 @@ class _LaunchRig:
             wait=True,
         ).ByteSize()
 
+        self.unary_request = pb.LaunchRequest(
+            session_id=self.session.id,
+            operands=[self.x.id],
+            results=[self.y.id],
+            runtime_scalars={"n": pb.Scalar(u32=n)},
+            wait=True,
+        )
+        self.stub = launch_pb2_grpc.LaunchServiceStub(self.client._channel)
+        self.metadata = (("accy-client-id", self.client.client_id),)
+
     def launch(self) -> None:
+        """Through the client library (LaunchStream)."""
         self.session.launch([self.x], [self.y], n=self.n)
+
+    def launch_unary(self) -> None:
+        """The unary Launch RPC on a raw stub (no client-library cost)."""
+        self.stub.Launch(self.unary_request, metadata=self.metadata)
 
     def close(self) -> None:
         self.client.close()
 
 
 def round_trip(target: str, echo_target: str, n: int, iterations: int) -> dict[str, Any]:
-    """Launch p50/p99 against unary echo p50/p99 on one transport, interleaved in blocks."""
+    """Launch p50/p99 against unary and streaming echo p50/p99 on one transport.
+
+    The four series are interleaved in blocks, so drift hits them alike.
+    """
     rig = _LaunchRig(target, n)
     with _channel(echo_target) as channel:
-        echo = _unary(channel)
+        echo, stream_echo = _unary(channel), _StreamEcho(channel)
         payload = bytes(rig.request_size)
-        launches: list[float] = []
-        echoes: list[float] = []
+        series: dict[str, Callable[[], object]] = {
+            "echo": lambda: echo(payload),
+            "stream_echo": lambda: stream_echo(payload),
+            "launch": rig.launch,
+            "unary_launch": rig.launch_unary,
+        }
+        samples: dict[str, list[float]] = {name: [] for name in series}
         block = max(10, iterations // 10)
-        for _ in range(0, iterations, block):  # interleave so drift hits both alike
-            echoes += _timed(lambda: echo(payload), block, warmup=5)
-            launches += _timed(rig.launch, block, warmup=5)
+        for _ in range(0, iterations, block):
+            for name, call in series.items():
+                samples[name] += _timed(call, block, warmup=5)
+        stream_echo.close()
     rig.close()
-    launch, raw = _percentiles(launches), _percentiles(echoes)
-    return {
-        "launch": launch,
-        "echo": raw,
+    found = {name: _percentiles(values) for name, values in samples.items()}
+    echo_p50 = found["echo"]["p50_us"]
+    return found | {
         "request_bytes": rig.request_size,
-        "overhead_p50_percent": (launch["p50_us"] / raw["p50_us"] - 1) * 100,
+        "overhead_p50_percent": (found["launch"]["p50_us"] / echo_p50 - 1) * 100,
+        "unary_overhead_p50_percent": (found["unary_launch"]["p50_us"] / echo_p50 - 1) * 100,
+        "stream_overhead_p50_percent": (
+            found["launch"]["p50_us"] / found["stream_echo"]["p50_us"] - 1
+        )
+        * 100,
     }
 
 
@@ -204,6 +267,11 @@ def _rate_worker(kind: str, target: str, n: int, start_at: float, seconds: float
     if kind == "launch":
         rig = _LaunchRig(target, n)
         call: Callable[[], object] = rig.launch
+    elif kind == "stream_echo":
+        streamed, payload = _StreamEcho(_channel(target)), bytes(64)
+
+        def call() -> object:
+            return streamed(payload)
     else:
         channel = _channel(target)
         echo = _unary(channel)
@@ -230,7 +298,8 @@ def rates(
     rows = []
     for count in processes:
         row: dict[str, Any] = {"processes": count}
-        for kind, address in (("launch", target), ("echo", echo_target)):
+        kinds = (("launch", target), ("echo", echo_target), ("stream_echo", echo_target))
+        for kind, address in kinds:
             start_at = time.time() + 2.0 + 0.15 * count  # time for every child to start
             with context.Pool(count) as pool:
                 done = pool.starmap(_rate_worker, [(kind, address, n, start_at, seconds)] * count)
@@ -280,24 +349,43 @@ def throughput(target: str, echo_target: str, nbytes: int, repeats: int) -> dict
 # -- report ----------------------------------------------------------------------------
 
 
+def _us(found: dict[str, float]) -> str:
+    return f"{found['p50_us']:.0f} / {found['p99_us']:.0f} µs"
+
+
 def _table(report: dict[str, Any]) -> str:
     rows: list[list[str]] = []
     for transport, r in report["round_trip"].items():
-        rows.append(
+        what = f"{transport} (n={report['n']}, wait), p50 / p99"
+        rows += [
             [
-                f"Launch round trip, {transport} (n={report['n']}, wait)",
-                f"{r['launch']['p50_us']:.0f} / {r['launch']['p99_us']:.0f} µs",
-                f"{r['echo']['p50_us']:.0f} / {r['echo']['p99_us']:.0f} µs",
+                f"launch round trip (client library, LaunchStream), {what}",
+                _us(r["launch"]),
+                _us(r["echo"]),
                 f"{r['overhead_p50_percent']:+.0f}% at p50",
-            ]
-        )
+            ],
+            [
+                f"unary Launch RPC round trip (raw stub), {what}",
+                _us(r["unary_launch"]),
+                _us(r["echo"]),
+                f"{r['unary_overhead_p50_percent']:+.0f}% at p50",
+            ],
+            [
+                f"launch (LaunchStream) vs streaming echo, {transport}",
+                _us(r["launch"]),
+                f"{_us(r['stream_echo'])} (streaming)",
+                f"{r['stream_overhead_p50_percent']:+.0f}% at p50",
+            ],
+        ]
     for row in report["rates"]:
         rows.append(
             [
-                f"calls/s from {row['processes']} client processes (unix)",
-                f"{row['launch_per_second']:,.0f} launches/s",
-                f"{row['echo_per_second']:,.0f} echoes/s",
-                f"{row['launch_per_second'] / row['echo_per_second']:.2f}x",
+                f"waited launches/s from {row['processes']} client processes (unix)",
+                f"{row['launch_per_second']:,.0f}",
+                f"{row['echo_per_second']:,.0f} unary; {row['stream_echo_per_second']:,.0f} "
+                "streaming",
+                f"{row['launch_per_second'] / row['echo_per_second']:.2f}x; "
+                f"{row['launch_per_second'] / row['stream_echo_per_second']:.2f}x",
             ]
         )
     for transport, t in report["throughput"].items():

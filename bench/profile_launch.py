@@ -5,10 +5,12 @@ Run from the repository root:
     python bench/profile_launch.py [--backend auto|cuda|host] [--n 5000] [--spy PATH-TO-PY-SPY]
 
 It starts ``accyd serve``, measures the daemon process's CPU time per call
-(utime + stime from /proc) and wall time for a raw gRPC echo server, the health
-check, GetStatus, and Launch with and without waiting, all through raw stubs so
-no client-library cost is counted. With ``--spy`` it samples the daemon with
-py-spy while Launch(wait) runs and prints the heaviest frames.
+(utime + stime from /proc) and wall time for a raw gRPC echo server (unary and
+bidi ping-pong), the health check, GetStatus, and Launch with and without
+waiting through raw stubs (no client-library cost), then a waited launch
+through the client library (the LaunchStream RPC). With ``--spy`` it samples
+the daemon with py-spy while streamed launches run and prints the heaviest
+frames.
 """
 
 from __future__ import annotations
@@ -126,9 +128,11 @@ def main() -> int:
             waited.wait = True
             with bench_service._channel(echo_target) as echo_channel:
                 unary = bench_service._unary(echo_channel)
+                streamed = bench_service._StreamEcho(echo_channel)
                 payload = bytes(waited.ByteSize())
                 cases: list[tuple[str, int, Callable[[], object]]] = [
                     ("raw gRPC echo (its own process)", echo.process.pid, lambda: unary(payload)),
+                    ("streaming echo (ping-pong)", echo.process.pid, lambda: streamed(payload)),
                     ("Health.Check", pid, lambda: health.Check(health_pb2.HealthCheckRequest())),
                     (
                         "GetStatus",
@@ -137,10 +141,16 @@ def main() -> int:
                     ),
                     ("Launch, no wait", pid, lambda: stub.Launch(launch, metadata=metadata)),
                     ("Launch, wait", pid, lambda: stub.Launch(waited, metadata=metadata)),
+                    (
+                        "Session.launch, wait (LaunchStream)",
+                        pid,
+                        lambda: session.launch([x], [y], n=args.n),
+                    ),
                 ]
                 for name, process, call in cases:
                     cpu, wall = per_call(process, call, args.count)
                     rows.append([name, f"{cpu:.0f} µs", f"{wall:.0f} µs"])
+                streamed.close()
             if args.spy:
                 server = _tree(pid)[-1]
                 spy = subprocess.Popen(
@@ -150,7 +160,7 @@ def main() -> int:
                 )  # fmt: skip
                 deadline = time.monotonic() + 9
                 while time.monotonic() < deadline:
-                    stub.Launch(waited, metadata=metadata)
+                    session.launch([x], [y], n=args.n)
                 spy.wait(30)
                 print(summarize(Path(args.spy_out)))
             stub.WaitLaunch(pb.WaitLaunchRequest(session_id=session.id), metadata=metadata)

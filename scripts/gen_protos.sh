@@ -9,7 +9,9 @@ if [[ "${1:-}" == "--check" ]]; then
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
 fi
-"$py" -m grpc_tools.protoc -I"$root/protos" \
+# google/rpc/status.proto comes with googleapis-common-protos (a runtime dependency).
+common=$("$py" -c 'import pathlib, google.rpc.status_pb2 as m; print(pathlib.Path(m.__file__).parents[2])')
+"$py" -m grpc_tools.protoc -I"$root/protos" -I"$common" \
   --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" \
   "$root"/protos/accy/launch/v1/*.proto
 if [[ "${1:-}" == "--check" ]]; then

@@ -6,6 +6,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from accy._attach import AttachStream
+from accy._launches import LaunchStream
 from accy._models import Attachment
 from accy.errors import AccyError, NotFound, Unavailable
 
@@ -45,6 +46,14 @@ class Link:
     fault_session: str | None = None
     lost_at: float = 0.0
     buffers: weakref.WeakSet[object] = field(default_factory=weakref.WeakSet)
+    launches: LaunchStream | None = None
+    """The link's LaunchStream, opened by the first launch on it."""
+
+    def close_launches(self) -> None:
+        """End the link's LaunchStream; launches still waiting on it raise why the link went."""
+        if self.launches is not None:
+            why = self.lost_error("a launch in flight") if self.lost is not None else None
+            self.launches.close(why)
 
     @property
     def attachment(self) -> Attachment:

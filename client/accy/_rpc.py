@@ -56,6 +56,11 @@ class Stub:
         ) -> grpc.StreamUnaryMultiCallable[_Req, _Resp]:
             return channel.stream_unary(_path(name), req.SerializeToString, resp.FromString)
 
+        def ss(
+            name: str, req: type[_Req], resp: type[_Resp]
+        ) -> grpc.StreamStreamMultiCallable[_Req, _Resp]:
+            return channel.stream_stream(_path(name), req.SerializeToString, resp.FromString)
+
         self.Attach = us("Attach", pb.AttachRequest, pb.AttachEvent)
         self.Ping = uu("Ping", pb.PingRequest, pb.PingResponse)
         self.ListPipelines = uu("ListPipelines", pb.ListPipelinesRequest, pb.ListPipelinesResponse)
@@ -66,6 +71,7 @@ class Stub:
             pb.AllocateIntermediatesResponse,
         )
         self.Launch = uu("Launch", pb.LaunchRequest, pb.LaunchResponse)
+        self.LaunchStream = ss("LaunchStream", pb.LaunchRequest, pb.LaunchStreamResponse)
         self.WaitLaunch = uu("WaitLaunch", pb.WaitLaunchRequest, pb.WaitLaunchResponse)
         self.Release = uu("Release", pb.ReleaseRequest, pb.ReleaseResponse)
         self.AllocateBuffer = uu(

@@ -27,6 +27,7 @@ from accy._attach import AttachStream
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
 from accy._dtypes import DTypeLike
+from accy._launches import LaunchStream
 from accy._link import DEVICE_LOST, Link, device_lost, names_client
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._paths import default_target
@@ -284,6 +285,7 @@ class Client(_Closeable):
             if self._link is link:
                 self._link = None
         link.stream.cancel()
+        link.close_launches()
 
     def _reattach(self, old: Link) -> Link | None:
         """Attach again with back-off, reload the sessions, publish the new link."""
@@ -413,7 +415,10 @@ class Client(_Closeable):
     # -- plumbing -------------------------------------------------------------
 
     def _translate(self, error: grpc.RpcError) -> AccyError:
-        failure = from_rpc_error(error)
+        return self._hint(from_rpc_error(error))
+
+    def _hint(self, failure: AccyError) -> AccyError:
+        """``failure`` with what to do about it, where the client knows."""
         if isinstance(failure, Unavailable) and failure.reason is None:
             return DaemonUnreachable(self.target, failure.message, self._unreachable_hint())
         if isinstance(failure, Unauthenticated):
@@ -472,6 +477,33 @@ class Client(_Closeable):
             if not (again and link is None and names_client(failure)):
                 raise failure
         raise AssertionError("unreachable")
+
+    def _launch(
+        self, request: Callable[[Link], pb.LaunchRequest], timeout: float | None
+    ) -> tuple[pb.LaunchResponse, Link]:
+        """One launch on the current link's LaunchStream (as ``_call`` does a unary call)."""
+        self._check_open()
+        for again in (True, False):
+            link = self._current_link()
+            message = request(link)
+            try:
+                return self._launches(link).launch(message, self._timeout(timeout)), link
+            except AccyError as failure:
+                if device_lost(failure) or names_client(failure):
+                    self._lose(link, failure)
+                if not (again and names_client(failure)):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launches(self, link: Link) -> LaunchStream:
+        with self._cond:
+            self._check_open()
+            stream = link.launches
+            if stream is None or stream.broken:
+                stream = link.launches = LaunchStream(
+                    self._stub, link.metadata, self._translate, self._hint
+                )
+            return stream
 
     def _unary(
         self,
@@ -716,6 +748,7 @@ class Client(_Closeable):
             link = self._last
             self._cond.notify_all()
         link.stream.cancel()
+        link.close_launches()
         self._channel.close()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -1009,7 +1042,7 @@ class Session(_Closeable):
                 wait=wait,
             )
 
-        response, link = self._client._call(self._client._stub.Launch, request, timeout)
+        response, link = self._client._launch(request, timeout)
         if not wait:
             self._unwaited = link
         return Launch(self, response, link)

@@ -41,6 +41,7 @@ __all__ = [
     "Unknown",
     "error_class",
     "from_rpc_error",
+    "from_rpc_status",
     "from_status",
     "with_hint",
 ]
@@ -321,6 +322,15 @@ def from_status(code: grpc.StatusCode, message: str, status: RpcStatus | None) -
         quota_violations=quotas,
         request_id=request_id,
     )
+
+
+_CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_rpc_status(status: RpcStatus) -> AccyError:
+    """The typed exception of a ``google.rpc.Status`` sent as data (a LaunchStream answer)."""
+    code = _CODE_BY_NUMBER.get(status.code, grpc.StatusCode.UNKNOWN)
+    return from_status(code, status.message or code.name, status)
 
 
 def with_hint(error: AccyError, hint: str) -> AccyError:

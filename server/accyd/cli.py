@@ -71,6 +71,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     run.add_argument("--cache-dir", type=Path, metavar="DIR", help="compiled kernel cache")
     run.add_argument("--grace", type=float, metavar="SECONDS", help="drain time at shutdown")
+    run.add_argument(
+        "--launch-spin-us",
+        type=float,
+        metavar="MICROSECONDS",
+        help="poll a waited launch this long on the event loop before the driver calls back "
+        "(default 100; 0: off)",
+    )
 
     security = run.add_argument_group("security")
     security.add_argument(
@@ -148,6 +155,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "cache_dir": args.cache_dir,
         "insecure": True if args.insecure else None,
         "grace_seconds": args.grace,
+        "launch_spin_seconds": None if args.launch_spin_us is None else args.launch_spin_us / 1e6,
         "tokens_file": args.tokens,
         "unix_trusted": True if args.unix_trusted else None,
         "tls_cert": args.tls_cert,

@@ -56,6 +56,11 @@ class Config:
     max_message_bytes: int = 64 * MiB
     read_chunk_bytes: int = 1 * MiB
     blocking_threads: int = 32
+    launch_spin_seconds: float = 100e-6
+    """How long a waited launch is polled on the event loop before the driver calls back.
+
+    A short launch then answers without a round trip through the driver's
+    thread; a longer one costs the loop at most this much. 0 turns it off."""
     default_tenant: str = DEFAULT_TENANT
     quotas: Quotas = field(default_factory=Quotas)
 
@@ -72,6 +77,8 @@ class Config:
             raise ValueError("grace_seconds must not be negative")
         if not 1 <= self.read_chunk_bytes <= self.max_message_bytes - 1024:
             raise ValueError("read_chunk_bytes must be positive and below max_message_bytes")
+        if not 0 <= self.launch_spin_seconds <= 0.01:
+            raise ValueError("launch_spin_seconds must be between 0 and 0.01")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
         if self.log_format not in ("console", "json"):
@@ -200,5 +207,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_message_bytes": int,
     "read_chunk_bytes": int,
     "blocking_threads": int,
+    "launch_spin_seconds": float,
     "default_tenant": str,
 }

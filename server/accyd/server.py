@@ -114,6 +114,7 @@ class Server:
             tenant=config.default_tenant,
             heartbeat_seconds=config.heartbeat_seconds,
             read_chunk_bytes=config.read_chunk_bytes,
+            launch_spin_seconds=config.launch_spin_seconds,
             max_chunk_bytes=config.max_message_bytes - 1024,
             quotas=config.quotas,
             metrics=metrics,

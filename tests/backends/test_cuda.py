@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -455,6 +456,9 @@ def test_events_order_work_across_streams(
     )
     event = backend.record_event(s1)
     assert backend.event_done(event) is False
+    started = time.perf_counter()
+    assert backend.wait_event_for(event, 0.002) is False  # polled for 2 ms, still spinning
+    assert 0.002 <= time.perf_counter() - started < 0.05
     backend.wait_event(s2, event)
     launch(
         backend,
@@ -467,6 +471,7 @@ def test_events_order_work_across_streams(
     assert np.all(read_f32(backend, second, n, s2) == 42.0)
     backend.synchronize_event(event)
     assert backend.event_done(event) is True
+    assert backend.wait_event_for(event, 0.0) is True
     backend.destroy_event(event)
     backend.destroy_event(event)
     with pytest.raises(LaunchArgumentMismatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -107,7 +108,11 @@ def test_launches_run_in_order_on_one_stream_and_asynchronously(backend: HostBac
         backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(value)], ONE, stream))
     event = backend.record_event(stream)
     assert not backend.event_done(event)  # the stream is held by the blocked kernel
+    started = time.perf_counter()
+    assert not backend.wait_event_for(event, 0.05)
+    assert time.perf_counter() - started >= 0.045
     blocked.native.__globals__["gate"].set()
+    assert backend.wait_event_for(event, 10.0)
     backend.synchronize(stream)
     assert backend.event_done(event)
     got = np.frombuffer(backend.read(log, 0, 4 * 101, stream), dtype=np.uint32)

@@ -37,10 +37,30 @@ SCAN = pb.PipelineInfo(
 )
 
 
+class Refused(Exception):
+    """A refusal, as the google.rpc.Status to abort a call with (or answer a streamed launch)."""
+
+    def __init__(self, status: status_pb2.Status) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
 def abort(
     context: grpc.ServicerContext, code: int, message: str, reason: str, **extra: str
 ) -> None:
     """Abort with a google.rpc.Status carrying ErrorInfo and, for ``field``, a BadRequest."""
+    context.abort_with_status(rpc_status.to_status(refusal(code, message, reason, **extra)))
+
+
+def refuse(
+    context: grpc.ServicerContext, code: int, message: str, reason: str, **extra: str
+) -> None:
+    """Raise ``Refused`` with the status ``abort`` would end the call with."""
+    raise Refused(refusal(code, message, reason, **extra))
+
+
+def refusal(code: int, message: str, reason: str, **extra: str) -> status_pb2.Status:
+    """A google.rpc.Status carrying ErrorInfo and, for ``field``, a BadRequest."""
     details = []
     info = any_pb2.Any()
     metadata = {k: v for k, v in extra.items() if k != "field"}
@@ -58,9 +78,7 @@ def abort(
             )
         )
         details.append(bad)
-    context.abort_with_status(
-        rpc_status.to_status(status_pb2.Status(code=code, message=message, details=details))
-    )
+    return status_pb2.Status(code=code, message=message, details=details)
 
 
 @dataclass
@@ -73,6 +91,9 @@ class FakeState:
     write_chunk_sizes: list[int] = field(default_factory=list)
     read_chunk_size: int = 0
     launches: list[pb.LaunchRequest] = field(default_factory=list)
+    launch_ids: list[str] = field(default_factory=list)
+    streams: int = 0
+    """LaunchStream calls opened."""
     scratch: list[pb.AllocateIntermediatesRequest] = field(default_factory=list)
     authorization: list[tuple[str, str]] = field(default_factory=list)
     """(method, authorization metadata) of every call, Attach included."""
@@ -92,6 +113,8 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         self.instance_id = "i1"
         self.fault_session: str | None = None
         self.refuse_attach = False
+        self.launch_delay = 0.0
+        """Seconds each launch takes (to act out a slow daemon)."""
         self.port = 0
         self._instances = 1
 
@@ -106,7 +129,9 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         """Lose the device: every call fails UNAVAILABLE/DEVICE_LOST naming ``session``."""
         self.fault_session = session
 
-    def _gate(self, context: grpc.ServicerContext, method: str) -> None:
+    def _gate(
+        self, context: grpc.ServicerContext, method: str, fail: Callable[..., None] = abort
+    ) -> None:
         """What the real daemon checks before anything: the token, then the device."""
         metadata = dict(context.invocation_metadata())
         given = metadata.get("authorization", "")
@@ -117,7 +142,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         if self.tokens and method == "Launch" and given == f"Bearer {READ_ONLY}":
             abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
         if self.fault_session is not None:
-            abort(
+            fail(
                 context,
                 code_pb2.UNAVAILABLE,
                 "the device was lost",
@@ -125,11 +150,13 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
                 session=self.fault_session,
             )
 
-    def _client(self, context: grpc.ServicerContext, method: str = "") -> str:
-        self._gate(context, method)
+    def _client(
+        self, context: grpc.ServicerContext, method: str = "", fail: Callable[..., None] = abort
+    ) -> str:
+        self._gate(context, method, fail)
         ids = [v for k, v in context.invocation_metadata() if k == "accy-client-id"]
         if not ids or ids[0] not in self.state.clients:
-            abort(
+            fail(
                 context,
                 code_pb2.NOT_FOUND,
                 f"no attached client {ids[0] if ids else ''!r}",
@@ -138,10 +165,12 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             )
         return str(ids[0])
 
-    def _buffer(self, context: grpc.ServicerContext, buffer_id: str) -> bytearray:
+    def _buffer(
+        self, context: grpc.ServicerContext, buffer_id: str, fail: Callable[..., None] = abort
+    ) -> bytearray:
         owner, data = self.state.buffers.get(buffer_id, ("", bytearray()))
-        if owner != self._client(context):
-            abort(
+        if owner != self._client(context, fail=fail):
+            fail(
                 context,
                 code_pb2.NOT_FOUND,
                 f"no buffer {buffer_id}",
@@ -209,23 +238,47 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         return pb.AllocateIntermediatesResponse(byte_size=256)
 
     def Launch(self, request: pb.LaunchRequest, context: grpc.ServicerContext) -> pb.LaunchResponse:
-        self._client(context, "Launch")
+        return self._launch(request, context, abort)
+
+    def LaunchStream(
+        self, requests: Iterator[pb.LaunchRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.LaunchStreamResponse]:
+        self.state.streams += 1
+        metadata = dict(context.invocation_metadata())
+        given = metadata.get("authorization", "")
+        if self.tokens and given not in (f"Bearer {TOKEN}", f"Bearer {READ_ONLY}"):
+            abort(context, code_pb2.UNAUTHENTICATED, "bad bearer token", "UNAUTHENTICATED")
+        for request in requests:
+            try:
+                response = self._launch(request, context, refuse)
+            except Refused as refused:
+                yield pb.LaunchStreamResponse(tag=request.tag, error=refused.status)
+            else:
+                yield pb.LaunchStreamResponse(tag=request.tag, launch=response)
+
+    def _launch(
+        self, request: pb.LaunchRequest, context: grpc.ServicerContext, fail: Callable[..., None]
+    ) -> pb.LaunchResponse:
+        self._client(context, "Launch", fail)
+        time.sleep(self.launch_delay)
         if request.session_id not in self.state.sessions:
-            abort(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
+            fail(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
         self.state.launches.append(request)
         n = request.runtime_scalars["n"].u32
         if n > SCAN.runtime_scalars[0].max:
-            abort(
+            fail(
                 context,
                 code_pb2.INVALID_ARGUMENT,
                 "n too large",
                 "SCALAR_OUT_OF_BOUNDS",
                 field="runtime_scalars[n]",
             )
-        x = np.frombuffer(self._buffer(context, request.operands[0]), np.float32)[:n]
-        y = self._buffer(context, request.results[0])
+        x = np.frombuffer(self._buffer(context, request.operands[0], fail), np.float32)[:n]
+        y = self._buffer(context, request.results[0], fail)
         y[: 4 * n] = np.cumsum(x, dtype=np.float32).tobytes()
-        return pb.LaunchResponse(launch_id=secrets.token_hex(4), completed=request.wait)
+        launch_id = secrets.token_hex(4)
+        self.state.launch_ids.append(launch_id)
+        return pb.LaunchResponse(launch_id=launch_id, completed=request.wait)
 
     def WaitLaunch(
         self, request: pb.WaitLaunchRequest, context: grpc.ServicerContext

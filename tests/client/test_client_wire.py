@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -134,6 +135,34 @@ def test_daemon_errors_arrive_typed(client: Client) -> None:
     with pytest.raises(errors.InvalidArgument) as bounds:
         session.launch([x], [x], n=2**31)
     assert bounds.value.reason == "SCALAR_OUT_OF_BOUNDS"
+    assert bounds.value.fields == ("runtime_scalars[n]",)
+    session.launch([x], [x], n=1)  # the launch stream goes on after a refusal
+
+
+def test_launches_share_one_stream_from_many_threads(
+    client: Client, fake: tuple[str, FakeLaunchService]
+) -> None:
+    session = client.load("accy.kernel.device_scan")
+    xb, yb = client.buffer(np.ones(4, np.float32)), client.empty(4, "f32")
+    with ThreadPoolExecutor(8) as pool:
+        launches = list(pool.map(lambda _: session.launch([xb], [yb], n=4), range(64)))
+    assert sorted(launch.id for launch in launches) == sorted(fake[1].state.launch_ids)
+    assert len(set(fake[1].state.launch_ids)) == 64
+    assert fake[1].state.streams == 1
+
+
+def test_a_launch_past_its_timeout_leaves_the_stream_usable(
+    client: Client, fake: tuple[str, FakeLaunchService]
+) -> None:
+    session = client.load("accy.kernel.device_scan")
+    xb, yb = client.buffer(np.ones(4, np.float32)), client.empty(4, "f32")
+    fake[1].launch_delay = 0.5
+    with pytest.raises(errors.DeadlineExceeded, match=r"within 0\.1 s"):
+        session.launch([xb], [yb], n=4, timeout=0.1)
+    fake[1].launch_delay = 0.0
+    launch = session.launch([xb], [yb], n=4)  # its own answer, not the late one
+    assert fake[1].state.launch_ids == [fake[1].state.launch_ids[0], launch.id]
+    assert fake[1].state.streams == 1
 
 
 def test_run_one_call_infers_n(client: Client) -> None:

@@ -228,25 +228,26 @@ def test_host_scan_results_and_in_order_chain() -> None:
     assert backend.memory_in_use() == 0
 
 
-def test_launch_notifies_once_its_work_finished() -> None:
+def test_a_watched_launch_settles_or_notifies_once_its_work_finished() -> None:
     daemon, backend = host_daemon()
     client = daemon.attach().id
     n = 1 << 16
     session = daemon.load_pipeline(client, "accy.kernel.saxpy").session_id
     buffers = [daemon.allocate_buffer(client, n * 4, DType.F32).id for _ in range(2)]
-    order: list[str] = []
-    finished = threading.Event()
-
-    def notified() -> None:
-        order.append("notified")
-        finished.set()
-
     scalars = {"n": Scalar.u32(n), "a": Scalar.f32(2.0)}
-    ticket = daemon.launch(client, session, buffers, buffers[1:], scalars, notified)
+    unwatched = daemon.launch(client, session, buffers, buffers[1:], scalars)
+    assert unwatched.watch is None
+    finished = threading.Event()
+    ticket = daemon.launch(client, session, buffers, buffers[1:], scalars, watch=True)
+    assert ticket.watch is not None
+    assert ticket.watch.notify(finished.set)
     assert finished.wait(10)
-    # The notification comes after the launch's mark, so waiting now returns at once.
+    # The notification comes after the launch's mark, so waiting on it is over at once.
+    assert ticket.watch.settle(0.001)
+    ticket.watch.close()
+    ticket.watch.close()  # idempotent
+    assert not ticket.watch.settle(1.0) and not ticket.watch.notify(finished.set)
     daemon.wait_launch(client, session, ticket.launch_id)
-    assert order == ["notified"]
     daemon.close()
     assert backend.memory_in_use() == 0
 

@@ -107,6 +107,11 @@ def details(error: grpc.RpcError) -> dict[str, Any]:
     """The google.rpc details of a failed call, by kind."""
     status: status_pb2.Status | None = rpc_status.from_call(error)  # type: ignore[arg-type]
     assert status is not None, "no rich status"
+    return status_details(status)
+
+
+def status_details(status: status_pb2.Status) -> dict[str, Any]:
+    """The details of a google.rpc.Status (a failed call's, or a streamed launch's), by kind."""
     found: dict[str, Any] = {}
     for packed in status.details:
         for kind in ("ErrorInfo", "BadRequest", "QuotaFailure", "RequestInfo"):

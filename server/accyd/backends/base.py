@@ -200,6 +200,15 @@ class Backend(Protocol):
 
     def event_done(self, event: Event) -> bool: ...
 
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        """Block at most ``seconds`` for the work before ``event``; whether it finished.
+
+        For waits short enough to spend on the calling thread (the event loop):
+        it returns ``True`` for work that failed too, and the next full wait
+        (``synchronize_event``) reports the error.
+        """
+        ...
+
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the work enqueued on ``stream`` so far has finished.
 

@@ -344,6 +344,10 @@ class HostBackend:
         fence: _Fence = event.native
         return fence.done.is_set()
 
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        fence: _Fence = event.native
+        return fence.done.wait(seconds)
+
     def synchronize_event(self, event: Event) -> None:
         """Wait for the work before ``event``; raise its error, once, as ``synchronize`` does."""
         fence: _Fence = event.native

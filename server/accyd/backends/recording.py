@@ -170,6 +170,9 @@ class RecordingBackend:
     def event_done(self, event: Event) -> bool:
         return True
 
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        return True
+
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         callback()
 

@@ -28,7 +28,7 @@ from accyd.core.executor import (
     load_pipeline_artifacts,
 )
 from accyd.core.ids import BUFFER, CLIENT, INSTANCE, SESSION, new_id
-from accyd.core.marks import Mark, order_after
+from accyd.core.marks import Mark, MarkWatch, order_after
 from accyd.core.sessions import Session, SessionKey, order_scalars
 from accyd.core.tenants import DEFAULT_TENANT, Quotas, Tenant, Usage
 from accyd.errors import (
@@ -90,6 +90,8 @@ class LaunchTicket:
     must_wait: bool
     pipeline: str
     """The catalog target the session runs: a bounded label for metrics."""
+    watch: MarkWatch | None = None
+    """For a launch made with ``watch=True``: the caller's hold on its end (it closes it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,12 +428,14 @@ class Daemon:
         operands: Sequence[str],
         results: Sequence[str],
         scalars: Mapping[str, Scalar],
-        notify: Callable[[], None] | None = None,
+        *,
+        watch: bool = False,
     ) -> LaunchTicket:
         """Validate, then enqueue on the session's stream; returns at once.
 
-        ``notify`` (optional) is called from another thread once the launch's work
-        has finished, so a waiter need not block a thread; see ``Backend.notify``.
+        With ``watch``, the ticket holds a ``MarkWatch`` (unless the launch runs on
+        scratch of its own, ``must_wait``), so the caller can learn of its end
+        without blocking a thread; the caller closes it.
         """
         with self._lock, self._counted():
             self._check_serving()
@@ -469,16 +473,12 @@ class Daemon:
                     _note(parked.mark, ops, res)
                 raise
             _note(record.mark, ops, res)
-            if notify is not None and transient is None:
-                # Without the notification the waiter falls back to a blocking wait,
-                # which reports whatever went wrong; the launch itself is enqueued.
-                with contextlib.suppress(AccyError):
-                    session.backend.notify(session.stream, notify)
             return LaunchTicket(
                 session.id,
                 session.launch_id(record.seq),
                 transient is not None,
                 session.pipeline.target,
+                MarkWatch(record.mark, session.stream) if watch and transient is None else None,
             )
 
     @contextlib.contextmanager

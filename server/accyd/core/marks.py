@@ -8,11 +8,12 @@ thread, so it runs off the event loop, with a reference held for its duration.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from accyd.backends.base import Backend, Event, Stream
+from accyd.errors import AccyError
 
-__all__ = ["Mark", "order_after"]
+__all__ = ["Mark", "MarkWatch", "order_after"]
 
 
 class Mark:
@@ -47,6 +48,53 @@ class Mark:
     def wait(self) -> None:
         """Block until the recorded work finished (call off the event loop)."""
         self.backend.synchronize_event(self.event)
+
+
+class MarkWatch:
+    """A waiter's hold on one launch's mark: wait for it briefly, or be called back when done.
+
+    ``Daemon.launch`` makes one for a launch its caller will wait for, right
+    after enqueueing it on ``stream``; the waiter must ``close()`` it (that lets
+    the mark go). Nothing here raises: a failure is reported by the full wait
+    that follows (``Daemon.wait_launch``).
+    """
+
+    __slots__ = ("_mark", "_stream")
+
+    def __init__(self, mark: Mark, stream: Stream) -> None:
+        self._mark: Mark | None = mark.retain()
+        self._stream = stream
+
+    def settle(self, seconds: float) -> bool:
+        """Block at most ``seconds`` for the launch; whether it is over (failed counts)."""
+        mark = self._mark
+        if mark is None or seconds <= 0:
+            return False
+        try:
+            return mark.backend.wait_event_for(mark.event, seconds)
+        except AccyError:
+            return True
+
+    def notify(self, callback: Callable[[], None]) -> bool:
+        """Have ``callback`` called (from another thread) once the stream's work so far is done.
+
+        Whether the backend took it; call it right after the launch, before more
+        work is queued on the stream, or the callback also waits for that work.
+        """
+        mark = self._mark
+        if mark is None:
+            return False
+        try:
+            mark.backend.notify(self._stream, callback)
+        except AccyError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Let the mark go; idempotent."""
+        mark, self._mark = self._mark, None
+        if mark is not None:
+            mark.release()
 
 
 def order_after(backend: Backend, stream: Stream, marks: Iterable[Mark]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextvars
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -19,10 +19,22 @@ from accyd.errors import AccyError, InvalidRequest
 from accyd.logs import bind, unbind
 from accyd.service.errors import code_of, to_status
 
-__all__ = ["CLIENT_ID_HEADER", "Call", "CallTracker", "Context", "streaming", "unary"]
+__all__ = [
+    "CLIENT_ID_HEADER",
+    "MAX_ID_LENGTH",
+    "Call",
+    "CallTracker",
+    "Context",
+    "id_fields",
+    "streaming",
+    "text_field",
+    "unary",
+]
 
 CLIENT_ID_HEADER = "accy-client-id"
 MAX_ID_LENGTH = 256
+LONG_LIVED = frozenset({"Attach", "LaunchStream"})
+"""Calls that last as long as their client: not counted as in flight (a stream's launches are)."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _P = ParamSpec("_P")
@@ -53,7 +65,7 @@ class Call:
 
 
 class CallTracker:
-    """Counts calls in flight (long-lived Attach streams aside) and runs blocking work."""
+    """Counts calls in flight (long-lived streams aside) and runs blocking work."""
 
     def __init__(self, executor: ThreadPoolExecutor) -> None:
         self.executor = executor
@@ -62,12 +74,12 @@ class CallTracker:
         self._idle.set()
 
     def enter(self, method: str) -> None:
-        if method != "Attach":
+        if method not in LONG_LIVED:
             self._active += 1
             self._idle.clear()
 
     def leave(self, method: str) -> None:
-        if method != "Attach":
+        if method not in LONG_LIVED:
             self._active -= 1
             if self._active == 0:
                 self._idle.set()
@@ -86,6 +98,20 @@ class CallTracker:
         return await loop.run_in_executor(
             self.executor, functools.partial(context.run, fn, *args, **kwargs)
         )
+
+
+def text_field(value: str, field: str, *, required: bool = True) -> str:
+    """An id or name field of a request: present (if required) and of sane length."""
+    if required and not value:
+        raise InvalidRequest(f"{field} is empty", field=field)
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidRequest(f"{field} is longer than {MAX_ID_LENGTH} characters", field=field)
+    return value
+
+
+def id_fields(values: Iterable[str], field: str) -> list[str]:
+    """A repeated id field: each one present and of sane length."""
+    return [text_field(value, f"{field}[{index}]") for index, value in enumerate(values)]
 
 
 class _Servicer(Protocol):

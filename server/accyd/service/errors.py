@@ -33,7 +33,7 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["DOMAIN", "code_of", "to_status"]
+__all__ = ["DOMAIN", "code_of", "to_rpc_status", "to_status"]
 
 DOMAIN = "accy.dev"
 
@@ -96,15 +96,19 @@ def _details(error: AccyError, request_id: str) -> list[Message]:
     return details
 
 
-def to_status(error: BaseException, request_id: str) -> grpc.Status:
-    """The status to abort a call with; internals of a non-domain error are not sent."""
+def to_rpc_status(error: BaseException, request_id: str) -> status_pb2.Status:
+    """The ``google.rpc.Status`` of a failure; internals of a non-domain error are not sent."""
     if isinstance(error, AccyError):
         code, message, details = code_of(error), error.message, _details(error, request_id)
     else:
         code = grpc.StatusCode.INTERNAL
         message = f"internal error; the daemon's log has it under request {request_id}"
         details = [error_details_pb2.RequestInfo(request_id=request_id)]
-    status = status_pb2.Status(
+    return status_pb2.Status(
         code=code.value[0], message=message, details=[_pack(d) for d in details]
     )
-    return rpc_status.to_status(status)
+
+
+def to_status(error: BaseException, request_id: str) -> grpc.Status:
+    """The status to abort a call with (see ``to_rpc_status``)."""
+    return rpc_status.to_status(to_rpc_status(error, request_id))

@@ -20,14 +20,15 @@ import structlog
 from accy.launch.v1 import launch_pb2 as pb
 from accy.launch.v1 import launch_pb2_grpc
 from accyd.auth import Principal
-from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import InvalidRequest
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
-from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, unary
+from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
+from accyd.service.launches import Launcher
 from accyd.supervisor import Lineage
 
 __all__ = ["SERVICE_NAME", "LaunchServicer"]
@@ -35,32 +36,6 @@ __all__ = ["SERVICE_NAME", "LaunchServicer"]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaunchService"].full_name
 
 log = structlog.get_logger("accyd.service")
-
-NOTIFY_PATIENCE_SECONDS = 0.005
-"""How long a waiting Launch relies on the backend's notification before a blocking wait."""
-
-
-def _resolve_soon(future: asyncio.Future[bool]) -> None:
-    """From any thread: the launch finished; resolve ``future`` with True on its loop."""
-    future.get_loop().call_soon_threadsafe(_resolve, future, True)
-
-
-def _resolve(future: asyncio.Future[bool], finished: bool) -> None:
-    if not future.done():
-        future.set_result(finished)
-
-
-def _text(value: str, field: str, *, required: bool = True) -> str:
-    """An id or name field: present (if required) and of sane length."""
-    if required and not value:
-        raise InvalidRequest(f"{field} is empty", field=field)
-    if len(value) > MAX_ID_LENGTH:
-        raise InvalidRequest(f"{field} is longer than {MAX_ID_LENGTH} characters", field=field)
-    return value
-
-
-def _ids(values: list[str] | tuple[str, ...], field: str) -> list[str]:
-    return [_text(value, f"{field}[{index}]") for index, value in enumerate(values)]
 
 
 class LaunchServicer:
@@ -75,6 +50,7 @@ class LaunchServicer:
         heartbeat_seconds: float,
         read_chunk_bytes: int,
         max_chunk_bytes: int,
+        launch_spin_seconds: float = 0.0,
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
@@ -90,6 +66,7 @@ class LaunchServicer:
         self._max_chunk = max_chunk_bytes
         self._closing = asyncio.Event()
         self._detaching: set[asyncio.Task[None]] = set()
+        self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
         """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
@@ -180,8 +157,8 @@ class LaunchServicer:
         self, request: pb.LoadPipelineRequest, call: Call
     ) -> pb.LoadPipelineResponse:
         client_id = call.need_client()
-        target = _text(request.target, "target")
-        fmt = convert.format_from_proto(_text(request.format, "format", required=False))
+        target = text_field(request.target, "target")
+        fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
         loaded = await self.calls.blocking(
             self.daemon.load_pipeline, client_id, target, request.version, fmt, request.device
         )
@@ -210,65 +187,18 @@ class LaunchServicer:
     @unary
     async def Launch(self, request: pb.LaunchRequest, call: Call) -> pb.LaunchResponse:
         client_id = call.need_client()
-        session_id = self._session_id(request.session_id)
-        operands = _ids(list(request.operands), "operands")
-        results = _ids(list(request.results), "results")
-        scalars = convert.scalars_from_proto(request.runtime_scalars)
-        finished: asyncio.Future[bool] | None = None
-        if request.wait:
-            finished = asyncio.get_running_loop().create_future()
-        notify = None if finished is None else functools.partial(_resolve_soon, finished)
-        try:
-            ticket = self.daemon.launch(client_id, session_id, operands, results, scalars, notify)
-            enqueued = time.perf_counter() - call.started
-            waited = request.wait or ticket.must_wait
-            if waited:
-                await self._wait_launch(client_id, session_id, ticket, finished)
-        except Exception as error:
-            pipeline = self.daemon.pipeline_of(client_id, session_id)
-            self.metrics.observe_launch(pipeline, 0.0, waited=request.wait, error=error)
-            raise
-        elapsed = time.perf_counter() - call.started
-        self.metrics.observe_launch(ticket.pipeline, elapsed, waited=waited)
-        return pb.LaunchResponse(
-            launch_id=ticket.launch_id,
-            completed=waited,
-            enqueue_seconds=enqueued,
-            elapsed_seconds=elapsed,
-        )
+        pending = self._launcher.enqueue(client_id, request, call.started)
+        return await self._launcher.finish(client_id, pending)
 
-    async def _wait_launch(
-        self,
-        client_id: str,
-        session_id: str,
-        ticket: LaunchTicket,
-        finished: asyncio.Future[bool] | None,
-    ) -> None:
-        """Wait for a launch: by the backend's notification if it comes soon, else a thread.
-
-        A notification saves two thread hops on the hot path; the blocking wait
-        stays the fallback for long kernels and for a device that was lost.
-        """
-        if finished is not None and not ticket.must_wait:
-            # A timer resolves the same future with False: no task, no shield, one wake-up.
-            timer = finished.get_loop().call_later(
-                NOTIFY_PATIENCE_SECONDS, _resolve, finished, False
-            )
-            try:
-                notified = await finished
-            finally:
-                timer.cancel()
-            if notified:
-                # Finished: this wait returns at once and reports any error.
-                self.daemon.wait_launch(client_id, session_id, ticket.launch_id)
-                return
-        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, ticket.launch_id)
+    @unary
+    async def LaunchStream(self, request: AsyncIterator[pb.LaunchRequest], call: Call) -> None:
+        await self._launcher.stream(call.need_client(), request, call.context)
 
     @unary
     async def WaitLaunch(self, request: pb.WaitLaunchRequest, call: Call) -> pb.WaitLaunchResponse:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
-        launch_id = _text(request.launch_id, "launch_id", required=False) or None
+        launch_id = text_field(request.launch_id, "launch_id", required=False) or None
         await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
         return pb.WaitLaunchResponse()
 
@@ -281,7 +211,7 @@ class LaunchServicer:
 
     @staticmethod
     def _session_id(value: str) -> str:
-        session_id = _text(value, "session_id")
+        session_id = text_field(value, "session_id")
         bind(session_id=session_id)
         return session_id
 
@@ -307,7 +237,7 @@ class LaunchServicer:
         try:
             async for chunk in request:
                 if transfer is None:
-                    buffer_id = _text(chunk.buffer_id, "buffer_id")
+                    buffer_id = text_field(chunk.buffer_id, "buffer_id")
                     bind(buffer_id=buffer_id)
                     transfer = self.daemon.open_write(client_id, buffer_id)
                 elif chunk.buffer_id and chunk.buffer_id != transfer.record.id:
@@ -334,7 +264,7 @@ class LaunchServicer:
                 f"chunk_size {chunk_size} is past the largest message ({self._max_chunk})",
                 field="chunk_size",
             )
-        buffer_id = _text(request.buffer_id, "buffer_id")
+        buffer_id = text_field(request.buffer_id, "buffer_id")
         bind(buffer_id=buffer_id)
         transfer = self.daemon.open_read(client_id, buffer_id)
         offset = request.offset
@@ -350,7 +280,7 @@ class LaunchServicer:
     @unary
     async def FreeBuffer(self, request: pb.FreeBufferRequest, call: Call) -> pb.FreeBufferResponse:
         client_id = call.need_client()
-        buffer_id = _text(request.buffer_id, "buffer_id")
+        buffer_id = text_field(request.buffer_id, "buffer_id")
         await self.calls.blocking(self.daemon.free_buffer, client_id, buffer_id)
         return pb.FreeBufferResponse()
 
@@ -358,8 +288,8 @@ class LaunchServicer:
 
     @unary
     async def Run(self, request: pb.RunRequest, call: Call) -> pb.RunResponse:
-        target = _text(request.target, "target")
-        fmt = convert.format_from_proto(_text(request.format, "format", required=False))
+        target = text_field(request.target, "target")
+        fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
         operands = [
             convert.tensor_from_proto(tensor, f"operands[{index}]")
             for index, tensor in enumerate(request.operands)

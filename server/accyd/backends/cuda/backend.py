@@ -8,6 +8,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -728,6 +729,19 @@ class CudaBackend:
         if err == cu.CUresult.CUDA_ERROR_NOT_READY:
             return False
         raise self._check.error(err, "cuEventQuery", LaunchFailed)
+
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        """Poll the event (the GIL is let go in each query) for at most ``seconds``."""
+        self._enter()
+        query, native = self._cu.cuEventQuery, self._live_event(event)
+        not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
+        deadline = time.perf_counter() + seconds
+        while True:
+            (err,) = query(native)
+            if err != not_ready:
+                return True  # finished, or failed: the full wait reports which
+            if time.perf_counter() >= deadline:
+                return False
 
     def synchronize_event(self, event: Event) -> None:
         self._enter()

@@ -1,0 +1,240 @@
+"""Launching from the service: enqueue a LaunchRequest, learn that it finished, answer it.
+
+``Launcher`` serves both the unary ``Launch`` and ``LaunchStream``. A waited
+launch is first polled on the event loop for a bounded moment (``spin_seconds``,
+about 100 µs: a small launch is over by then, and answering it costs no thread
+hop); one still running learns of its end from the backend's notification (a
+host function on the session's stream calls back onto the event loop), with a
+blocking wait on the device-work threads as the fallback, so the event loop
+never waits on the device for longer than the spin.
+
+On a stream, each request is validated and enqueued as it is read, so one
+session's launches keep the stream's order; a waited one is answered by a task
+of its own when it finishes, while the stream reads on. A refused launch is
+answered in-band with the ``google.rpc.Status`` a unary call would have failed
+with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+
+from accy.launch.v1 import launch_pb2 as pb
+from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.core.ids import new_request_id
+from accyd.errors import AccyError
+from accyd.logs import bind
+from accyd.metrics import Metrics
+from accyd.service import convert
+from accyd.service.calls import CallTracker, Context, id_fields, text_field
+from accyd.service.errors import code_of, to_rpc_status
+
+__all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
+
+log = structlog.get_logger("accyd.service")
+
+NOTIFY_PATIENCE_SECONDS = 0.005
+"""How long a waiting launch relies on the backend's notification before a blocking wait."""
+
+_LAUNCH = "Launch"
+"""Each launch of a stream counts as a call in flight (graceful shutdown waits for it)."""
+
+
+def _resolve_soon(future: asyncio.Future[bool]) -> None:
+    """From any thread: the launch finished; resolve ``future`` with True on its loop."""
+    future.get_loop().call_soon_threadsafe(_resolve, future, True)
+
+
+def _resolve(future: asyncio.Future[bool], finished: bool) -> None:
+    if not future.done():
+        future.set_result(finished)
+
+
+class _Pending:
+    """An enqueued launch on its way to an answer."""
+
+    __slots__ = ("enqueued", "finished", "settled", "started", "ticket", "wait")
+
+    def __init__(self, ticket: LaunchTicket, started: float, enqueued: float, wait: bool) -> None:
+        self.ticket = ticket
+        self.started = started
+        self.enqueued = enqueued
+        self.wait = wait or ticket.must_wait
+        self.settled = False
+        """Over already (polled on the loop): the wait only reports errors."""
+        self.finished: asyncio.Future[bool] | None = None
+        """Resolved True by the backend's notification, False when its patience ran out."""
+
+
+class Launcher:
+    """Validates and enqueues launches on the daemon and answers them when due."""
+
+    def __init__(
+        self, daemon: Daemon, calls: CallTracker, metrics: Metrics, *, spin_seconds: float = 0.0
+    ) -> None:
+        self.daemon = daemon
+        self.calls = calls
+        self.metrics = metrics
+        self.spin_seconds = spin_seconds
+
+    def enqueue(self, client_id: str, request: pb.LaunchRequest, started: float) -> _Pending:
+        """Check ``request`` and enqueue it on its session's stream.
+
+        A waited launch is polled for at most ``spin_seconds`` here, and if it
+        still runs, the backend is asked to call back when it is over: both
+        before any other work can be queued behind it.
+        """
+        session_id = text_field(request.session_id, "session_id")
+        bind(session_id=session_id)
+        try:
+            operands = id_fields(request.operands, "operands")
+            results = id_fields(request.results, "results")
+            scalars = convert.scalars_from_proto(request.runtime_scalars)
+            ticket = self.daemon.launch(
+                client_id, session_id, operands, results, scalars, watch=request.wait
+            )
+        except Exception as error:
+            self._count_failure(client_id, session_id, request.wait, error)
+            raise
+        pending = _Pending(ticket, started, time.perf_counter() - started, request.wait)
+        watch = ticket.watch
+        if watch is not None:
+            try:
+                pending.settled = watch.settle(self.spin_seconds)
+                if not pending.settled:
+                    finished = asyncio.get_running_loop().create_future()
+                    if watch.notify(functools.partial(_resolve_soon, finished)):
+                        pending.finished = finished
+            finally:
+                watch.close()
+        return pending
+
+    async def finish(self, client_id: str, pending: _Pending) -> pb.LaunchResponse:
+        """Wait for the launch if it is to be waited for; its answer."""
+        ticket = pending.ticket
+        if pending.wait:
+            try:
+                await self._wait(client_id, pending)
+            except Exception as error:
+                self._count_failure(client_id, ticket.session_id, True, error)
+                raise
+        elapsed = time.perf_counter() - pending.started
+        self.metrics.observe_launch(ticket.pipeline, elapsed, waited=pending.wait)
+        return pb.LaunchResponse(
+            launch_id=ticket.launch_id,
+            completed=pending.wait,
+            enqueue_seconds=pending.enqueued,
+            elapsed_seconds=elapsed,
+        )
+
+    def _count_failure(self, client_id: str, session_id: str, wait: bool, error: Exception) -> None:
+        pipeline = self.daemon.pipeline_of(client_id, session_id)
+        self.metrics.observe_launch(pipeline, 0.0, waited=wait, error=error)
+
+    async def _wait(self, client_id: str, pending: _Pending) -> None:
+        """Wait for a launch: over already, or notified soon, or else on a thread.
+
+        The notification saves two thread hops; the blocking wait stays the
+        fallback for long kernels and for a device that was lost.
+        """
+        session_id, launch_id = pending.ticket.session_id, pending.ticket.launch_id
+        finished = pending.finished
+        if not pending.settled and finished is not None:
+            # A timer resolves the same future with False: no task, no shield, one wake-up.
+            timer = finished.get_loop().call_later(
+                NOTIFY_PATIENCE_SECONDS, _resolve, finished, False
+            )
+            try:
+                pending.settled = await finished
+            finally:
+                timer.cancel()
+        if pending.settled:
+            # Over: this wait returns at once, reports any error and frees what it held.
+            self.daemon.wait_launch(client_id, session_id, launch_id)
+            return
+        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
+
+    # LaunchStream -----------------------------------------------------------------
+
+    async def stream(
+        self, client_id: str, requests: AsyncIterator[pb.LaunchRequest], context: Context
+    ) -> None:
+        """Serve one LaunchStream until the client stops sending and every answer is out."""
+        answers = _Answers(context)
+        finishing: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        try:
+            async for request in requests:
+                started = time.perf_counter()
+                self.calls.enter(_LAUNCH)
+                try:
+                    pending = self.enqueue(client_id, request, started)
+                except Exception as error:
+                    self.calls.leave(_LAUNCH)
+                    await answers.refuse(request.tag, error)
+                    continue
+                if pending.wait:
+                    task = loop.create_task(self._answer(client_id, request.tag, pending, answers))
+                    finishing.add(task)
+                    task.add_done_callback(finishing.discard)
+                else:
+                    try:
+                        await answers.send(request.tag, await self.finish(client_id, pending))
+                    finally:
+                        self.calls.leave(_LAUNCH)
+            while finishing:  # the client is done sending: answer what still runs
+                await asyncio.gather(*finishing, return_exceptions=True)
+        finally:
+            for task in finishing:
+                task.cancel()
+
+    async def _answer(self, client_id: str, tag: int, pending: _Pending, answers: _Answers) -> None:
+        try:
+            try:
+                response = await self.finish(client_id, pending)
+            except Exception as error:
+                await answers.refuse(tag, error)
+            else:
+                await answers.send(tag, response)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the stream is gone (cancelled or broken): nobody to answer
+            log.debug("launch answer not sent", tag=tag)
+        finally:
+            self.calls.leave(_LAUNCH)
+
+
+class _Answers:
+    """Writes a stream's answers one at a time (several tasks answer the same stream)."""
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._lock = asyncio.Lock()
+
+    async def send(self, tag: int, response: pb.LaunchResponse) -> None:
+        await self._write(pb.LaunchStreamResponse(tag=tag, launch=response))
+
+    async def refuse(self, tag: int, error: Exception) -> None:
+        request_id = new_request_id()
+        if isinstance(error, AccyError):
+            log.info(
+                "launch refused",
+                tag=tag,
+                request_id=request_id,
+                code=code_of(error).name,
+                reason=error.reason,
+                field=error.field,
+                error=error.message,
+            )
+        else:
+            log.exception("launch failed", tag=tag, request_id=request_id)
+        await self._write(pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id)))
+
+    async def _write(self, message: pb.LaunchStreamResponse) -> None:
+        async with self._lock:
+            await self._context.write(message)
