@@ -102,6 +102,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--spy", help="path of a py-spy binary to profile the daemon with")
+    parser.add_argument("--native", action="store_true", help="py-spy samples C frames too")
     parser.add_argument("--spy-out", default=os.path.join(tempfile.gettempdir(), "accyd.spy"))
     args = parser.parse_args()
     echo_target = f"unix:{tempfile.mkdtemp(prefix='accy-echo-')}/echo.sock"
@@ -155,7 +156,8 @@ def main() -> int:
                 server = _tree(pid)[-1]
                 spy = subprocess.Popen(
                     [args.spy, "record", "-p", str(server), "-d", "8", "-r", "400", "-f", "raw",
-                     "-o", args.spy_out, "--nonblocking", "--threads"],
+                     "-o", args.spy_out, "--nonblocking", "--threads",
+                     *(["--native"] if args.native else [])],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 )  # fmt: skip
                 deadline = time.monotonic() + 9

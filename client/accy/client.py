@@ -66,6 +66,9 @@ CLIENT_ID_METADATA = "accy-client-id"
 DEFAULT_TIMEOUT = 120.0
 """Seconds each call may take unless the caller says otherwise."""
 
+_PACKED_KEPT = 64
+"""Distinct sets of scalar values a session keeps packed for its next launches."""
+
 DEFAULT_REATTACH_TIMEOUT = 30.0
 DEFAULT_LIVENESS = 15.0
 """Seconds of silence after which the daemon may detach this client (it pings at a quarter)."""
@@ -928,6 +931,7 @@ class Session(_Closeable):
         self._scratch: dict[str, float] | None = None
         self._failure: AccyError | None = None
         self._unwaited: Link | None = None
+        self._packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]] = {}
         self._take(response, link)
         self._key = client._register(self)
 
@@ -998,7 +1002,18 @@ class Session(_Closeable):
         return self._id
 
     def _scalars(self, values: Mapping[str, object]) -> dict[str, pb.Scalar]:
-        return _dtypes.pack_scalars(self.info.runtime_scalars, values)
+        """The scalars typed for the wire; the same values again reuse the same messages."""
+        key = tuple((name, type(value), value) for name, value in values.items())
+        try:
+            packed = self._packed.get(key)
+        except TypeError:  # an unhashable value: packing says what is wrong with it
+            return _dtypes.pack_scalars(self.info.runtime_scalars, values)
+        if packed is None:
+            packed = _dtypes.pack_scalars(self.info.runtime_scalars, values)
+            if len(self._packed) >= _PACKED_KEPT:
+                self._packed.clear()
+            self._packed[key] = packed
+        return packed
 
     def allocate_intermediates(self, **scalars: float) -> int:
         """Allocate the session's scratch once for these scalars; returns its size in bytes.

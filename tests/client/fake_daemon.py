@@ -8,7 +8,9 @@ back as a new instance, ``fault()`` one whose device was lost.
 
 from __future__ import annotations
 
+import queue
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -115,6 +117,9 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         self.refuse_attach = False
         self.launch_delay = 0.0
         """Seconds each launch takes (to act out a slow daemon)."""
+        self.ignore_pings = False
+        """Leave LaunchStream pings unanswered (to act out a hung daemon)."""
+        """Seconds each launch takes (to act out a slow daemon)."""
         self.port = 0
         self._instances = 1
 
@@ -140,7 +145,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             why = "no bearer token" if not given else "unknown bearer token"
             abort(context, code_pb2.UNAUTHENTICATED, why, "UNAUTHENTICATED")
         if self.tokens and method == "Launch" and given == f"Bearer {READ_ONLY}":
-            abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
+            fail(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
         if self.fault_session is not None:
             fail(
                 context,
@@ -248,13 +253,37 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         given = metadata.get("authorization", "")
         if self.tokens and given not in (f"Bearer {TOKEN}", f"Bearer {READ_ONLY}"):
             abort(context, code_pb2.UNAUTHENTICATED, "bad bearer token", "UNAUTHENTICATED")
-        for request in requests:
+        if self.tokens and given == f"Bearer {READ_ONLY}":  # the stream is refused as a whole
+            abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
+        answers: queue.SimpleQueue[pb.LaunchStreamResponse | None] = queue.SimpleQueue()
+
+        def work(request: pb.LaunchRequest) -> None:
             try:
                 response = self._launch(request, context, refuse)
             except Refused as refused:
-                yield pb.LaunchStreamResponse(tag=request.tag, error=refused.status)
+                answers.put(pb.LaunchStreamResponse(tag=request.tag, error=refused.status))
+            except Exception as error:  # a bug in the double: answer rather than hang
+                status = refusal(code_pb2.INTERNAL, repr(error), "INTERNAL")
+                answers.put(pb.LaunchStreamResponse(tag=request.tag, error=status))
             else:
-                yield pb.LaunchStreamResponse(tag=request.tag, launch=response)
+                answers.put(pb.LaunchStreamResponse(tag=request.tag, launch=response))
+
+        def read() -> None:  # launches in order on one worker; pings answered at once
+            try:
+                with futures.ThreadPoolExecutor(1) as worker:
+                    for request in requests:
+                        if request.ping and not self.ignore_pings:
+                            answers.put(pb.LaunchStreamResponse(tag=request.tag))
+                        elif not request.ping:
+                            worker.submit(work, request)
+            except grpc.RpcError:
+                pass
+            finally:
+                answers.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (answer := answers.get()) is not None:
+            yield answer
 
     def _launch(
         self, request: pb.LaunchRequest, context: grpc.ServicerContext, fail: Callable[..., None]

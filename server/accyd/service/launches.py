@@ -10,7 +10,8 @@ never waits on the device for longer than the spin.
 
 On a stream, each request is validated and enqueued as it is read, so one
 session's launches keep the stream's order; a waited one is answered by a task
-of its own when it finishes, while the stream reads on. A refused launch is
+of its own when it finishes, while the stream reads on (one already over after
+the spin is answered at once, without a task). A refused launch is
 answered in-band with the ``google.rpc.Status`` a unary call would have failed
 with.
 """
@@ -170,6 +171,9 @@ class Launcher:
         loop = asyncio.get_running_loop()
         try:
             async for request in requests:
+                if request.ping:
+                    await answers.pong(request.tag)
+                    continue
                 started = time.perf_counter()
                 self.calls.enter(_LAUNCH)
                 try:
@@ -178,13 +182,13 @@ class Launcher:
                     self.calls.leave(_LAUNCH)
                     await answers.refuse(request.tag, error)
                     continue
-                if pending.wait:
+                if pending.wait and not pending.settled:
                     task = loop.create_task(self._answer(client_id, request.tag, pending, answers))
                     finishing.add(task)
                     task.add_done_callback(finishing.discard)
-                else:
+                else:  # enqueued, or over already: answer here, without a task
                     try:
-                        await answers.send(request.tag, await self.finish(client_id, pending))
+                        await self._answer_now(client_id, request.tag, pending, answers)
                     finally:
                         self.calls.leave(_LAUNCH)
             while finishing:  # the client is done sending: answer what still runs
@@ -193,14 +197,20 @@ class Launcher:
             for task in finishing:
                 task.cancel()
 
+    async def _answer_now(
+        self, client_id: str, tag: int, pending: _Pending, answers: _Answers
+    ) -> None:
+        """Finish the launch and send its answer, or why it failed."""
+        try:
+            response = await self.finish(client_id, pending)
+        except Exception as error:
+            await answers.refuse(tag, error)
+        else:
+            await answers.send(tag, response)
+
     async def _answer(self, client_id: str, tag: int, pending: _Pending, answers: _Answers) -> None:
         try:
-            try:
-                response = await self.finish(client_id, pending)
-            except Exception as error:
-                await answers.refuse(tag, error)
-            else:
-                await answers.send(tag, response)
+            await self._answer_now(client_id, tag, pending, answers)
         except asyncio.CancelledError:
             raise
         except Exception:  # the stream is gone (cancelled or broken): nobody to answer
@@ -215,6 +225,9 @@ class _Answers:
     def __init__(self, context: Context) -> None:
         self._context = context
         self._lock = asyncio.Lock()
+
+    async def pong(self, tag: int) -> None:
+        await self._write(pb.LaunchStreamResponse(tag=tag))
 
     async def send(self, tag: int, response: pb.LaunchResponse) -> None:
         await self._write(pb.LaunchStreamResponse(tag=tag, launch=response))

@@ -193,7 +193,7 @@ class AllocateIntermediatesResponse(_message.Message):
     def __init__(self, byte_size: _Optional[int] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("session_id", "operands", "results", "runtime_scalars", "wait", "tag")
+    __slots__ = ("session_id", "operands", "results", "runtime_scalars", "wait", "tag", "ping")
     class RuntimeScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,13 +207,15 @@ class LaunchRequest(_message.Message):
     RUNTIME_SCALARS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     operands: _containers.RepeatedScalarFieldContainer[str]
     results: _containers.RepeatedScalarFieldContainer[str]
     runtime_scalars: _containers.MessageMap[str, Scalar]
     wait: bool
     tag: int
-    def __init__(self, session_id: _Optional[str] = ..., operands: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ..., runtime_scalars: _Optional[_Mapping[str, Scalar]] = ..., wait: _Optional[bool] = ..., tag: _Optional[int] = ...) -> None: ...
+    ping: bool
+    def __init__(self, session_id: _Optional[str] = ..., operands: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ..., runtime_scalars: _Optional[_Mapping[str, Scalar]] = ..., wait: _Optional[bool] = ..., tag: _Optional[int] = ..., ping: _Optional[bool] = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
     __slots__ = ("launch_id", "completed", "enqueue_seconds", "elapsed_seconds")
