@@ -30,6 +30,7 @@ step bench_service 420 $PY bench/bench_service.py --backend cuda ${SERVICE_ARGS:
 if [ -n "${PROFILE:-}" ]; then
   step profile 180 $PY bench/profile_launch.py --backend cuda --count 2000
   ACCYD_LAUNCH_SPIN_SECONDS=0 step profile_nospin 180 $PY bench/profile_launch.py --backend cuda --count 2000
+  step launch_path 120 $PY bench/bench_launch_path.py --backend cuda
 fi
 if [ -f bench/fault_recovery.py ] && [ -z "${SKIP_FAULT:-}" ]; then
   step fault 180 $PY bench/fault_recovery.py --backend cuda --repeat 3 --json "$OUT/fault.json"
@@ -43,5 +44,6 @@ echo "==== pytest"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -2; g
 echo "==== bench_service"; tail -20 "$OUT/bench_service.log"
 [ -f "$OUT/profile.log" ] && { echo "==== profile"; tail -10 "$OUT/profile.log"; }
 [ -f "$OUT/profile_nospin.log" ] && { echo "==== profile, no spin"; tail -10 "$OUT/profile_nospin.log"; }
+[ -f "$OUT/launch_path.log" ] && { echo "==== launch path"; tail -6 "$OUT/launch_path.log"; }
 [ -f "$OUT/fault.log" ] && { echo "==== fault"; tail -12 "$OUT/fault.log"; }
 exit 0

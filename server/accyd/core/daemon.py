@@ -515,14 +515,38 @@ class Daemon:
             except AccyError:
                 return "unknown"
 
-    def wait_launch(self, client_id: str, session_id: str, launch_id: str | None = None) -> None:
-        """*Blocking*: wait for one launch of the session, or for all so far."""
+    def wait_launch(
+        self, client_id: str, session_id: str, launch_id: str | None = None, *, reap: bool = True
+    ) -> None:
+        """*Blocking*: wait for one launch of the session, or for all so far.
+
+        With ``reap`` false, finished launches stay in the session's log until
+        ``reap`` (or the session's next launch or wait) drops them: for a caller
+        that answers first and tidies after.
+        """
         with self._lock:
             self._check_alive()
             client, session = self._session(client_id, session_id)
             seq = session.launch_seq(launch_id) if launch_id else None
             mark = session.pending(seq)
         self._wait(mark, session.id)
+        if reap:
+            self._reap(client, session)
+
+    def reap(self, client_id: str, session_id: str) -> None:
+        """Drop a session's finished launches from its log and give their quota back.
+
+        Scratch made for one launch alone is freed here (which may block); a
+        session released or a client detached meanwhile has nothing left to drop.
+        """
+        with self._lock:
+            try:
+                client, session = self._session(client_id, session_id)
+            except AccyError:
+                return
+        self._reap(client, session)
+
+    def _reap(self, client: Client, session: Session) -> None:
         with self._lock:
             reaped = session.reap(free_scratch=True)
             client.tenant.refund(

@@ -115,12 +115,18 @@ class Launcher:
                 watch.close()
         return pending
 
-    async def finish(self, client_id: str, pending: _Pending) -> pb.LaunchResponse:
-        """Wait for the launch if it is to be waited for; its answer."""
+    async def finish(
+        self, client_id: str, pending: _Pending, *, reap: bool = True
+    ) -> pb.LaunchResponse:
+        """Wait for the launch if it is to be waited for; its answer.
+
+        With ``reap`` false the caller drops the finished launch from its
+        session's log (``Daemon.reap``) once it has answered.
+        """
         ticket = pending.ticket
         if pending.wait:
             try:
-                await self._wait(client_id, pending)
+                await self._wait(client_id, pending, reap)
             except Exception as error:
                 self._count_failure(client_id, ticket.session_id, True, error)
                 raise
@@ -137,7 +143,7 @@ class Launcher:
         pipeline = self.daemon.pipeline_of(client_id, session_id)
         self.metrics.observe_launch(pipeline, 0.0, waited=wait, error=error)
 
-    async def _wait(self, client_id: str, pending: _Pending) -> None:
+    async def _wait(self, client_id: str, pending: _Pending, reap: bool) -> None:
         """Wait for a launch: over already, or notified soon, or else on a thread.
 
         The notification saves two thread hops; the blocking wait stays the
@@ -155,8 +161,8 @@ class Launcher:
             finally:
                 timer.cancel()
         if pending.settled:
-            # Over: this wait returns at once, reports any error and frees what it held.
-            self.daemon.wait_launch(client_id, session_id, launch_id)
+            # Over: this wait returns at once and reports any error.
+            self.daemon.wait_launch(client_id, session_id, launch_id, reap=reap)
             return
         await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
 
@@ -200,13 +206,15 @@ class Launcher:
     async def _answer_now(
         self, client_id: str, tag: int, pending: _Pending, answers: _Answers
     ) -> None:
-        """Finish the launch and send its answer, or why it failed."""
+        """Finish the launch and send its answer, or why it failed; then tidy its session."""
         try:
-            response = await self.finish(client_id, pending)
+            response = await self.finish(client_id, pending, reap=False)
         except Exception as error:
             await answers.refuse(tag, error)
         else:
             await answers.send(tag, response)
+        if pending.wait:
+            self.daemon.reap(client_id, pending.ticket.session_id)
 
     async def _answer(self, client_id: str, tag: int, pending: _Pending, answers: _Answers) -> None:
         try:
