@@ -61,6 +61,9 @@ class Config:
 
     A short launch then answers without a round trip through the driver's
     thread; a longer one costs the loop at most this much. 0 turns it off."""
+    loop_spin_seconds: float | None = None
+    """How long the event loop polls before it sleeps (``accyd.spinloop``); ``None``: 500 µs
+    with the CUDA backend, off with the host backend."""
     default_tenant: str = DEFAULT_TENANT
     quotas: Quotas = field(default_factory=Quotas)
 
@@ -79,6 +82,8 @@ class Config:
             raise ValueError("read_chunk_bytes must be positive and below max_message_bytes")
         if not 0 <= self.launch_spin_seconds <= 0.01:
             raise ValueError("launch_spin_seconds must be between 0 and 0.01")
+        if self.loop_spin_seconds is not None and not 0 <= self.loop_spin_seconds <= 0.01:
+            raise ValueError("loop_spin_seconds must be between 0 and 0.01")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
         if self.log_format not in ("console", "json"):
@@ -208,5 +213,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "read_chunk_bytes": int,
     "blocking_threads": int,
     "launch_spin_seconds": float,
+    "loop_spin_seconds": lambda raw: None if raw.strip() in ("", "none") else float(raw),
     "default_tenant": str,
 }

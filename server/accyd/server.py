@@ -29,7 +29,7 @@ import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
 from accyd.auth import TokenTable
-from accyd.backends.base import Backend
+from accyd.backends.base import Backend, BackendKind
 from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
@@ -41,6 +41,7 @@ from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
+from accyd.spinloop import DEFAULT_CUDA_SPIN_SECONDS, set_loop_spin
 from accyd.supervisor import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.supervisor import Lineage
 
@@ -68,6 +69,7 @@ class Server:
         self._catalog = catalog
         self.lineage = Lineage.from_env() if lineage is None else lineage
         self.addresses: list[str] = []
+        self._loop_spin = 0.0
         self.metrics = Metrics()
         self.metrics_port: int | None = None
         self._watching: asyncio.Task[None] | None = None
@@ -88,6 +90,11 @@ class Server:
             for device in config.devices
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
+        spin = config.loop_spin_seconds
+        if spin is None:
+            cuda = all(b.kind is BackendKind.CUDA for b in backends.values())
+            spin = DEFAULT_CUDA_SPIN_SECONDS if cuda else 0.0
+        self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread
             if _on_loop(loop):  # at once, before the faulting call's reply goes out
@@ -165,6 +172,7 @@ class Server:
             tokens=None if tokens is None else len(tokens),
             unix_trusted=config.unix_trusted,
             metrics_port=self.metrics_port,
+            loop_spin_us=round(self._loop_spin * 1e6),
             restarts=self.lineage.restarts,
         )
 

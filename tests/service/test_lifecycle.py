@@ -113,6 +113,28 @@ def test_graceful_shutdown_drains_calls_in_flight_then_releases(fresh: ServerThr
         )
 
 
+def test_accyd_serve_polls_its_loop_as_told(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accyd.cli", "serve", "--no-supervise", "--backend", "host",
+         "--log-format", "json", "--loop-spin-us", "300",
+         "--listen", f"unix:{tmp_path / 'accyd.sock'}"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        first = json.loads(process.stderr.readline())
+        assert (first["event"], first["loop_spin_us"]) == ("accyd serving", 300)
+        with grpc.insecure_channel(f"unix:{tmp_path / 'accyd.sock'}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_accyd_serve_logs_its_backend_first_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     socket_path = tmp_path / "s" / "accyd.sock"
     process = subprocess.Popen(
@@ -127,6 +149,7 @@ def test_accyd_serve_logs_its_backend_first_and_exits_0_on_sigterm(tmp_path: Pat
         first = json.loads(process.stderr.readline())
         assert first["event"] == "accyd serving"
         assert first["backend"] in ("host", "cuda") and first["requested_backend"] == "auto"
+        assert first["loop_spin_us"] == (500 if first["backend"] == "cuda" else 0)
         assert first["listen"] == [f"unix:{socket_path}"]
         assert oct(socket_path.stat().st_mode & 0o777) == oct(0o660)
         assert oct(socket_path.parent.stat().st_mode & 0o777) == oct(0o700)
