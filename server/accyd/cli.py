@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         metavar="MICROSECONDS",
         help="poll for calls this long before the event loop sleeps: lower latency for CPU "
-        "time (default 500 with the cuda backend, 0 with host)",
+        "time (default 0: off; 500 suits the cuda backend)",
     )
 
     security = run.add_argument_group("security")

@@ -20,7 +20,7 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +29,7 @@ import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
 from accyd.auth import TokenTable
-from accyd.backends.base import Backend, BackendKind
+from accyd.backends.base import Backend
 from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
@@ -41,7 +41,7 @@ from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
-from accyd.spinloop import DEFAULT_CUDA_SPIN_SECONDS, set_loop_spin
+from accyd.spinloop import set_loop_spin
 from accyd.supervisor import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.supervisor import Lineage
 
@@ -91,9 +91,6 @@ class Server:
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
         spin = config.loop_spin_seconds
-        if spin is None:
-            cuda = all(b.kind is BackendKind.CUDA for b in backends.values())
-            spin = DEFAULT_CUDA_SPIN_SECONDS if cuda else 0.0
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread
@@ -239,6 +236,9 @@ class Server:
         if self._stopping:
             return
         self._stopping = True
+        # Polling is for serving: a stopping daemon sleeps between events, so the gRPC
+        # threads that finish the shutdown never wait for the GIL behind a spinning loop.
+        set_loop_spin(asyncio.get_running_loop(), 0.0)
         if self._watching is not None:
             self._watching.cancel()
         faulted = self.daemon.fault is not None
@@ -253,8 +253,10 @@ class Server:
             calls_done = await self.calls.wait_idle(deadline - loop.time())
             log.info("drained", device_idle=idle, calls_done=calls_done)
         self.servicer.close_attach_streams()
-        await stopping
-        await self.servicer.wait_detached()
+        # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
+        # successor cannot start before it does), nor a drained one from stopping.
+        await _within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
+        await _within(self.servicer.wait_detached(), STOP_SLACK_SECONDS, "client detach")
         if not faulted:
             await self.calls.blocking(self.daemon.close)
         self._executor.shutdown(wait=not faulted, cancel_futures=True)
@@ -269,6 +271,18 @@ class Server:
             await asyncio.to_thread(closing.join)
         self._stopped = True
         log.info("accyd stopped", exit_code=self.exit_code)
+
+
+STOP_SLACK_SECONDS = 5.0
+"""How long past its grace a stop step may take before the server goes on without it."""
+
+
+async def _within(step: Awaitable[object], seconds: float, what: str) -> None:
+    """Await ``step`` for at most ``seconds``; past that, log and go on (it keeps running)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(step), seconds)
+    except TimeoutError:
+        log.warning("stop step overran; going on without it", step=what, seconds=seconds)
 
 
 def _alive(pid: int) -> bool:

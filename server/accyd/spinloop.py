@@ -9,9 +9,10 @@ think time, as CUDA's own spin-wait and Linux's busy polling do, and cuts a
 streamed launch's round trip by about a fifth; it costs up to that much CPU per
 event while clients are active and nothing while the daemon is idle.
 
-The host backend runs kernels on Python threads that need the GIL and a core,
-so the server turns polling on by default only for the CUDA backend
-(``Config.loop_spin_seconds``).
+It is off unless the operator asks for it (``--loop-spin-us``): the host
+backend runs kernels on Python threads that need the GIL and a core, and on the
+CUDA backend one device-fault restart was seen to hang with polling on before
+the server learnt to stop polling as it stops (not yet re-run on a GPU).
 """
 
 from __future__ import annotations
@@ -21,11 +22,7 @@ import selectors
 import time
 from typing import Any
 
-__all__ = ["DEFAULT_CUDA_SPIN_SECONDS", "SpinSelector", "set_loop_spin", "spinning_loop"]
-
-DEFAULT_CUDA_SPIN_SECONDS = 500e-6
-"""What ``Config.loop_spin_seconds = None`` means with the CUDA backend (longer than a
-client's usual time between its answer and its next launch)."""
+__all__ = ["SpinSelector", "set_loop_spin", "spinning_loop"]
 
 
 class SpinSelector(selectors.DefaultSelector):

@@ -176,7 +176,7 @@ class Launcher:
         finishing: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         try:
-            async for request in requests:
+            async for request in _until_stopped(requests, self.daemon):
                 if request.ping:
                     await answers.pong(request.tag)
                     continue
@@ -225,6 +225,23 @@ class Launcher:
             log.debug("launch answer not sent", tag=tag)
         finally:
             self.calls.leave(_LAUNCH)
+
+
+async def _until_stopped(
+    requests: AsyncIterator[pb.LaunchRequest], daemon: Daemon
+) -> AsyncIterator[pb.LaunchRequest]:
+    """The stream's requests; a read that fails because the server is stopping ends them."""
+    iterator = aiter(requests)
+    while True:
+        try:
+            request = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except Exception:
+            if daemon.serving:
+                raise
+            return  # the server stopped under the stream: nothing more will come
+        yield request
 
 
 class _Answers:
