@@ -17,7 +17,7 @@ import structlog
 from accyd.core.ids import new_request_id
 from accyd.errors import AccyError, InvalidRequest
 from accyd.logs import bind, unbind
-from accyd.service.errors import code_of, to_status
+from accyd.service.errors import refusal_fields, to_status
 
 __all__ = [
     "CLIENT_ID_HEADER",
@@ -141,13 +141,7 @@ def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, An
 
 async def _fail(call: Call, error: Exception) -> None:
     if isinstance(error, AccyError):
-        log.info(
-            "call refused",
-            code=code_of(error).name,
-            reason=error.reason,
-            field=error.field,
-            error=error.message,
-        )
+        log.info("call refused", **refusal_fields(error))
     else:
         log.exception("call failed")
     status = to_status(error, call.request_id)

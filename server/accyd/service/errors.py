@@ -33,7 +33,7 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["DOMAIN", "code_of", "to_rpc_status", "to_status"]
+__all__ = ["DOMAIN", "code_of", "refusal_fields", "to_rpc_status", "to_status"]
 
 DOMAIN = "accy.dev"
 
@@ -63,6 +63,16 @@ def code_of(error: AccyError) -> grpc.StatusCode:
         if isinstance(error, kind):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+def refusal_fields(error: AccyError) -> dict[str, object]:
+    """What a log line says about a refused call: its code, reason, field and message."""
+    return {
+        "code": code_of(error).name,
+        "reason": error.reason,
+        "field": error.field,
+        "error": error.message,
+    }
 
 
 def _pack(message: Message) -> any_pb2.Any:

@@ -33,7 +33,7 @@ from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
 from accyd.service.calls import CallTracker, Context, id_fields, text_field
-from accyd.service.errors import code_of, to_rpc_status
+from accyd.service.errors import refusal_fields, to_rpc_status
 
 __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
 
@@ -260,15 +260,7 @@ class _Answers:
     async def refuse(self, tag: int, error: Exception) -> None:
         request_id = new_request_id()
         if isinstance(error, AccyError):
-            log.info(
-                "launch refused",
-                tag=tag,
-                request_id=request_id,
-                code=code_of(error).name,
-                reason=error.reason,
-                field=error.field,
-                error=error.message,
-            )
+            log.info("launch refused", tag=tag, request_id=request_id, **refusal_fields(error))
         else:
             log.exception("launch failed", tag=tag, request_id=request_id)
         await self._write(pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id)))
