@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -118,6 +119,35 @@ def test_one_session_applies_launches_in_order(daemon: RunningDaemon) -> None:
     for a in factors[::-1]:
         shuffled = a * shuffled + np.float32(1)
     assert not np.allclose(shuffled, expected, rtol=1e-3)  # the test can tell orders apart
+
+
+def test_threads_of_one_client_share_its_launch_stream(daemon: RunningDaemon) -> None:
+    """8 threads launch over the client's one stream, each its own chain; each chain is right."""
+    n, steps = 2048, 25
+    rng = np.random.default_rng(11)
+    factors = rng.uniform(-1.2, 1.2, (8, steps)).astype(np.float32)
+
+    with Client(daemon.unix_target) as client, client.load(SAXPY) as session:
+
+        def chain(row: np.ndarray) -> np.ndarray:
+            acc, ones = (
+                client.buffer(np.zeros(n, np.float32)),
+                client.buffer(np.ones(n, np.float32)),
+            )
+            for step, a in enumerate(row):  # waited and not, mixed: a thread's order is kept
+                session.launch([acc, ones], [acc], wait=step % 4 == 3, n=n, a=float(a))
+            session.wait()
+            return acc.read()
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(chain, factors))
+        stream = client._last.launches  # one stream served every thread, and is still open
+        assert stream is not None and not stream.broken
+    for row, got in zip(factors, results, strict=True):
+        expected = np.zeros(n, np.float32)
+        for a in row:
+            expected = a * expected + np.float32(1)
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
 def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
