@@ -637,7 +637,11 @@ class Client(_Closeable):
         return Status.from_proto(self._unary(self._stub.GetStatus, pb.GetStatusRequest()))
 
     def load(self, target: str, version: int = 0, format: str = "", *, device: int = 0) -> Session:
-        """Create (or return, if this client has it) the session for this pipeline."""
+        """Create (or return, if this client has it) the session for this pipeline.
+
+        Each ``Session`` returned holds one load of the daemon's session: closing
+        one leaves the session to the others until the last is closed.
+        """
         response, link = self._call(
             self._stub.LoadPipeline,
             pb.LoadPipelineRequest(target=target, version=version, format=format, device=device),
@@ -1080,7 +1084,8 @@ class Session(_Closeable):
             self._unwaited = None
 
     def release(self) -> None:
-        """Wait for the session's work, then free its pool, scratch and stream; idempotent."""
+        """Let this load go (idempotent); the last one waits for the session's work, then
+        frees its pool, scratch and stream."""
         self.close()
 
     def _close(self) -> None:

@@ -150,6 +150,21 @@ def test_threads_of_one_client_share_its_launch_stream(daemon: RunningDaemon) ->
         np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+def test_two_loads_of_one_pipeline_are_released_one_by_one(daemon: RunningDaemon) -> None:
+    with Client(daemon.unix_target) as client:
+        first, second = client.load(SAXPY), client.load(SAXPY)
+        assert first.id == second.id and first.created and not second.created
+        x = client.buffer(np.ones(64, np.float32))
+        first.close()  # the other part of the program still holds its load
+        second.launch([x, x], [x], n=64, a=1.0)
+        np.testing.assert_array_equal(x.read(), np.full(64, 2, np.float32))
+        assert client.status().my_sessions == 1
+        second.close()
+        assert client.status().my_sessions == 0
+        with pytest.raises(errors.NotFound):
+            client._unary(client._stub.Release, pb.ReleaseRequest(session_id=first.id))
+
+
 def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as bob:
         session = alice.load(SCAN)

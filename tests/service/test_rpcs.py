@@ -79,6 +79,8 @@ def test_scan_round_trip_in_chunks_with_and_without_waiting(client: Attached) ->
     )
     client.WaitLaunch(pb.WaitLaunchRequest(session_id=loaded.session_id))
     np.testing.assert_allclose(download(client, bx), np.cumsum(np.cumsum(x)), rtol=1e-3)
+    client.Release(pb.ReleaseRequest(session_id=loaded.session_id))  # loaded twice above:
+    assert client.GetStatus(pb.GetStatusRequest()).my_sessions == 1  # one load is left
     client.Release(pb.ReleaseRequest(session_id=loaded.session_id))
     for buffer_id in (bx, by):
         client.FreeBuffer(pb.FreeBufferRequest(buffer_id=buffer_id))

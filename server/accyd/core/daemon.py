@@ -329,7 +329,12 @@ class Daemon:
         format: ArtifactFormat | None = None,
         device: int = 0,
     ) -> LoadedSession:
-        """*Blocking* (compiles): the client's session for this key, made if it has none."""
+        """*Blocking* (compiles): the client's session for this key, made if it has none.
+
+        Each load counts: the session is freed by the release that matches the last
+        one, so two parts of one client that load the same pipeline cannot free it
+        under each other.
+        """
         if not target:
             raise InvalidRequest("target is empty", field="target")
         pipeline = self.catalog.find_pipeline(target, version)
@@ -341,6 +346,7 @@ class Daemon:
             client = self._clients.get(client_id)
             existing = client.session_for(key)
             if existing is not None:
+                existing.loads += 1
                 return LoadedSession(existing.id, False, pipeline, fmt)
             client.tenant.charge(Usage(sessions=1))
         try:
@@ -365,6 +371,8 @@ class Daemon:
                 client.add_session(session)
             else:
                 client.tenant.refund(Usage(sessions=1))
+                if other is not None:
+                    other.loads += 1
         if not attached or other is not None:
             session.close()
             if other is None:
@@ -564,10 +572,16 @@ class Daemon:
             mark.release()
 
     def release(self, client_id: str, session_id: str) -> None:
-        """*Blocking*: wait for the session's work, then free its pool, scratch and stream."""
+        """*Blocking*: release one load; the last waits for the session's work, then frees
+        its pool, scratch and stream (an earlier one returns at once)."""
         with self._lock:
             client = self._clients.get(client_id)
-            session = client.pop_session(session_id)
+            session = client.session(session_id)
+            session.loads -= 1
+            if session.loads > 0:
+                log.info("session load released", session_id=session_id, loads=session.loads)
+                return
+            client.pop_session(session_id)
         self._close_session(client, session)
         log.info("session released", client_id=client_id, session_id=session_id)
 

@@ -104,6 +104,8 @@ class Session:
         self._scratch_fits: tuple[Scalar, ...] | None = None
         """The last runtime scalars the scratch was found large enough for."""
         self.launches_total = 0
+        self.loads = 1
+        """Loads of this session by its client not yet released; the last release frees it."""
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()

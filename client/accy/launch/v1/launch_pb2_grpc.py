@@ -142,7 +142,7 @@ class LaunchServiceServicer:
     def LoadPipeline(self, request, context):
         """Create (or return, if this client already has it) the session for
         (client, target, version, format, device): its loaded artifact pool and
-        its own stream.
+        its own stream. Loads are counted: each is matched by one Release.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -187,7 +187,8 @@ class LaunchServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Wait for the session's work, then free its pool, scratch and stream.
+        """Release one load of the session. The last one waits for the session's
+        work, then frees its pool, scratch and stream; an earlier one returns at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
