@@ -76,6 +76,8 @@ class World:
         self.me = attach(self.channel, "fuzzer")
         self.other = attach(self.channel, "bystander")
         self.sessions: list[str] = []
+        """One entry per load not yet released (the daemon counts loads)."""
+        self.target_of: dict[str, str] = {}
         self.buffers: list[str] = []
         self.stale: list[str] = []
         self.refill()
@@ -90,10 +92,13 @@ class World:
 
     def refill(self) -> None:
         """Keep a session of every built-in pipeline and a few buffers live."""
-        for target in TARGETS[len(self.sessions) :]:
-            reply = self.me.LoadPipeline(pb.LoadPipelineRequest(target=target))
-            self.sessions.append(reply.session_id)
-            TALLY.requests += 1
+        live = {self.target_of[session] for session in self.sessions}
+        for target in TARGETS:
+            if target not in live:
+                reply = self.me.LoadPipeline(pb.LoadPipelineRequest(target=target))
+                self.sessions.append(reply.session_id)
+                self.target_of[reply.session_id] = target
+                TALLY.requests += 1
         while len(self.buffers) < 6:
             size = 4 * (64 << len(self.buffers) % 3)
             reply = self.me.AllocateBuffer(
@@ -392,15 +397,17 @@ def note(world: World, request: Request, reply: Any) -> None:
     if request.method == "AllocateBuffer":
         world.buffers.append(reply.buffer_id)
         world.trim()
-    elif request.method == "LoadPipeline" and reply.session_id not in world.sessions:
+    elif request.method == "LoadPipeline":
         world.sessions.append(reply.session_id)
+        world.target_of[reply.session_id] = reply.pipeline.target
     elif request.method == "FreeBuffer":
         world.buffers.remove(request.message.buffer_id)
         world.stale.append(request.message.buffer_id)
         world.refill()
     elif request.method == "Release":
-        world.sessions.remove(request.message.session_id)
-        world.stale.append(request.message.session_id)
+        world.sessions.remove(request.message.session_id)  # one load
+        if request.message.session_id not in world.sessions:  # the last: freed
+            world.stale.append(request.message.session_id)
         world.refill()
 
 

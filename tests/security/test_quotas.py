@@ -98,6 +98,8 @@ def test_sessions_quota(caller: Caller) -> None:
     assert caller.load(SCAN) == first  # the same session again costs nothing
     refused_by("sessions", lambda: caller.load(SAXPY))
     assert usage(caller).sessions == 1
+    caller.Release(pb.ReleaseRequest(session_id=first))  # one of its two loads
+    refused_by("sessions", lambda: caller.load(SAXPY))
     caller.Release(pb.ReleaseRequest(session_id=first))
     caller.load(SAXPY)
 
