@@ -234,6 +234,7 @@ class LaunchServicer:
     ) -> pb.WriteBufferResponse:
         client_id = call.need_client()
         transfer = None
+        writing: asyncio.Future[None] | None = None  # the chunk before: copied in meanwhile
         try:
             async for chunk in request:
                 if transfer is None:
@@ -244,9 +245,21 @@ class LaunchServicer:
                     raise InvalidRequest(
                         "every chunk of a write names the same buffer (or none)", field="buffer_id"
                     )
+                if writing is not None:
+                    await writing
+                    writing = None
                 if chunk.data:
-                    await self.calls.blocking(transfer.write, chunk.offset, chunk.data)
+                    # Copied in on a device-work thread while the next chunk arrives.
+                    writing = asyncio.ensure_future(
+                        self.calls.blocking(transfer.write, chunk.offset, chunk.data)
+                    )
+            if writing is not None:
+                await writing
+                writing = None
         finally:
+            if writing is not None:
+                # Failed or cancelled mid-write: the copy in flight ends before the finish.
+                await asyncio.gather(writing, return_exceptions=True)
             if transfer is not None:
                 transfer.finish()
         if transfer is None:
@@ -271,11 +284,26 @@ class LaunchServicer:
         size = request.size or max(transfer.byte_size - offset, 0)
         transfer.check_range(offset, size, "size" if request.size else "offset")
         end = offset + size
-        while offset < end:
-            count = min(chunk_size, end - offset)
-            data = await self.calls.blocking(transfer.read, offset, count)
-            yield pb.ReadBufferChunk(offset=offset, data=data)
-            offset += count
+
+        def fetch(at: int) -> asyncio.Task[bytes] | None:
+            """Copy the chunk at ``at`` out on a device-work thread (None past the end)."""
+            if at >= end:
+                return None
+            return asyncio.ensure_future(
+                self.calls.blocking(transfer.read, at, min(chunk_size, end - at))
+            )
+
+        # One chunk ahead: the next copy runs while this one is on the wire.
+        ahead = fetch(offset)
+        try:
+            while ahead is not None:
+                data = await ahead
+                at, offset = offset, offset + len(data)
+                ahead = fetch(offset)
+                yield pb.ReadBufferChunk(offset=at, data=data)
+        finally:
+            if ahead is not None:
+                ahead.cancel()
 
     @unary
     async def FreeBuffer(self, request: pb.FreeBufferRequest, call: Call) -> pb.FreeBufferResponse:
