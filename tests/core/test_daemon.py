@@ -183,6 +183,22 @@ def test_a_device_fault_makes_every_later_call_fail_naming_the_session() -> None
     assert caught.value.session == session
 
 
+def test_reaping_after_a_device_fault_raises_nothing() -> None:
+    """The tidy-up after a streamed launch's answer must not turn into a second error."""
+    daemon, backend = recording_daemon()
+    client = daemon.attach().id
+    session, x, y = scan_session(daemon, client)
+    daemon.allocate_intermediates(client, session, N)
+    daemon.launch(client, session, [x], [y], N)
+
+    def poisoned(event: object) -> bool:
+        raise DeviceFault("illegal address")
+
+    backend.event_done = poisoned  # type: ignore[method-assign]
+    daemon.reap(client, session)  # the session's log holds a launch whose mark now raises
+    daemon.reap(client, "ses_unknown")  # and a session that is gone is nothing to drop
+
+
 def test_an_ordinary_launch_failure_fails_one_call() -> None:
     daemon, backend = recording_daemon()
     client = daemon.attach().id

@@ -546,13 +546,15 @@ class Daemon:
 
         Scratch made for one launch alone is freed here (which may block); a
         session released or a client detached meanwhile has nothing left to drop.
+        Tidying only, it raises nothing: a lost device is reported by the next call.
         """
         with self._lock:
             try:
                 client, session = self._session(client_id, session_id)
             except AccyError:
                 return
-        self._reap(client, session)
+        with contextlib.suppress(AccyError):
+            self._reap(client, session)
 
     def _reap(self, client: Client, session: Session) -> None:
         with self._lock:
