@@ -169,7 +169,13 @@ def measure(backend: str, repeat: int) -> list[Trial]:
     trials = []
     for _ in range(repeat):
         with faulty_daemon(backend) as daemon:
-            trials.append(run_trial(daemon.unix_target))
+            try:
+                trials.append(run_trial(daemon.unix_target))
+            except Exception:
+                # What the daemon and its supervisor said is the way into a failed recovery.
+                lines = daemon.log_text().splitlines()
+                print("\n".join(line[:300] for line in lines[-60:]), file=sys.stderr)
+                raise
     return trials
 
 
