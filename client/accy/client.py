@@ -449,7 +449,10 @@ class Client(_Closeable):
 
     def _failed(self, error: grpc.RpcError, link: Link) -> AccyError:
         """The typed error of a failed call; one that shows the link gone loses it."""
-        failure = self._translate(error)
+        return self._judged(self._translate(error), link)
+
+    def _judged(self, failure: AccyError, link: Link) -> AccyError:
+        """``failure``, after losing ``link`` if it shows the link gone."""
         if device_lost(failure) or names_client(failure):
             self._lose(link, failure)
         return failure
@@ -462,11 +465,31 @@ class Client(_Closeable):
         *,
         link: Link | None = None,
     ) -> tuple[_T, Link]:
-        """Call one unary RPC on ``link`` (default: the current one); errors come back typed.
+        """Call one unary RPC on ``link`` (default: the current one); see ``_on_link``."""
+
+        def send(message: Any, use: Link) -> _T:
+            return method(message, metadata=use.metadata, timeout=self._timeout(timeout))
+
+        return self._on_link(request, send, link)
+
+    def _launch(
+        self, request: Callable[[Link], pb.LaunchRequest], timeout: float | None
+    ) -> tuple[pb.LaunchResponse, Link]:
+        """One launch on the current link's LaunchStream (as ``_call`` does a unary call)."""
+
+        def send(message: pb.LaunchRequest, use: Link) -> pb.LaunchResponse:
+            return self._launches(use).launch(message, self._timeout(timeout))
+
+        return self._on_link(request, send)
+
+    def _on_link(
+        self, request: Any, send: Callable[[Any, Link], _T], link: Link | None = None
+    ) -> tuple[_T, Link]:
+        """Send ``request`` on ``link`` (default: the current one); errors come back typed.
 
         ``request`` is a message, or a function of the link that builds it
-        (ids differ between links). A call the daemon refused because it no
-        longer knew this client did nothing: it is made once more after the
+        (ids differ between links). A request the daemon refused because it no
+        longer knew this client did nothing: it is sent once more after the
         client attached again.
         """
         self._check_open()
@@ -474,28 +497,13 @@ class Client(_Closeable):
             use = link or self._current_link()
             message = request(use) if callable(request) else request
             try:
-                return method(message, metadata=use.metadata, timeout=self._timeout(timeout)), use
+                return send(message, use), use
             except grpc.RpcError as error:
                 failure = self._failed(error, use)
+            except AccyError as error:  # refused in-band: a LaunchStream answer
+                failure = self._judged(error, use)
             if not (again and link is None and names_client(failure)):
                 raise failure
-        raise AssertionError("unreachable")
-
-    def _launch(
-        self, request: Callable[[Link], pb.LaunchRequest], timeout: float | None
-    ) -> tuple[pb.LaunchResponse, Link]:
-        """One launch on the current link's LaunchStream (as ``_call`` does a unary call)."""
-        self._check_open()
-        for again in (True, False):
-            link = self._current_link()
-            message = request(link)
-            try:
-                return self._launches(link).launch(message, self._timeout(timeout)), link
-            except AccyError as failure:
-                if device_lost(failure) or names_client(failure):
-                    self._lose(link, failure)
-                if not (again and names_client(failure)):
-                    raise
         raise AssertionError("unreachable")
 
     def _launches(self, link: Link) -> LaunchStream:
