@@ -39,8 +39,8 @@ from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
 from accyd.errors import AccyError, NotFound, Unauthenticated
 from accyd.logs import bind
-from accyd.service.calls import CLIENT_ID_HEADER, Context
-from accyd.service.errors import refusal_fields, to_status
+from accyd.service.calls import CLIENT_ID_HEADER, Context, log_failure
+from accyd.service.errors import to_status
 
 __all__ = [
     "ADMIN_SCOPE",
@@ -186,7 +186,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             )
         except AccyError as error:
             request_id = new_request_id()
-            log.info("call refused", rpc=method, request_id=request_id, **refusal_fields(error))
+            log_failure("call", error, rpc=method, request_id=request_id)
             status = to_status(error, request_id)
             await context.abort(status.code, status.details, status.trailing_metadata)
         # Each call runs in a task of its own: what is set here ends with the call.

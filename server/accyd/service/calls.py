@@ -26,6 +26,7 @@ __all__ = [
     "CallTracker",
     "Context",
     "id_fields",
+    "log_failure",
     "streaming",
     "text_field",
     "unary",
@@ -139,11 +140,16 @@ def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, An
     return call, tokens
 
 
-async def _fail(call: Call, error: Exception) -> None:
+def log_failure(what: str, error: Exception, **context: object) -> None:
+    """Log ``what`` (a call, a launch) failing: a refusal as such, anything else with its trace."""
     if isinstance(error, AccyError):
-        log.info("call refused", **refusal_fields(error))
+        log.info(f"{what} refused", **context, **refusal_fields(error))
     else:
-        log.exception("call failed")
+        log.exception(f"{what} failed", **context)
+
+
+async def _fail(call: Call, error: Exception) -> None:
+    log_failure("call", error)
     status = to_status(error, call.request_id)
     await call.context.abort(status.code, status.details, status.trailing_metadata)
 

@@ -28,12 +28,11 @@ import structlog
 from accy.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon, LaunchTicket
 from accyd.core.ids import new_request_id
-from accyd.errors import AccyError
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
-from accyd.service.calls import CallTracker, Context, id_fields, text_field
-from accyd.service.errors import refusal_fields, to_rpc_status
+from accyd.service.calls import CallTracker, Context, id_fields, log_failure, text_field
+from accyd.service.errors import to_rpc_status
 
 __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
 
@@ -259,10 +258,7 @@ class _Answers:
 
     async def refuse(self, tag: int, error: Exception) -> None:
         request_id = new_request_id()
-        if isinstance(error, AccyError):
-            log.info("launch refused", tag=tag, request_id=request_id, **refusal_fields(error))
-        else:
-            log.exception("launch failed", tag=tag, request_id=request_id)
+        log_failure("launch", error, tag=tag, request_id=request_id)
         await self._write(pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id)))
 
     async def _write(self, message: pb.LaunchStreamResponse) -> None:
