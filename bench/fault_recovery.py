@@ -21,9 +21,11 @@ Medians over the trials are printed as a markdown table (``--json`` for all).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -172,11 +174,26 @@ def measure(backend: str, repeat: int) -> list[Trial]:
             try:
                 trials.append(run_trial(daemon.unix_target))
             except Exception:
-                # What the daemon and its supervisor said is the way into a failed recovery.
-                lines = daemon.log_text().splitlines()
-                print("\n".join(line[:300] for line in lines[-60:]), file=sys.stderr)
+                print(post_mortem(daemon), file=sys.stderr)
                 raise
     return trials
+
+
+def post_mortem(daemon: RunningDaemon) -> str:
+    """What a failed recovery left: each process's threads and CPU, their stacks, the log."""
+    group = str(daemon.process.pid)
+    threads = subprocess.run(
+        ["ps", "-L", "-o", "pid,tid,stat,pcpu,time,comm", "-g", group],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    # SIGUSR1 makes accyd (supervisor and server) print every thread's stack to its log.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(daemon.process.pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    lines = daemon.log.read_text(errors="replace").splitlines()
+    return "\n".join([threads, *(line[:300] for line in lines[-200:])])
 
 
 def median(values: list[float | None]) -> float | None:

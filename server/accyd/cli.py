@@ -5,7 +5,8 @@
 and SIGINT are passed on for a graceful drain and a second one kills the
 child. ``--no-supervise`` runs the server in this process, for service
 managers and containers that restart it themselves. ``accyd hash-token`` and
-``accyd new-token`` help write the tokens file.
+``accyd new-token`` help write the tokens file. SIGUSR1 makes either process
+print every thread's Python stack to stderr, for a daemon that seems stuck.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import os
 import re
 import signal
@@ -227,6 +229,7 @@ def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"accyd: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_format, config.log_level)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if config.supervise:
         return _supervise(config, argv)
     try:
