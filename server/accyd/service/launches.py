@@ -33,6 +33,7 @@ from accyd.metrics import Metrics
 from accyd.service import convert
 from accyd.service.calls import CallTracker, Context, id_fields, log_failure, text_field
 from accyd.service.errors import to_rpc_status
+from accyd.service.tasks import TaskSet
 
 __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
 
@@ -172,8 +173,7 @@ class Launcher:
     ) -> None:
         """Serve one LaunchStream until the client stops sending and every answer is out."""
         answers = _Answers(context)
-        finishing: set[asyncio.Task[None]] = set()
-        loop = asyncio.get_running_loop()
+        finishing = TaskSet()
         try:
             async for request in _until_stopped(requests, self.daemon):
                 if request.ping:
@@ -188,19 +188,15 @@ class Launcher:
                     await answers.refuse(request.tag, error)
                     continue
                 if pending.wait and not pending.settled:
-                    task = loop.create_task(self._answer(client_id, request.tag, pending, answers))
-                    finishing.add(task)
-                    task.add_done_callback(finishing.discard)
+                    finishing.start(self._answer(client_id, request.tag, pending, answers))
                 else:  # enqueued, or over already: answer here, without a task
                     try:
                         await self._answer_now(client_id, request.tag, pending, answers)
                     finally:
                         self.calls.leave(_LAUNCH)
-            while finishing:  # the client is done sending: answer what still runs
-                await asyncio.gather(*finishing, return_exceptions=True)
+            await finishing.settle()  # the client is done sending: answer what still runs
         finally:
-            for task in finishing:
-                task.cancel()
+            finishing.cancel()
 
     async def _answer_now(
         self, client_id: str, tag: int, pending: _Pending, answers: _Answers

@@ -29,6 +29,7 @@ from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.launches import Launcher
+from accyd.service.tasks import TaskSet
 from accyd.supervisor import Lineage
 
 __all__ = ["SERVICE_NAME", "LaunchServicer"]
@@ -65,7 +66,7 @@ class LaunchServicer:
         self._read_chunk = read_chunk_bytes
         self._max_chunk = max_chunk_bytes
         self._closing = asyncio.Event()
-        self._detaching: set[asyncio.Task[None]] = set()
+        self._detaching = TaskSet()
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
@@ -114,9 +115,7 @@ class LaunchServicer:
 
     def _detach_later(self, client_id: str) -> None:
         """Free the client's resources in the background: the stream may be cancelled."""
-        task = asyncio.get_running_loop().create_task(self._detach(client_id))
-        self._detaching.add(task)
-        task.add_done_callback(self._detaching.discard)
+        self._detaching.start(self._detach(client_id))
 
     async def _detach(self, client_id: str) -> None:
         try:
@@ -129,8 +128,7 @@ class LaunchServicer:
         self._closing.set()
 
     async def wait_detached(self) -> None:
-        while self._detaching:
-            await asyncio.gather(*self._detaching, return_exceptions=True)
+        await self._detaching.settle()
 
     @unary
     async def Ping(self, request: pb.PingRequest, call: Call) -> pb.PingResponse:
