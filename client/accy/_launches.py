@@ -24,6 +24,8 @@ _END = None
 STALL_SECONDS = 2.0
 """How long a ping may go unanswered, once a launch passed its timeout, before the stream
 is taken for dead and cancelled."""
+LOST_ANSWER_SECONDS = 1.0
+"""How long answers already on their way may still arrive on an abandoned stream."""
 
 
 class _Waiter:
@@ -78,6 +80,8 @@ class LaunchStream:
         self._waiting: dict[int, _Waiter] = {}
         self._reading = False
         self._failure: AccyError | None = None
+        self._abandoned: Callable[[], AccyError] | None = None
+        """Set by ``abandon``: why launches that get no answer failed, asked when they do."""
         self._watchdog: threading.Thread | None = None
         self._outbox: queue.SimpleQueue[pb.LaunchRequest | None] = queue.SimpleQueue()
         self._call: _CallIterator[pb.LaunchStreamResponse] = stub.LaunchStream(
@@ -87,7 +91,7 @@ class LaunchStream:
     @property
     def broken(self) -> bool:
         """Whether the stream ended: launches need a new one."""
-        return self._failure is not None
+        return self._failure is not None or self._abandoned is not None
 
     def launch(self, request: pb.LaunchRequest, timeout: float | None) -> pb.LaunchResponse:
         """Send ``request`` and block for its answer; a refusal raises its typed error."""
@@ -96,6 +100,8 @@ class LaunchStream:
         with self._lock:
             if self._failure is not None:
                 raise self._failure.with_traceback(None)
+            if self._abandoned is not None:
+                raise self._abandoned()
             tag = next(self._tags)
             request.tag = tag
             self._waiting[tag] = waiter
@@ -116,11 +122,40 @@ class LaunchStream:
             )
         return waiter.answer
 
-    def close(self, why: AccyError | None = None) -> None:
-        """End the stream; launches still waiting raise ``why`` (else ``Cancelled``); idempotent."""
-        self._fail(why or Cancelled("the client closed its launch stream"))
+    def close(self) -> None:
+        """End the stream now; launches still waiting raise ``Cancelled``; idempotent."""
+        self._fail(Cancelled("the client closed its launch stream"))
         self._outbox.put(_END)
         self._call.cancel()
+
+    def abandon(self, why: Callable[[], AccyError], grace: float = LOST_ANSWER_SECONDS) -> None:
+        """Send nothing more, but take answers already on their way for ``grace`` seconds.
+
+        For a lost link: a daemon that is stopping, or that detached the client,
+        may have answered launches in flight (a device fault naming the session
+        that caused it, say) just before its Attach stream ended; those answers
+        still reach their callers. The daemon answers what it has and ends the
+        half-closed stream; after ``grace`` it is cancelled. Launches left
+        without an answer, and new ones, raise ``why()``, asked only then: by
+        that time the link may know better why it was lost. Idempotent.
+        """
+        with self._lock:
+            if self._failure is not None or self._abandoned is not None:
+                return
+            self._abandoned = why
+        self._outbox.put(_END)
+        timer = threading.Timer(grace, self._end_abandoned)
+        timer.daemon = True
+        timer.start()
+
+    def _end_abandoned(self) -> None:
+        assert self._abandoned is not None
+        self._fail(self._abandoned())
+        self._call.cancel()
+
+    def _ended(self, error: AccyError) -> AccyError:
+        """Why launches fail now that the stream ended with ``error``."""
+        return self._abandoned() if self._abandoned is not None else error
 
     def _await(self, waiter: _Waiter) -> None:
         """Return once ``waiter`` is answered or past its deadline, reading answers meanwhile."""
@@ -151,10 +186,10 @@ class LaunchStream:
         try:
             answer = next(self._call)
         except StopIteration:
-            self._fail(Unavailable("the daemon ended the launch stream"))
+            self._fail(self._ended(Unavailable("the daemon ended the launch stream")))
             return
         except grpc.RpcError as error:
-            self._fail(self._translate(error))
+            self._fail(self._ended(self._translate(error)))
             return
         with self._lock:
             waiter = self._waiting.get(answer.tag)

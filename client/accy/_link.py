@@ -49,11 +49,18 @@ class Link:
     launches: LaunchStream | None = None
     """The link's LaunchStream, opened by the first launch on it."""
 
-    def close_launches(self) -> None:
-        """End the link's LaunchStream; launches still waiting on it raise why the link went."""
-        if self.launches is not None:
-            why = self.lost_error("a launch in flight") if self.lost is not None else None
-            self.launches.close(why)
+    def close_launches(self, *, now: bool = False) -> None:
+        """End the link's LaunchStream: at once, or once lost, after answers on their way.
+
+        Launches still waiting on a lost link raise why the link went; ``now``
+        (the client is closing) cancels them at once.
+        """
+        if self.launches is None:
+            return
+        if now or self.lost is None:
+            self.launches.close()
+        else:
+            self.launches.abandon(lambda: self.lost_error("a launch in flight"))
 
     @property
     def attachment(self) -> Attachment:

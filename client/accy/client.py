@@ -763,7 +763,7 @@ class Client(_Closeable):
             link = self._last
             self._cond.notify_all()
         link.stream.cancel()
-        link.close_launches()
+        link.close_launches(now=True)
         self._channel.close()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)

@@ -39,6 +39,10 @@ SCAN = pb.PipelineInfo(
 )
 
 
+GONE = "gone"
+"""Put in a LaunchStream's answers: the stream breaks as if the daemon's process exited."""
+
+
 class Refused(Exception):
     """A refusal, as the google.rpc.Status to abort a call with (or answer a streamed launch)."""
 
@@ -117,18 +121,31 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         self.refuse_attach = False
         self.launch_delay = 0.0
         """Seconds each launch takes (to act out a slow daemon)."""
+        self.answer_delay = 0.0
+        """Seconds between a launch's work and its answer (an answer on its way)."""
         self.ignore_pings = False
         """Leave LaunchStream pings unanswered (to act out a hung daemon)."""
-        """Seconds each launch takes (to act out a slow daemon)."""
         self.port = 0
+        self._attach_epoch = 0
+        self._launch_streams: list[queue.SimpleQueue[pb.LaunchStreamResponse | str | None]] = []
         self._instances = 1
 
     def restart(self) -> None:
-        """Come back as a new instance: every client, session and buffer forgotten."""
+        """Come back as a new instance: every client, session and buffer forgotten.
+
+        The old instance's LaunchStreams break (UNAVAILABLE), as when its process exits.
+        """
+        streams, self._launch_streams = self._launch_streams, []
+        for answers in streams:
+            answers.put(GONE)
         self._instances += 1
         self.state = FakeState()
         self.fault_session = None
         self.instance_id = f"i{self._instances}"
+
+    def end_attach_streams(self) -> None:
+        """End every open Attach stream (the daemon detaching its clients); nothing else."""
+        self._attach_epoch += 1
 
     def fault(self, session: str) -> None:
         """Lose the device: every call fails UNAVAILABLE/DEVICE_LOST naming ``session``."""
@@ -191,7 +208,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         if self.refuse_attach:
             context.abort(grpc.StatusCode.UNAVAILABLE, "not serving yet")
         client_id = secrets.token_hex(8)
-        state, instance = self.state, self.instance_id
+        state, instance, epoch = self.state, self.instance_id, self._attach_epoch
         state.clients[client_id] = request.client_name
         context.add_callback(lambda: state.clients.pop(client_id, None))
         yield pb.AttachEvent(
@@ -204,7 +221,11 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             )
         )
         sequence = 0
-        while context.is_active() and self.instance_id == instance and not self.fault_session:
+        while (
+            context.is_active()
+            and (self.instance_id, self._attach_epoch) == (instance, epoch)
+            and not self.fault_session
+        ):
             time.sleep(0.02)
             sequence += 1
             yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
@@ -255,7 +276,8 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             abort(context, code_pb2.UNAUTHENTICATED, "bad bearer token", "UNAUTHENTICATED")
         if self.tokens and given == f"Bearer {READ_ONLY}":  # the stream is refused as a whole
             abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
-        answers: queue.SimpleQueue[pb.LaunchStreamResponse | None] = queue.SimpleQueue()
+        answers: queue.SimpleQueue[pb.LaunchStreamResponse | str | None] = queue.SimpleQueue()
+        self._launch_streams.append(answers)
 
         def work(request: pb.LaunchRequest) -> None:
             try:
@@ -283,6 +305,9 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
 
         threading.Thread(target=read, daemon=True).start()
         while (answer := answers.get()) is not None:
+            if answer == GONE:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon's process went away")
+            assert isinstance(answer, pb.LaunchStreamResponse)
             yield answer
 
     def _launch(
@@ -307,6 +332,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         y[: 4 * n] = np.cumsum(x, dtype=np.float32).tobytes()
         launch_id = secrets.token_hex(4)
         self.state.launch_ids.append(launch_id)
+        time.sleep(self.answer_delay)
         return pb.LaunchResponse(launch_id=launch_id, completed=request.wait)
 
     def WaitLaunch(

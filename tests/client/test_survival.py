@@ -109,6 +109,35 @@ def test_device_fault_names_the_session_then_recovers(
     session.wait()
 
 
+def test_an_answer_on_its_way_when_the_link_is_lost_still_reaches_its_caller(
+    fake: tuple[str, FakeLaunchService], watched: tuple[Client, list[Reattachment]]
+) -> None:
+    # A stopping daemon answers launches in flight (a device fault naming its session,
+    # say) as its Attach streams end; the client must not drop those answers for a
+    # vaguer "lost when the daemon detached this client".
+    client, _ = watched
+    service = fake[1]
+    session = client.load(SCAN)
+    x, y = client.buffer(np.ones(4, np.float32)), client.empty(4, "f32")
+    service.answer_delay = 0.4
+    launched: list[object] = []
+    launching = threading.Thread(
+        target=lambda: launched.append(session.launch([x], [y], n=4)), daemon=True
+    )
+    launching.start()
+    until(lambda: bool(service.state.launch_ids))  # done; its answer is on its way
+    service.end_attach_streams()
+    until(lambda: client.reattachments == 1)
+    launching.join(timeout=5)
+    (launch,) = launched
+    assert launch.id == service.state.launch_ids[0]  # type: ignore[attr-defined]
+    service.answer_delay = 0.0
+    # The stream went with the link; the next launch opens one on the new link.
+    with client.buffer(np.ones(4, np.float32)) as x2, client.empty(4, "f32") as y2:
+        session.launch([x2], [y2], n=4)
+        np.testing.assert_array_equal(y2.read(), [1, 2, 3, 4])
+
+
 def test_faulted_instance_is_not_attached_again(
     fake: tuple[str, FakeLaunchService], watched: tuple[Client, list[Reattachment]]
 ) -> None:
