@@ -38,9 +38,14 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+TOKEN_PREFIX = "accy_"
+"""Starts every token ``new_token`` makes: never a leading ``-`` (which a command line
+would take for a flag: ``accy --token -x...``), and easy for secret scanners to spot."""
+
+
 def new_token() -> str:
-    """A fresh random token (256 bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random token (256 bits), ``TOKEN_PREFIX`` first."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True, slots=True)

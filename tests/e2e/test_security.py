@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -15,11 +14,12 @@ import pytest
 
 from accy import Client, errors
 from accy.testing import Certificates, running_daemon, write_certificates
+from accyd.auth import new_token
 from tests.e2e.flags import needs_flag
 
 SCAN = "accy.kernel.device_scan"
-LAUNCH_TOKEN = secrets.token_urlsafe(16)
-ADMIN_ONLY_TOKEN = secrets.token_urlsafe(16)
+LAUNCH_TOKEN = new_token()  # never starts with "-", which the CLI would take for a flag
+ADMIN_ONLY_TOKEN = new_token()
 
 
 def _tokens_file(folder: Path) -> Path:

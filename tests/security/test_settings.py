@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from accyd.auth import hash_token
+from accyd.auth import hash_token, new_token
 from accyd.cli import main, parser
 from accyd.config import Config
 from accyd.core.tenants import Quotas
@@ -57,6 +57,13 @@ def test_hash_token_and_new_token(capsys: pytest.CaptureFixture[str]) -> None:
     token_line, hash_line = capsys.readouterr().out.splitlines()
     token = token_line.split()[-1]
     assert len(token) >= 40 and hash_line.split()[-1] == hash_token(token)
+
+
+def test_a_new_token_never_reads_as_a_flag() -> None:
+    # token_urlsafe starts with "-" one time in 64: `accy --token -x...` then fails.
+    tokens = [new_token() for _ in range(2000)]
+    assert not any(token.startswith("-") for token in tokens)
+    assert len(set(tokens)) == len(tokens)
 
 
 def test_hash_token_reads_stdin() -> None:
