@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from accyd.config import Config
+from accyd.config import CUDA_LOOP_SPIN_SECONDS, Config
 from accyd.spinloop import SpinSelector, set_loop_spin, spinning_loop
 
 
@@ -55,8 +55,15 @@ def test_only_a_spinning_loop_takes_a_spin_and_its_timers_keep_time() -> None:
 def test_loop_spin_setting_reads_from_the_environment_and_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Config().loop_spin_seconds == 0.0  # off unless asked for
+    # Unset, it goes by backend: polling on CUDA, off where kernels need the CPU.
+    assert Config().loop_spin_for("cuda") == CUDA_LOOP_SPIN_SECONDS > 0
+    assert Config().loop_spin_for("host") == 0.0
+    assert Config().loop_spin_for("mixed") == 0.0
     monkeypatch.setenv("ACCYD_LOOP_SPIN_SECONDS", "0.0002")
-    assert Config.from_env().loop_spin_seconds == 0.0002
+    assert Config.from_env().loop_spin_for("host") == 0.0002
+    monkeypatch.setenv("ACCYD_LOOP_SPIN_SECONDS", "0")
+    assert Config.from_env().loop_spin_for("cuda") == 0.0  # an operator can turn it off
+    monkeypatch.setenv("ACCYD_LOOP_SPIN_SECONDS", "auto")
+    assert Config.from_env().loop_spin_seconds is None
     with pytest.raises(ValueError, match="loop_spin_seconds"):
         Config(loop_spin_seconds=1.0).validate()

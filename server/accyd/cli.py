@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         metavar="MICROSECONDS",
         help="poll for calls this long before the event loop sleeps: lower latency for CPU "
-        "time (default 0: off; 500 suits the cuda backend)",
+        "time (default: 500 on the cuda backend, 0 (off) on the host backend)",
     )
 
     security = run.add_argument_group("security")

@@ -12,9 +12,11 @@ from typing import Any
 from accy._paths import default_socket_path
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
 
-__all__ = ["ENV_PREFIX", "Config"]
+__all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "Config"]
 
 ENV_PREFIX = "ACCYD_"
+CUDA_LOOP_SPIN_SECONDS = 500e-6
+"""The event loop's polling on the CUDA backend unless set: docs/benchmarks.md has why."""
 MiB = 1 << 20
 
 
@@ -61,16 +63,22 @@ class Config:
 
     A short launch then answers without a round trip through the driver's
     thread; a longer one costs the loop at most this much. 0 turns it off."""
-    loop_spin_seconds: float = 0.0
-    """How long the event loop polls before it sleeps (``accyd.spinloop``): 500 µs takes
-    about a fifth off a streamed launch's round trip on the CUDA backend; off by default
-    (see docs/operations.md)."""
+    loop_spin_seconds: float | None = None
+    """How long the event loop polls before it sleeps (``accyd.spinloop``); ``None``: by
+    backend, ``CUDA_LOOP_SPIN_SECONDS`` on CUDA (it takes about a fifth off a streamed
+    launch's round trip) and off on the host, whose kernels need the CPU it would take."""
     default_tenant: str = DEFAULT_TENANT
     quotas: Quotas = field(default_factory=Quotas)
 
     @property
     def listen_addresses(self) -> tuple[str, ...]:
         return self.listen or (f"unix:{default_socket_path()}",)
+
+    def loop_spin_for(self, backend: str) -> float:
+        """The event loop's polling for a daemon whose backend is ``backend`` ("cuda"...)."""
+        if self.loop_spin_seconds is not None:
+            return self.loop_spin_seconds
+        return CUDA_LOOP_SPIN_SECONDS if backend == "cuda" else 0.0
 
     def validate(self) -> Config:
         """Refuse settings that cannot work; returns ``self``."""
@@ -83,7 +91,7 @@ class Config:
             raise ValueError("read_chunk_bytes must be positive and below max_message_bytes")
         if not 0 <= self.launch_spin_seconds <= 0.01:
             raise ValueError("launch_spin_seconds must be between 0 and 0.01")
-        if not 0 <= self.loop_spin_seconds <= 0.01:
+        if self.loop_spin_seconds is not None and not 0 <= self.loop_spin_seconds <= 0.01:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
@@ -181,6 +189,10 @@ def _optional_int(raw: str) -> int | None:
     return None if raw.strip() in ("", "none") else int(raw)
 
 
+def _optional_float(raw: str) -> float | None:
+    return None if raw.strip() in ("", "auto") else float(raw)
+
+
 def _optional_path(raw: str) -> Path | None:
     return Path(raw) if raw else None
 
@@ -214,6 +226,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "read_chunk_bytes": int,
     "blocking_threads": int,
     "launch_spin_seconds": float,
-    "loop_spin_seconds": float,
+    "loop_spin_seconds": _optional_float,
     "default_tenant": str,
 }

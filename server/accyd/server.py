@@ -90,7 +90,8 @@ class Server:
             for device in config.devices
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
-        spin = config.loop_spin_seconds
+        kinds = {backend.kind.value for backend in backends.values()}
+        spin = config.loop_spin_for(kinds.pop() if len(kinds) == 1 else "mixed")
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread

@@ -9,10 +9,11 @@ think time, as CUDA's own spin-wait and Linux's busy polling do, and cuts a
 streamed launch's round trip by about a fifth; it costs up to that much CPU per
 event while clients are active and nothing while the daemon is idle.
 
-It is off unless the operator asks for it (``--loop-spin-us``): the host
-backend runs kernels on Python threads that need the GIL and a core, and on the
-CUDA backend one device-fault restart was seen to hang with polling on before
-the server learnt to stop polling as it stops (not yet re-run on a GPU).
+The server turns it on for the CUDA backend (``Config.loop_spin_for``, 500 µs
+unless ``--loop-spin-us`` says otherwise) and leaves it off for the host
+backend, whose kernels run on Python threads that need the GIL and a core. It
+stops polling as it starts to stop, so the threads that finish a shutdown never
+queue for the GIL behind it.
 """
 
 from __future__ import annotations
