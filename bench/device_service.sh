@@ -4,15 +4,7 @@
 # the service benchmark and (when present) the fault-recovery benchmark.
 # Logs go to $OUT (or ./device-out); a short summary is printed last.
 set -u
-OUT=${OUT:-device-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-site=/tmp/accy-site
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
-$PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" . > "$OUT/install.log" 2>&1 \
-  || { echo "installing accy failed"; tail -20 "$OUT/install.log"; exit 1; }
-export PYTHONPATH="$site:server:client" PYTHONUNBUFFERED=1 PATH="$site/bin:$PATH"
-export ACCYD_CACHE_DIR=/tmp/accy-cache
+source bench/device_env.sh || exit 1
 
 step() {  # step NAME TIMEOUT COMMAND...: run, log to $OUT/NAME.log, remember rc and seconds
   local name=$1 limit=$2; shift 2
