@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+import structlog.testing
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon, Tensor
@@ -159,7 +160,10 @@ def test_draining_refuses_new_work_but_frees_and_waits() -> None:
     daemon.wait_launch(client, session)
     daemon.free_buffer(client, x)
     assert daemon.wait_idle(1.0)
-    daemon.close()
+    with structlog.testing.capture_logs() as logs:
+        daemon.begin_drain()  # again, as a server's stop does before close: said once
+        daemon.close()
+    assert [entry["event"] for entry in logs].count("draining") == 0
 
 
 def test_a_device_fault_makes_every_later_call_fail_naming_the_session() -> None:

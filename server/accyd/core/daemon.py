@@ -184,10 +184,14 @@ class Daemon:
         return self._fault
 
     def begin_drain(self) -> None:
-        """Refuse new work from now on (``Unavailable``); reads, waits and frees still work."""
+        """Refuse new work from now on (``Unavailable``); reads, waits and frees still work.
+
+        Idempotent: ``close`` calls it too, after a server that began the drain.
+        """
         with self._lock:
-            self._draining = True
-        log.info("draining")
+            first, self._draining = not self._draining, True
+        if first:
+            log.info("draining")
 
     def _check_alive(self) -> None:
         if self._fault is not None:
