@@ -67,6 +67,9 @@ class Config:
     """How long the event loop polls before it sleeps (``accyd.spinloop``); ``None``: by
     backend, ``CUDA_LOOP_SPIN_SECONDS`` on CUDA (it takes about a fifth off a streamed
     launch's round trip) and off on the host, whose kernels need the CPU it would take."""
+    malloc_keep_bytes: int = 256 * MiB
+    """Freed memory the process keeps for reuse rather than handing back (``accyd.memtune``);
+    0 leaves glibc's adaptive defaults, which make every streamed chunk fault in new pages."""
     default_tenant: str = DEFAULT_TENANT
     quotas: Quotas = field(default_factory=Quotas)
 
@@ -93,6 +96,8 @@ class Config:
             raise ValueError("launch_spin_seconds must be between 0 and 0.01")
         if self.loop_spin_seconds is not None and not 0 <= self.loop_spin_seconds <= 0.01:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
+        if self.malloc_keep_bytes < 0:
+            raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
         if self.log_format not in ("console", "json"):
@@ -227,5 +232,6 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "blocking_threads": int,
     "launch_spin_seconds": float,
     "loop_spin_seconds": _optional_float,
+    "malloc_keep_bytes": int,
     "default_tenant": str,
 }

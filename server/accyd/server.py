@@ -35,6 +35,7 @@ from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
 from accyd.errors import AccyError, DeviceFault, Unavailable
+from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics
 from accyd.service.auth import Admitting, Authenticator, default_principal
 from accyd.service.calls import CallTracker
@@ -70,6 +71,7 @@ class Server:
         self.lineage = Lineage.from_env() if lineage is None else lineage
         self.addresses: list[str] = []
         self._loop_spin = 0.0
+        self._malloc_tuned = False
         self.metrics = Metrics()
         self.metrics_port: int | None = None
         self._watching: asyncio.Task[None] | None = None
@@ -91,6 +93,7 @@ class Server:
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
         kinds = {backend.kind.value for backend in backends.values()}
+        self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
         spin = config.loop_spin_for(kinds.pop() if len(kinds) == 1 else "mixed")
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
 
@@ -171,6 +174,7 @@ class Server:
             unix_trusted=config.unix_trusted,
             metrics_port=self.metrics_port,
             loop_spin_us=round(self._loop_spin * 1e6),
+            malloc_keep_bytes=config.malloc_keep_bytes if self._malloc_tuned else None,
             restarts=self.lineage.restarts,
         )
 

@@ -1,0 +1,44 @@
+"""glibc malloc settings for a process that moves data in megabyte chunks: reuse, don't churn.
+
+Each chunk of a buffer read or write allocates and frees a few blocks of about
+the chunk's size (the copy, the message, its encoding). With glibc's defaults
+such blocks are mapped fresh from the kernel and given back, or the heap's top
+is trimmed and grown again, so every chunk pays page faults and zeroing of new
+pages: measured on the 2-core build machine, this halves a 64 MiB read (0.27-0.33
+against 0.41-0.62 GiB/s with the settings below). Fixing the thresholds keeps
+freed blocks below 32 MiB on the heap for reuse, and up to ``keep_bytes`` of
+freed memory in the process rather than handed back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import platform
+
+__all__ = ["MMAP_THRESHOLD_MAX", "keep_freed_memory"]
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 << 20
+"""glibc's largest mmap threshold on 64-bit systems; blocks from this size up are mapped."""
+
+
+def keep_freed_memory(keep_bytes: int) -> bool:
+    """Serve blocks below 32 MiB from the heap and keep up to ``keep_bytes`` freed.
+
+    Process-wide and lasting; whether it took (False off glibc, or for 0,
+    which leaves glibc's own adaptive settings).
+    """
+    if keep_bytes <= 0 or platform.libc_ver()[0] != "glibc":
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    libc = ctypes.CDLL(name)
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    keep = min(keep_bytes, 2**31 - 1)
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, keep)
+    )
