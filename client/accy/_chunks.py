@@ -77,15 +77,16 @@ def gather(
     out = np.empty(size, dtype=np.uint8)
     received = 0
     for chunk in chunks:
+        data = chunk.data  # each access copies the bytes out of the message: once only
         start = chunk.offset - offset
-        end = start + len(chunk.data)
+        end = start + len(data)
         if start < 0 or end > size:
             raise DataLoss(
-                f"read chunk at offset {chunk.offset} ({len(chunk.data)} bytes) "
+                f"read chunk at offset {chunk.offset} ({len(data)} bytes) "
                 f"falls outside the requested bytes {offset}..{offset + size}"
             )
-        out[start:end] = np.frombuffer(chunk.data, dtype=np.uint8)
-        received += len(chunk.data)
+        out[start:end] = np.frombuffer(data, dtype=np.uint8)
+        received += len(data)
         if progress is not None:
             progress(received, size)
     if received != size:
