@@ -290,6 +290,9 @@ def test_write_read_round_trip(backend: CudaBackend) -> None:
     out = np.empty(100, dtype=np.uint8)
     backend.read_into(buf, 1000, out, None)
     assert out.tobytes() == data[1000:1100]
+    staging = bytearray(64)  # the service's staging chunk: a slice of a bytearray
+    backend.read_into(buf, 2000, memoryview(staging)[8:40], None)
+    assert staging == bytes(8) + data[2000:2032] + bytes(24)
     strided = np.arange(20, dtype=np.uint8)[::2]
     backend.write(buf, 0, memoryview(strided), None)
     assert backend.read(buf, 0, 10, None) == strided.tobytes()

@@ -83,6 +83,13 @@ def test_write_read_round_trip_and_bounds(backend: HostBackend) -> None:
         backend.write(buffer, 62, b"\x00" * 4, None)
     with pytest.raises(LaunchArgumentMismatch, match="outside"):
         backend.read(buffer, 0, 65, None)
+    staging = bytearray(8)
+    backend.read_into(buffer, 60, memoryview(staging)[4:], None)  # into part of a buffer
+    assert staging == b"\x00" * 4 + b"\x01\x02\x03\x04"
+    with pytest.raises(LaunchArgumentMismatch, match="writable"):
+        backend.read_into(buffer, 0, memoryview(b"read-only"), None)
+    with pytest.raises(LaunchArgumentMismatch, match="outside"):
+        backend.read_into(buffer, 60, bytearray(8), None)
     backend.destroy(buffer)
     with pytest.raises(LaunchArgumentMismatch, match="not allocated"):
         backend.read(buffer, 0, 4, None)

@@ -233,6 +233,13 @@ class Backend(Protocol):
         """Copy ``size`` bytes out of ``buffer``, in ``stream``'s order; done on return."""
         ...
 
+    def read_into(
+        self, buffer: DeviceBuffer, offset: int, out: bytearray | memoryview, stream: Stream | None
+    ) -> None:
+        """Copy ``len(out)`` bytes of ``buffer`` from ``offset`` into the writable, C-contiguous
+        ``out``, in ``stream``'s order; done on return."""
+        ...
+
     def memory_in_use(self) -> int:
         """Bytes of buffers this backend allocated and has not freed."""
         ...

@@ -388,6 +388,18 @@ class HostBackend:
         worker.synchronize()
         return result[0]
 
+    def read_into(
+        self, buffer: DeviceBuffer, offset: int, out: bytearray | memoryview, stream: Stream | None
+    ) -> None:
+        view = memoryview(out)
+        if view.readonly or not view.c_contiguous:
+            raise LaunchArgumentMismatch("read_into needs a writable, C-contiguous buffer")
+        target = np.frombuffer(view.cast("B"), dtype=np.uint8)
+        source = self._view(buffer, offset, target.size)
+        worker = self._worker(stream)
+        worker.submit(lambda: np.copyto(target, source))
+        worker.synchronize()
+
     def memory_in_use(self) -> int:
         with self._lock:
             return self._in_use

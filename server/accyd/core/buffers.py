@@ -120,6 +120,14 @@ class Transfer:
         self.bytes_moved += size
         return data
 
+    def read_into(self, offset: int, out: bytearray | memoryview) -> None:
+        """Copy ``len(out)`` bytes out from ``offset`` into ``out``; blocks (off the event loop)."""
+        size = memoryview(out).nbytes
+        self.check_range(offset, size, "size")
+        with self.record.lock:
+            self.backend.read_into(self._live().buffer, offset, out, self.stream)
+        self.bytes_moved += size
+
     def finish(self) -> None:
         """Record a write so later work on other streams waits for it; idempotent."""
         if not self.writing or self.bytes_moved == 0:
