@@ -28,6 +28,7 @@ from accyd.metrics import Metrics
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
+from accyd.service.encoded import EncodedAnswers, encode_read_chunk
 from accyd.service.launches import Launcher
 from accyd.service.tasks import TaskSet
 from accyd.supervisor import Lineage
@@ -72,7 +73,8 @@ class LaunchServicer:
     def register(self, server: grpc.aio.Server | Admitting) -> None:
         """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
         add = launch_pb2_grpc.add_LaunchServiceServicer_to_server
-        add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
+        encoded = EncodedAnswers(server, ["ReadBuffer"])
+        add(self, encoded)  # type: ignore[no-untyped-call, unused-ignore]
 
     # Attach -------------------------------------------------------------------
 
@@ -265,9 +267,8 @@ class LaunchServicer:
         return pb.WriteBufferResponse(bytes_written=transfer.bytes_moved)
 
     @streaming
-    async def ReadBuffer(
-        self, request: pb.ReadBufferRequest, call: Call
-    ) -> AsyncIterator[pb.ReadBufferChunk]:
+    async def ReadBuffer(self, request: pb.ReadBufferRequest, call: Call) -> AsyncIterator[bytes]:
+        """Chunks encoded by hand (``accyd.service.encoded``), one chunk copied ahead."""
         client_id = call.need_client()
         chunk_size = request.chunk_size or self._read_chunk
         if chunk_size > self._max_chunk:
@@ -282,23 +283,31 @@ class LaunchServicer:
         size = request.size or max(transfer.byte_size - offset, 0)
         transfer.check_range(offset, size, "size" if request.size else "offset")
         end = offset + size
+        # The device copies into one staging chunk, reused: each chunk leaves it, encoded,
+        # before the next copy starts (one runs at a time).
+        staging = memoryview(bytearray(min(chunk_size, size)))
+
+        def copy_out(at: int, length: int) -> bytes:
+            part = staging[:length]
+            transfer.read_into(at, part)
+            return encode_read_chunk(at, part)
 
         def fetch(at: int) -> asyncio.Task[bytes] | None:
             """Copy the chunk at ``at`` out on a device-work thread (None past the end)."""
             if at >= end:
                 return None
             return asyncio.ensure_future(
-                self.calls.blocking(transfer.read, at, min(chunk_size, end - at))
+                self.calls.blocking(copy_out, at, min(chunk_size, end - at))
             )
 
         # One chunk ahead: the next copy runs while this one is on the wire.
         ahead = fetch(offset)
         try:
             while ahead is not None:
-                data = await ahead
-                at, offset = offset, offset + len(data)
+                chunk = await ahead
+                offset = min(offset + chunk_size, end)
                 ahead = fetch(offset)
-                yield pb.ReadBufferChunk(offset=at, data=data)
+                yield chunk
         finally:
             if ahead is not None:
                 ahead.cancel()
