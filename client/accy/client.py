@@ -70,9 +70,9 @@ _PACKED_KEPT = 64
 """Distinct sets of scalar values a session keeps packed for its next launches."""
 
 DEFAULT_REATTACH_TIMEOUT = 30.0
+"""Seconds a client keeps trying to attach again after losing its daemon."""
 DEFAULT_LIVENESS = 15.0
 """Seconds of silence after which the daemon may detach this client (it pings at a quarter)."""
-"""Seconds a client keeps trying to attach again after losing its daemon."""
 
 _FIRST_RETRY = 0.05
 _MAX_RETRY = 1.0
