@@ -19,7 +19,7 @@ import structlog
 
 from accyd.backends.base import Backend, Stream
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
+from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.clients import Client, ClientTable
 from accyd.core.executor import (
@@ -518,6 +518,22 @@ class Daemon:
                 )
             records.append(record)
         return records
+
+    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
+        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
+        with self._lock:
+            return self._session(client_id, session_id)[1].pipeline.runtime_scalars
+
+    def check_buffer(self, client_id: str, buffer_id: str) -> None:
+        """``NotFound`` unless the client owns the buffer."""
+        with self._lock:
+            self._clients.get(client_id).buffer(buffer_id)
+
+    def touch(self, client_id: str) -> None:
+        """The client is alive (a ring's records count as calls for liveness)."""
+        client = self._clients.find(client_id)
+        if client is not None:
+            client.last_seen = time.monotonic()
 
     def pipeline_of(self, client_id: str, session_id: str) -> str:
         """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""

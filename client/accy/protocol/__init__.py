@@ -1,0 +1,1 @@
+"""Wire constants and layouts shared by the daemon and its clients."""
