@@ -21,6 +21,7 @@ from accyd.backends.base import (
     DeviceBuffer,
     LaunchRequest,
     LoadedKernel,
+    PreparedLaunch,
     Stream,
 )
 from accyd.catalog.dtypes import Scalar
@@ -44,6 +45,7 @@ __all__ = [
     "intermediate_byte_sizes",
     "launch_pipeline",
     "load_pipeline_artifacts",
+    "prepare_pipeline",
 ]
 
 
@@ -426,3 +428,35 @@ def _launch_stage(
         loaded.append(kernel)
     finally:
         artifact.close()
+
+
+def prepare_pipeline(backend: Backend, request: PipelineLaunch) -> PreparedLaunch:
+    """Check a pooled launch on provided scratch once and pack it for replay (a CUDA graph).
+
+    Every check ``launch_pipeline`` makes runs here, and the result depends only on
+    what the request names (the pipeline, the pool, the buffers' sizes and the
+    scalars), so a replay of the same request needs none of them again. The
+    caller owns what it gets and closes it before freeing any buffer it names.
+    """
+    if request.artifacts is None or request.intermediates is None:
+        raise ValueError("only a pooled launch on provided intermediates can be prepared")
+    plan = _plan(request)
+    _check_pool(request.artifacts, request)
+    _check_intermediates(request, plan, request.intermediates)
+    groups = (request.operands, request.results, request.intermediates)
+    requests = []
+    for index, stage in enumerate(plan.stages):
+        pool_entry = request.artifacts.entries[index]
+        requests.append(
+            LaunchRequest(
+                artifact=pool_entry.artifact,
+                loaded=pool_entry.loaded,
+                buffers=[groups[group][at] for group, at in stage.buffers],
+                scalars=stage.scalars,
+                geometry=stage.geometry,
+                stream=request.stream,
+                shared_memory_bytes=stage.entry.shared_memory_bytes,
+                diagnostic_id=request.diagnostic_id,
+            )
+        )
+    return backend.prepare(requests)

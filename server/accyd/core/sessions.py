@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accyd.backends.base import Backend, DeviceBuffer, Stream
+from accyd.backends.base import Backend, DeviceBuffer, PreparedLaunch, Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.executor import (
@@ -24,6 +24,7 @@ from accyd.core.executor import (
     PipelineLaunch,
     intermediate_byte_sizes,
     launch_pipeline,
+    prepare_pipeline,
 )
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
@@ -38,6 +39,11 @@ from accyd.errors import (
 __all__ = ["LaunchRecord", "Session", "SessionKey", "order_scalars"]
 
 _CHECKS = (LaunchArgumentMismatch, InvalidArtifact, FailedPrecondition)
+
+PREPARED_PER_SESSION = 64
+"""Prepared launches (CUDA graphs) a session keeps; past this the cache starts over."""
+
+_PreparedKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[Scalar, ...]]
 """What the executor raises from its checks, before anything was launched."""
 
 
@@ -111,6 +117,8 @@ class Session:
         self._inflight: deque[LaunchRecord] = deque()
         self._completed = 0
         """Every launch with a sequence number up to this one has finished."""
+        self._prepared: dict[_PreparedKey, PreparedLaunch] = {}
+        """Launches already checked and packed (CUDA graphs), by the buffers and scalars named."""
 
     # Launch ids ---------------------------------------------------------------
 
@@ -136,6 +144,13 @@ class Session:
     def scratch(self, value: Intermediates | None) -> None:
         self._scratch = value
         self._scratch_fits = None
+        self._forget_prepared()  # they name the old scratch
+
+    def _forget_prepared(self) -> None:
+        # A graph still running when its exec is destroyed finishes first (CUDA frees it after).
+        for prepared in self._prepared.values():
+            prepared.close()
+        self._prepared.clear()
 
     @property
     def needs_scratch(self) -> bool:
@@ -196,7 +211,10 @@ class Session:
             diagnostic_id=self.id,
         )
         try:
-            launch_pipeline(self.backend, request)
+            if (transient is None and scratch is not None) or not self.pipeline.intermediates:
+                self._launch_prepared(request)
+            else:
+                launch_pipeline(self.backend, request)
         except _CHECKS:
             if transient is not None:
                 transient.close()
@@ -207,6 +225,22 @@ class Session:
             raise
         self.launches_total += 1
         return self._push(transient)
+
+    def _launch_prepared(self, request: PipelineLaunch) -> None:
+        """Launch through the cache of prepared launches: checked and packed once per key."""
+        key: _PreparedKey = (
+            tuple(b.id for b in request.operands),
+            tuple(b.id for b in request.results),
+            tuple(b.id for b in request.intermediates or ()),
+            tuple(request.runtime_scalars),
+        )
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = prepare_pipeline(self.backend, request)
+            if len(self._prepared) >= PREPARED_PER_SESSION:
+                self._forget_prepared()
+            self._prepared[key] = prepared
+        prepared.launch(self.stream)
 
     def _push(self, scratch: Intermediates | None) -> LaunchRecord:
         record = LaunchRecord(self._next_seq, Mark(self.backend, self.stream), scratch)
@@ -264,6 +298,7 @@ class Session:
 
     def close(self) -> None:
         """Free the pool, the scratch and the stream; the caller waited and drained first."""
+        self._forget_prepared()
         self.pool.close()
         if self.scratch is not None:
             self.scratch.close()
