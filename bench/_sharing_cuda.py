@@ -39,8 +39,8 @@ class Rig:
         d = self.d = cuda_driver()
         check(d.cuInit(0), "cuInit")
         self.device = check(d.cuDeviceGet(0), "cuDeviceGet")
-        self.name = check(d.cuDeviceGetName(128, self.device), "cuDeviceGetName")
-        self.name = self.name.split(b"\0")[0].decode()
+        raw_name = check(d.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace").strip()
         self.context = check(d.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         if image_path is None:
@@ -64,7 +64,7 @@ class Rig:
         self.x_host = np.random.default_rng(0).random(COUNT, dtype=np.float32)
         self.x = int(check(d.cuMemAlloc(COUNT * 4), "cuMemAlloc"))
         self.y = int(check(d.cuMemAlloc(COUNT * 4), "cuMemAlloc"))
-        check(d.cuMemcpyHtoD(self.x, self.x_host, COUNT * 4), "cuMemcpyHtoD")
+        check(d.cuMemcpyHtoD(self.x, self.x_host.data, COUNT * 4), "cuMemcpyHtoD")
         self._keep: list[Any] = []
 
     def stream(self) -> Any:
@@ -98,7 +98,7 @@ class Rig:
     def read_y(self) -> np.ndarray[Any, np.dtype[np.float32]]:
         check(self.d.cuCtxSynchronize(), "cuCtxSynchronize")
         y = np.empty(COUNT, dtype=np.float32)
-        check(self.d.cuMemcpyDtoH(y, self.y, COUNT * 4), "cuMemcpyDtoH")
+        check(self.d.cuMemcpyDtoH(y.data, self.y, COUNT * 4), "cuMemcpyDtoH")
         return y
 
     def check_result(self, iters: int) -> float:
@@ -244,14 +244,15 @@ def mps_server(timeout: float = 20.0) -> Iterator[dict[str, str]]:
     for path in variables.values():
         os.makedirs(path)
     env = dict(os.environ) | variables
-    process = subprocess.Popen(
-        [control, "-f"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    output = folder / "control.out"
+    with output.open("wb") as sink:
+        process = subprocess.Popen([control, "-f"], env=env, stdout=sink, stderr=sink)
     try:
         deadline = time.monotonic() + timeout
         while not (folder / "pipe" / "control").exists():
             if process.poll() is not None:
-                raise MpsUnavailable(f"it exited with {process.returncode}: {_stderr(process)}")
+                said = output.read_text(errors="replace")[-500:].strip() or "(no output)"
+                raise MpsUnavailable(f"it exited with {process.returncode}: {said}")
             if time.monotonic() > deadline:
                 raise MpsUnavailable(f"no control pipe after {timeout} s")
             time.sleep(0.05)
@@ -278,8 +279,3 @@ def mps_log_tail(variables: dict[str, str]) -> str:
     with contextlib.suppress(OSError):
         return (Path(variables["CUDA_MPS_LOG_DIRECTORY"]) / "control.log").read_text()[-600:]
     return ""
-
-
-def _stderr(process: subprocess.Popen[str]) -> str:
-    assert process.stderr is not None
-    return process.stderr.read()[-500:].strip() or "(nothing on stderr)"
