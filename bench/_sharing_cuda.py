@@ -165,10 +165,11 @@ def prepare_inproc(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         kernels: dict[str, dict[str, Any]] = {
             "tiny": {"iters": tiny, "us": kernel_us(rig, stream, tiny)}
         }
+        print(f"kernel tiny: iters={tiny}, {kernels['tiny']['us']:.2f} µs", flush=True)
         for name, target in spec["targets_us"].items():
             iters, measured = calibrate(rig, stream, float(target))
             kernels[name] = {"iters": iters, "us": measured, "target_us": target}
-            print(f"  kernel {name}: iters={iters}, {measured:.2f} µs", flush=True)
+            print(f"kernel {name}: iters={iters}, {measured:.2f} µs", flush=True)
         launch, sync = rig.launcher(tiny, stream), rig.synchronizer(stream)
 
         def round_trip() -> None:

@@ -115,6 +115,12 @@ def ratios(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _unit(path: Path | None) -> str:
+    if path is None:
+        return ""
+    return " µs" if path[-1].endswith("_us") else "/s" if path[-1] == "per_second" else ""
+
+
 def _number(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"
@@ -127,6 +133,9 @@ def series_table(report: dict[str, Any]) -> str:
     """Every series' headline number (kernels/s, or p50 / p99 µs)."""
     rows: list[list[str]] = []
     for part in ("baselines", "accy"):
+        if isinstance(report.get(part, {}).get("error"), str):
+            rows.append([part, f"failed: {report[part]['error'].splitlines()[0][:120]}"])
+            continue
         for name, found in report.get(part, {}).items():
             if not isinstance(found, dict):
                 continue
@@ -161,13 +170,13 @@ def _headlines(found: dict[str, Any]) -> list[tuple[str, str]]:
 def goals_table(report: dict[str, Any]) -> str:
     """The goals of issue 11: accy, the baseline, the ratio, the target, met or not."""
     rows = []
-    for row in report["ratios"]:
+    for goal, row in zip(GOALS, report["ratios"], strict=True):
         met = {True: "yes", False: "no", None: "-"}[row["met"]]
         rows.append(
             [
                 row["goal"],
-                _number(row["accy"]),
-                _number(row["baseline"]),
+                _number(row["accy"], _unit(goal.ours)),
+                _number(row["baseline"], _unit(goal.theirs)),
                 _number(row["value"]),
                 row["target"],
                 met,

@@ -2,17 +2,17 @@
 
 A worker is ``python bench/bench_sharing.py --worker SPEC`` (SPEC is JSON with a
 ``kind``). It prepares (context, module, client, session...), writes a ready
-line, waits for ``go`` on its stdin, measures, and writes one result line. The
-parent starts every worker of a series, waits until all are ready (the
-barrier), releases them together and collects the results; every wait has a
-deadline, and a worker that misses one is killed and named in the error.
+line, waits for ``go`` on its stdin, measures, and writes one result line;
+other lines it prints are passed on as progress. The parent starts every
+worker of a series, waits until all are ready (the barrier), releases them
+together and collects the results; every wait has a deadline, and a worker
+that misses one is killed and named in the error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -76,6 +76,9 @@ class _Worker:
         for line in self.process.stdout:
             if line.startswith(PREFIX):
                 self.messages.put(json.loads(line[len(PREFIX) :]))
+            else:  # its progress lines, passed on
+                sys.stdout.write(f"    [{self.kind} {self.index}] {line}")
+                sys.stdout.flush()
         self.messages.put(None)  # end of output
 
     def expect(self, key: str, deadline: float) -> Any:
@@ -107,13 +110,13 @@ class _Worker:
             self.process.stdin.write(word + "\n")
             self.process.stdin.flush()
 
-    def finish(self) -> None:
-        """Reap it; kill it if it has not exited in a few seconds."""
+    def finish(self, grace: float) -> None:
+        """Reap it; kill it if it has not exited within ``grace`` seconds."""
         with contextlib.suppress(OSError):
             if self.process.stdin is not None:
                 self.process.stdin.close()
         try:
-            self.process.wait(timeout=15)
+            self.process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
@@ -130,6 +133,7 @@ def run_workers(
     with tempfile.TemporaryDirectory(prefix="accy-sharing-") as folder:
         logs = [open(Path(folder) / f"w{i}.log", "w+") for i in range(len(specs))]  # noqa: SIM115
         workers: list[_Worker] = []
+        grace = 0.5  # after a failure: the others are killed, not waited for
         try:
             for index, spec in enumerate(specs):
                 workers.append(_Worker(index, spec, env, logs[index]))
@@ -139,16 +143,13 @@ def run_workers(
             for worker in workers:
                 worker.release("go")
             deadline = time.monotonic() + run_timeout
-            return [worker.expect("result", deadline) for worker in workers]
+            results = [worker.expect("result", deadline) for worker in workers]
+            grace = 15.0
+            return results
         finally:
             for worker in workers:
                 worker.release("stop")  # only read by one still at the barrier
             for worker in workers:
-                worker.finish()
+                worker.finish(grace)
             for log in logs:
                 log.close()
-
-
-def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment plus ``extra``, for workers."""
-    return dict(os.environ) | dict(extra or {})
