@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from accyd.backends.host import HostBackend
-from accyd.backends.recording import RecordingBackend
 from accyd.catalog import load_catalog
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import NotFound
+from accyd.testing import RecordingBackend
 from tests.core.seed_fixtures import TEST_PIPELINE, seed_registry
 
 

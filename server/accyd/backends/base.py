@@ -35,6 +35,7 @@ class BackendKind(enum.Enum):
     CUDA = "cuda"
     HOST = "host"
     RECORDING = "recording"
+    """The test double in ``accyd.testing``."""
 
 
 @dataclass(eq=False, slots=True)

@@ -103,7 +103,6 @@ class Session:
         self._scratch: Intermediates | None = None
         self._scratch_fits: tuple[Scalar, ...] | None = None
         """The last runtime scalars the scratch was found large enough for."""
-        self.launches_total = 0
         self.loads = 1
         """Loads of this session by its client not yet released; the last release frees it."""
         self._tag = secrets.token_urlsafe(6)
@@ -205,7 +204,6 @@ class Session:
             with contextlib.suppress(AccyError):
                 self._push(transient)
             raise
-        self.launches_total += 1
         return self._push(transient)
 
     def _push(self, scratch: Intermediates | None) -> LaunchRecord:
