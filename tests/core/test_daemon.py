@@ -167,9 +167,8 @@ def test_draining_refuses_new_work_but_frees_and_waits() -> None:
 
 
 def test_a_device_fault_makes_every_later_call_fail_naming_the_session() -> None:
-    daemon, backend = recording_daemon()
     faults: list[DeviceFault] = []
-    daemon._on_fault = faults.append
+    daemon, backend = recording_daemon(on_fault=faults.append)
     client = daemon.attach().id
     session, x, y = scan_session(daemon, client)
     daemon.allocate_intermediates(client, session, N)

@@ -220,6 +220,22 @@ class Backend(Protocol):
         """
         ...
 
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """Call ``callback()`` once the work before ``event`` (recorded on ``stream``) is over.
+
+        As ``notify``: from another thread, quick, calling no backend. A backend
+        may call it later (once the stream's work so far is over), never earlier.
+        """
+        ...
+
+    def drop_queued(self, stream: Stream) -> None:
+        """Skip the kernels queued on ``stream`` that have not started; for a stream about
+        to be destroyed. Events and notifications on it still complete. A backend that
+        cannot take back what it handed to the device runs them."""
+        ...
+
     def synchronize_event(self, event: Event) -> None: ...
 
     def destroy_event(self, event: Event) -> None: ...

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import structlog
 
 from accyd.backends.base import (
     BUFFER_ALIGNMENT,
@@ -44,12 +45,25 @@ __all__ = ["HostBackend"]
 
 HostKernel = Callable[..., None]
 
+_CALLBACKS = threading.Lock()
+"""Guards the callbacks of every fence (rarely taken: only fences someone awaits have any)."""
+
+
+def _call_quietly(callback: Callable[[], None]) -> None:
+    """Run a notification: nothing it raises may become the stream's error."""
+    try:
+        callback()
+    except Exception:  # a waiter's bug, not the device's: the stream stays healthy
+        structlog.get_logger("accyd.backends").exception("notification failed")
+
 
 class _Worker:
     """One stream's thread: runs submitted tasks in order; the first error waits for a sync."""
 
     def __init__(self, name: str, on_fault: Callable[[DeviceFault], None]) -> None:
         self._on_fault = on_fault
+        self.dropping = False
+        """Set when the stream is about to go: kernels not yet started are skipped."""
         self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -99,16 +113,32 @@ class _Worker:
 class _Fence:
     """A point in a stream: set once the work before it ran, with that work's first error."""
 
-    __slots__ = ("done", "error", "worker")
+    __slots__ = ("callbacks", "done", "error", "worker")
 
     def __init__(self, worker: _Worker) -> None:
         self.worker = worker
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.callbacks: list[Callable[[], None]] | None = None
 
     def reach(self) -> None:
         self.error = self.worker._error
         self.done.set()
+        if self.callbacks is not None:
+            with _CALLBACKS:
+                callbacks, self.callbacks = self.callbacks, None
+            for callback in callbacks or ():
+                _call_quietly(callback)
+
+    def when_reached(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once reached (at once, here, if it already was)."""
+        with _CALLBACKS:
+            if not self.done.is_set():
+                if self.callbacks is None:
+                    self.callbacks = []
+                self.callbacks.append(callback)
+                return
+        _call_quietly(callback)
 
     def synchronize(self) -> None:
         self.done.wait()
@@ -285,9 +315,13 @@ class HostBackend:
         geometry = request.geometry
         views = [buffer.native for buffer in request.buffers]
         values = [scalar.value for scalar in request.scalars]
-        self._worker(request.stream).submit(
-            lambda: function(geometry.grid, geometry.block, views, values)
-        )
+        worker = self._worker(request.stream)
+
+        def run() -> None:
+            if not worker.dropping:
+                function(geometry.grid, geometry.block, views, values)
+
+        worker.submit(run)
 
     def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
         with self._lock:
@@ -338,7 +372,20 @@ class HostBackend:
 
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         self._alive()
-        self._worker(stream).submit(callback)
+        self._worker(stream).submit(lambda: _call_quietly(callback))
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """Exactly when the work before ``event`` is over (the fence's own callback)."""
+        fence: _Fence = event.native
+        fence.when_reached(callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        with self._lock:
+            worker = self._streams.get(stream.id)
+        if worker is not None:
+            worker.dropping = True
 
     def event_done(self, event: Event) -> bool:
         fence: _Fence = event.native

@@ -681,6 +681,15 @@ class CudaBackend:
                 self._callbacks.pop(key, None)
             raise
 
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """After the stream's work so far (which includes ``event``): a host function."""
+        self.notify(stream, callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        """Nothing: what was enqueued belongs to the driver and runs."""
+
     def _run_callback(self, user_data: int | None) -> None:
         with self._lock:
             callback = self._callbacks.pop(user_data or 0, None)
