@@ -196,6 +196,7 @@ class Daemon(Launching):
                 scratch = allocate_intermediates(session.backend, session.pipeline, args)
             held.undo(scratch.close)
             with self._lock:
+                self._attached(client)
                 if client.sessions.get(session.id) is not session:
                     raise NotFound(f"no session {session_id!r}", field="session_id")
                 old, session.scratch = session.scratch, scratch

@@ -110,6 +110,7 @@ class Launching(Holdings):
             with self._lock:
                 try:  # checked again: buffers or the session may have gone meanwhile
                     self._state.check_serving()
+                    self._attached(client)
                     if client.sessions.get(session.id) is not session:
                         raise NotFound(f"no session {session.id!r}", field="session_id")
                     checked = self._check_launch(client, session, operands, results, scalars)
