@@ -8,7 +8,6 @@ same results as the CUDA kernels of the same contract.
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
 from collections.abc import Callable
 from types import CodeType
@@ -16,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import structlog
 
 from accyd.backends.base import (
     BUFFER_ALIGNMENT,
@@ -29,10 +27,10 @@ from accyd.backends.base import (
     LoadedKernel,
     Stream,
 )
+from accyd.backends.host_streams import Fence, Worker, call_quietly
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
-    AccyError,
     DeviceFault,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -44,105 +42,6 @@ from accyd.errors import (
 __all__ = ["HostBackend"]
 
 HostKernel = Callable[..., None]
-
-_CALLBACKS = threading.Lock()
-"""Guards the callbacks of every fence (rarely taken: only fences someone awaits have any)."""
-
-
-def _call_quietly(callback: Callable[[], None]) -> None:
-    """Run a notification: nothing it raises may become the stream's error."""
-    try:
-        callback()
-    except Exception:  # a waiter's bug, not the device's: the stream stays healthy
-        structlog.get_logger("accyd.backends").exception("notification failed")
-
-
-class _Worker:
-    """One stream's thread: runs submitted tasks in order; the first error waits for a sync."""
-
-    def __init__(self, name: str, on_fault: Callable[[DeviceFault], None]) -> None:
-        self._on_fault = on_fault
-        self.dropping = False
-        """Set when the stream is about to go: kernels not yet started are skipped."""
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            task = self._tasks.get()
-            if task is None:
-                return
-            try:
-                task()
-            except BaseException as error:  # reported at the next synchronize
-                if isinstance(error, DeviceFault):
-                    self._on_fault(error)
-                if self._error is None:
-                    self._error = error
-
-    def submit(self, task: Callable[[], None]) -> None:
-        self._tasks.put(task)
-
-    def fence(self) -> _Fence:
-        fence = _Fence(self)
-        self._tasks.put(fence.reach)
-        return fence
-
-    def take_error(self, error: BaseException | None) -> None:
-        """Raise ``error`` (a failure of work before a fence) once, as a domain error."""
-        if error is None:
-            return
-        if self._error is error:
-            self._error = None
-        if isinstance(error, AccyError):
-            raise error
-        raise LaunchFailed(f"host kernel failed: {type(error).__name__}: {error}") from error
-
-    def synchronize(self) -> None:
-        fence = self.fence()
-        fence.done.wait()
-        self.take_error(fence.error)
-
-    def stop(self) -> None:
-        self._tasks.put(None)
-        self._thread.join()
-
-
-class _Fence:
-    """A point in a stream: set once the work before it ran, with that work's first error."""
-
-    __slots__ = ("callbacks", "done", "error", "worker")
-
-    def __init__(self, worker: _Worker) -> None:
-        self.worker = worker
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.callbacks: list[Callable[[], None]] | None = None
-
-    def reach(self) -> None:
-        self.error = self.worker._error
-        self.done.set()
-        if self.callbacks is not None:
-            with _CALLBACKS:
-                callbacks, self.callbacks = self.callbacks, None
-            for callback in callbacks or ():
-                _call_quietly(callback)
-
-    def when_reached(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once reached (at once, here, if it already was)."""
-        with _CALLBACKS:
-            if not self.done.is_set():
-                if self.callbacks is None:
-                    self.callbacks = []
-                self.callbacks.append(callback)
-                return
-        _call_quietly(callback)
-
-    def synchronize(self) -> None:
-        self.done.wait()
-        self.worker.take_error(self.error)
 
 
 class HostBackend:
@@ -164,7 +63,7 @@ class HostBackend:
         self._next_id = 1
         self._buffers: dict[int, DeviceBuffer] = {}
         self._kernels: dict[int, LoadedKernel] = {}
-        self._streams: dict[int, _Worker] = {}
+        self._streams: dict[int, Worker] = {}
         self._events: dict[int, Event] = {}
         self._modules: dict[str, dict[str, Any]] = {}
         self._in_use = 0
@@ -281,7 +180,7 @@ class HostBackend:
             self._kernels[kernel.id] = kernel
         return kernel
 
-    def _worker(self, stream: Stream | None) -> _Worker:
+    def _worker(self, stream: Stream | None) -> Worker:
         if stream is None:
             stream = self._default_stream()
         with self._lock:
@@ -344,7 +243,7 @@ class HostBackend:
     def create_stream(self) -> Stream:
         self._alive()
         stream = Stream(self._take_id())
-        worker = _Worker(f"accy-host-stream-{stream.id}", self._set_fault)
+        worker = Worker(f"accy-host-stream-{stream.id}", self._set_fault)
         with self._lock:
             self._streams[stream.id] = worker
         return stream
@@ -363,7 +262,7 @@ class HostBackend:
         return event
 
     def wait_event(self, stream: Stream | None, event: Event) -> None:
-        fence: _Fence = event.native
+        fence: Fence = event.native
 
         def wait() -> None:
             fence.done.wait()
@@ -372,13 +271,13 @@ class HostBackend:
 
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         self._alive()
-        self._worker(stream).submit(lambda: _call_quietly(callback))
+        self._worker(stream).submit(lambda: call_quietly(callback))
 
     def notify_event(
         self, event: Event, stream: Stream | None, callback: Callable[[], None]
     ) -> None:
         """Exactly when the work before ``event`` is over (the fence's own callback)."""
-        fence: _Fence = event.native
+        fence: Fence = event.native
         fence.when_reached(callback)
 
     def drop_queued(self, stream: Stream) -> None:
@@ -388,16 +287,16 @@ class HostBackend:
             worker.dropping = True
 
     def event_done(self, event: Event) -> bool:
-        fence: _Fence = event.native
+        fence: Fence = event.native
         return fence.done.is_set()
 
     def wait_event_for(self, event: Event, seconds: float) -> bool:
-        fence: _Fence = event.native
+        fence: Fence = event.native
         return fence.done.wait(seconds)
 
     def synchronize_event(self, event: Event) -> None:
         """Wait for the work before ``event``; raise its error, once, as ``synchronize`` does."""
-        fence: _Fence = event.native
+        fence: Fence = event.native
         fence.synchronize()
         self._alive()
 
