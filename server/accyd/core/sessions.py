@@ -21,9 +21,11 @@ from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.executor import (
     ArtifactPool,
     Intermediates,
+    LaunchPlan,
     PipelineLaunch,
     intermediate_byte_sizes,
     launch_pipeline,
+    plan_launch,
 )
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
@@ -103,7 +105,6 @@ class Session:
         self._scratch: Intermediates | None = None
         self._scratch_fits: tuple[Scalar, ...] | None = None
         """The last runtime scalars the scratch was found large enough for."""
-        self.launches_total = 0
         self.loads = 1
         """Loads of this session by its client not yet released; the last release frees it."""
         self._tag = secrets.token_urlsafe(6)
@@ -168,18 +169,29 @@ class Session:
     def launches_in_flight(self) -> int:
         return len(self._inflight)
 
+    def check(
+        self,
+        operands: Sequence[DeviceBuffer],
+        results: Sequence[DeviceBuffer],
+        args: Sequence[Scalar],
+    ) -> LaunchPlan:
+        """Check a launch against the pipeline: counts, scalars, and buffers that hold enough."""
+        return plan_launch(self.pipeline, self.registry, self.key.format, operands, results, args)
+
     def enqueue(
         self,
         operands: Sequence[DeviceBuffer],
         results: Sequence[DeviceBuffer],
         args: Sequence[Scalar],
         transient: Intermediates | None,
+        plan: LaunchPlan | None = None,
     ) -> LaunchRecord:
         """Enqueue one launch on the session's stream; returns once enqueued.
 
         ``transient`` is scratch made for this launch alone, freed when it is
-        reaped. A launch that fails after its checks still leaves a record (the
-        newest), so what it may have touched is waited for before it is freed.
+        reaped; ``plan`` what ``check`` returned for the same buffers. A launch
+        that fails after its checks still leaves a record (the newest), so what
+        it may have touched is waited for before it is freed.
         """
         scratch = transient if transient is not None else self.scratch
         intermediates = () if scratch is None else scratch.buffers
@@ -196,7 +208,7 @@ class Session:
             diagnostic_id=self.id,
         )
         try:
-            launch_pipeline(self.backend, request)
+            launch_pipeline(self.backend, request, plan)
         except _CHECKS:
             if transient is not None:
                 transient.close()
@@ -205,7 +217,6 @@ class Session:
             with contextlib.suppress(AccyError):
                 self._push(transient)
             raise
-        self.launches_total += 1
         return self._push(transient)
 
     def _push(self, scratch: Intermediates | None) -> LaunchRecord:
