@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from accyd.backends.base import ArtifactRequest, Backend, LaunchRequest
+from accyd.backends.base import ArtifactRequest, Backend, BackendKind, LaunchRequest
 from accyd.backends.host import HostBackend
 from accyd.catalog import ArtifactFormat, Scalar
 from accyd.catalog.model import FixedGeometry
@@ -21,6 +22,7 @@ from accyd.errors import (
     RuntimeUnavailable,
     UnsupportedOperation,
 )
+from accyd.testing import RecordingBackend
 
 KERNELS = """
 import threading
@@ -57,8 +59,19 @@ def kernel(backend: HostBackend, name: str):  # type: ignore[no-untyped-def]
     return artifact, loaded
 
 
-def test_satisfies_the_backend_protocol(backend: HostBackend) -> None:
-    assert isinstance(backend, Backend)
+def test_implements_every_backend_operation_with_its_signature(backend: HostBackend) -> None:
+    typed: Backend = backend  # mypy checks the whole protocol here
+    operations = [
+        name for name in dir(Backend) if not name.startswith("_") and name not in ("kind",)
+    ]
+    for implementation in (typed, RecordingBackend()):
+        for name in operations:
+            declared = getattr(Backend, name)
+            if isinstance(declared, property):
+                continue
+            theirs = inspect.signature(getattr(type(implementation), name))
+            assert list(theirs.parameters) == list(inspect.signature(declared).parameters), name
+    assert backend.kind is BackendKind.HOST
     assert backend.formats == frozenset({ArtifactFormat.HOST_PY})
 
 
@@ -127,6 +140,61 @@ def test_launches_run_in_order_on_one_stream_and_asynchronously(backend: HostBac
     assert list(got[1:]) == list(range(100))
     backend.destroy_event(event)
     backend.destroy_stream(stream)
+
+
+def test_notify_event_calls_back_once_the_work_before_the_event_is_over(
+    backend: HostBackend,
+) -> None:
+    _, append = kernel(backend, "append")
+    _, blocked = kernel(backend, "blocked")
+    stream = backend.create_stream()
+    log = backend.allocate_buffer(4 * 3)
+    backend.write(log, 0, bytes(12), stream)
+    backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(1)], ONE, stream))
+    early = backend.record_event(stream)
+    backend.launch(LaunchRequest(None, blocked, [log], [Scalar.u32(0)], ONE, stream))
+    late = backend.record_event(stream)
+    called: list[str] = []
+    reached = threading.Event()
+    backend.notify_event(late, stream, lambda: called.append("late"))
+    backend.notify_event(early, stream, lambda: (called.append("early"), reached.set()))
+    assert reached.wait(5)
+    assert called == ["early"]  # while the blocked kernel still holds the stream
+    backend.notify_event(early, stream, lambda: called.append("again"))  # reached: at once
+    assert called == ["early", "again"]
+    blocked.native.__globals__["gate"].set()
+    backend.synchronize(stream)
+    assert called == ["early", "again", "late"]
+
+
+def test_drop_queued_skips_kernels_not_started_but_ends_events(backend: HostBackend) -> None:
+    _, append = kernel(backend, "append")
+    _, blocked = kernel(backend, "blocked")
+    stream = backend.create_stream()
+    log = backend.allocate_buffer(4 * 11)
+    backend.write(log, 0, bytes(44), stream)
+    backend.launch(LaunchRequest(None, blocked, [log], [Scalar.u32(0)], ONE, stream))
+    for value in range(10):
+        backend.launch(LaunchRequest(None, append, [log], [Scalar.u32(value)], ONE, stream))
+    event = backend.record_event(stream)
+    backend.drop_queued(stream)
+    blocked.native.__globals__["gate"].set()
+    backend.synchronize_event(event)
+    assert backend.event_done(event)
+    assert np.frombuffer(backend.read(log, 0, 4, stream), dtype=np.uint32)[0] == 0
+
+
+def test_a_failing_notification_leaves_its_stream_healthy(backend: HostBackend) -> None:
+    stream = backend.create_stream()
+    event = backend.record_event(stream)
+
+    def broken() -> None:
+        raise RuntimeError("a waiter's bug")
+
+    backend.notify(stream, broken)
+    backend.synchronize_event(event)
+    backend.notify_event(event, stream, broken)
+    backend.synchronize(stream)  # raises nothing: the stream's work did not fail
 
 
 def test_wait_event_orders_work_across_streams(backend: HostBackend) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from accyd.backends.host import HostBackend
-from accyd.backends.recording import RecordingBackend
-from accyd.catalog import load_catalog
+from accyd.catalog import Catalog, load_catalog
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import NotFound
+from accyd.testing import RecordingBackend
 from tests.core.seed_fixtures import TEST_PIPELINE, seed_registry
 
 
@@ -28,11 +30,16 @@ class SeedCatalog:
         return (ArtifactFormat.CUDA_PTX,)
 
 
-def recording_daemon(quotas: Quotas | None = None) -> tuple[Daemon, RecordingBackend]:
+def recording_daemon(
+    quotas: Quotas | None = None, **options: Any
+) -> tuple[Daemon, RecordingBackend]:
     backend = RecordingBackend()
-    return Daemon(SeedCatalog(), {0: backend}, quotas=quotas), backend
+    return Daemon(SeedCatalog(), {0: backend}, quotas=quotas, **options), backend
 
 
-def host_daemon(quotas: Quotas | None = None) -> tuple[Daemon, HostBackend]:
+def host_daemon(
+    quotas: Quotas | None = None, catalog: Catalog | None = None, **options: Any
+) -> tuple[Daemon, HostBackend]:
     backend = HostBackend()
-    return Daemon(load_catalog(), {0: backend}, quotas=quotas), backend
+    daemon = Daemon(catalog or load_catalog(), {0: backend}, quotas=quotas, **options)
+    return daemon, backend

@@ -10,7 +10,7 @@ import structlog.testing
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon, Tensor
-from accyd.core.tenants import Quotas
+from accyd.core.tenants import Quotas, Usage
 from accyd.errors import (
     DeviceFault,
     FailedPrecondition,
@@ -167,9 +167,8 @@ def test_draining_refuses_new_work_but_frees_and_waits() -> None:
 
 
 def test_a_device_fault_makes_every_later_call_fail_naming_the_session() -> None:
-    daemon, backend = recording_daemon()
     faults: list[DeviceFault] = []
-    daemon._on_fault = faults.append
+    daemon, backend = recording_daemon(on_fault=faults.append)
     client = daemon.attach().id
     session, x, y = scan_session(daemon, client)
     daemon.allocate_intermediates(client, session, N)
@@ -201,6 +200,8 @@ def test_reaping_after_a_device_fault_raises_nothing() -> None:
     backend.event_done = poisoned  # type: ignore[method-assign]
     daemon.reap(client, session)  # the session's log holds a launch whose mark now raises
     daemon.reap(client, "ses_unknown")  # and a session that is gone is nothing to drop
+    # Nothing was found finished, so nothing was given back: the launch is still charged.
+    assert daemon.status().tenants[0].usage.launches_in_flight == 1
 
 
 def test_an_ordinary_launch_failure_fails_one_call() -> None:
@@ -213,6 +214,9 @@ def test_an_ordinary_launch_failure_fails_one_call() -> None:
     daemon.wait_launch(client, session)
     assert daemon.serving
     assert backend.memory_in_use() == 40000
+    # The failed launch's scratch and its place in flight were given back to the tenant.
+    (tenant,) = daemon.status().tenants
+    assert tenant.usage == Usage(memory_bytes=40000, sessions=1, buffers=2)
 
 
 def test_host_scan_results_and_in_order_chain() -> None:

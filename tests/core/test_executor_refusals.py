@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from accyd.backends.recording import RecordingBackend
 from accyd.catalog import Scalar, load_catalog
 from accyd.catalog.dtypes import DType
 from accyd.catalog.expr import Arg, Const, Mul
@@ -20,6 +19,7 @@ from accyd.catalog.model import (
 )
 from accyd.core.executor import PipelineLaunch, allocate_intermediates, launch_pipeline
 from accyd.errors import AccyError, InvalidArtifact, LaunchArgumentMismatch
+from accyd.testing import RecordingBackend
 from tests.core.seed_fixtures import TEST_ENTRIES, TEST_PIPELINE, seed_binding, seed_registry
 
 CATALOG = load_catalog()

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 
-from accyd.backends.recording import RecordingBackend
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, ScalarBound
 from accyd.core.executor import (
@@ -21,6 +20,7 @@ from accyd.errors import (
     OutOfMemory,
     RuntimeUnavailable,
 )
+from accyd.testing import RecordingBackend
 from tests.core.seed_fixtures import (
     TEST_ENTRIES,
     TEST_PIPELINE,

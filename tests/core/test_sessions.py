@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from accyd.backends.recording import RecordingBackend
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat
 from accyd.core.executor import allocate_intermediates, load_pipeline_artifacts
 from accyd.core.sessions import Session, SessionKey, order_scalars
 from accyd.errors import FailedPrecondition, LaunchArgumentMismatch, NotFound
+from accyd.testing import RecordingBackend
 from tests.core.seed_fixtures import TEST_PIPELINE, seed_binding, seed_registry
 
 PTX = ArtifactFormat.CUDA_PTX

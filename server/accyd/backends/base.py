@@ -38,6 +38,7 @@ class BackendKind(enum.Enum):
     CUDA = "cuda"
     HOST = "host"
     RECORDING = "recording"
+    """The test double in ``accyd.testing``."""
 
 
 @dataclass(eq=False, slots=True)
@@ -256,6 +257,22 @@ class Backend(Protocol):
         to it. A stream whose device was lost may never call it: a waiter keeps
         a blocking wait as its fallback.
         """
+        ...
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """Call ``callback()`` once the work before ``event`` (recorded on ``stream``) is over.
+
+        As ``notify``: from another thread, quick, calling no backend. A backend
+        may call it later (once the stream's work so far is over), never earlier.
+        """
+        ...
+
+    def drop_queued(self, stream: Stream) -> None:
+        """Skip the kernels queued on ``stream`` that have not started; for a stream about
+        to be destroyed. Events and notifications on it still complete. A backend that
+        cannot take back what it handed to the device runs them."""
         ...
 
     def synchronize_event(self, event: Event) -> None: ...

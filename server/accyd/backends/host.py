@@ -8,7 +8,6 @@ same results as the CUDA kernels of the same contract.
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from types import CodeType
@@ -30,10 +29,10 @@ from accyd.backends.base import (
     SequentialLaunch,
     Stream,
 )
+from accyd.backends.host_streams import Fence, Worker, call_quietly
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
-    AccyError,
     DeviceFault,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -45,76 +44,6 @@ from accyd.errors import (
 __all__ = ["HostBackend"]
 
 HostKernel = Callable[..., None]
-
-
-class _Worker:
-    """One stream's thread: runs submitted tasks in order; the first error waits for a sync."""
-
-    def __init__(self, name: str, on_fault: Callable[[DeviceFault], None]) -> None:
-        self._on_fault = on_fault
-        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            task = self._tasks.get()
-            if task is None:
-                return
-            try:
-                task()
-            except BaseException as error:  # reported at the next synchronize
-                if isinstance(error, DeviceFault):
-                    self._on_fault(error)
-                if self._error is None:
-                    self._error = error
-
-    def submit(self, task: Callable[[], None]) -> None:
-        self._tasks.put(task)
-
-    def fence(self) -> _Fence:
-        fence = _Fence(self)
-        self._tasks.put(fence.reach)
-        return fence
-
-    def take_error(self, error: BaseException | None) -> None:
-        """Raise ``error`` (a failure of work before a fence) once, as a domain error."""
-        if error is None:
-            return
-        if self._error is error:
-            self._error = None
-        if isinstance(error, AccyError):
-            raise error
-        raise LaunchFailed(f"host kernel failed: {type(error).__name__}: {error}") from error
-
-    def synchronize(self) -> None:
-        fence = self.fence()
-        fence.done.wait()
-        self.take_error(fence.error)
-
-    def stop(self) -> None:
-        self._tasks.put(None)
-        self._thread.join()
-
-
-class _Fence:
-    """A point in a stream: set once the work before it ran, with that work's first error."""
-
-    __slots__ = ("done", "error", "worker")
-
-    def __init__(self, worker: _Worker) -> None:
-        self.worker = worker
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def reach(self) -> None:
-        self.error = self.worker._error
-        self.done.set()
-
-    def synchronize(self) -> None:
-        self.done.wait()
-        self.worker.take_error(self.error)
 
 
 class HostBackend:
@@ -136,7 +65,7 @@ class HostBackend:
         self._next_id = 1
         self._buffers: dict[int, DeviceBuffer] = {}
         self._kernels: dict[int, LoadedKernel] = {}
-        self._streams: dict[int, _Worker] = {}
+        self._streams: dict[int, Worker] = {}
         self._events: dict[int, Event] = {}
         self._modules: dict[str, dict[str, Any]] = {}
         self._in_use = 0
@@ -253,7 +182,7 @@ class HostBackend:
             self._kernels[kernel.id] = kernel
         return kernel
 
-    def _worker(self, stream: Stream | None) -> _Worker:
+    def _worker(self, stream: Stream | None) -> Worker:
         if stream is None:
             stream = self._default_stream()
         with self._lock:
@@ -290,9 +219,13 @@ class HostBackend:
         geometry = request.geometry
         views = [buffer.native for buffer in request.buffers]
         values = [scalar.value for scalar in request.scalars]
-        self._worker(request.stream).submit(
-            lambda: function(geometry.grid, geometry.block, views, values)
-        )
+        worker = self._worker(request.stream)
+
+        def run() -> None:
+            if not worker.dropping:
+                function(geometry.grid, geometry.block, views, values)
+
+        worker.submit(run)
 
     def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
         with self._lock:
@@ -315,7 +248,7 @@ class HostBackend:
     def create_stream(self) -> Stream:
         self._alive()
         stream = Stream(self._take_id())
-        worker = _Worker(f"accy-host-stream-{stream.id}", self._set_fault)
+        worker = Worker(f"accy-host-stream-{stream.id}", self._set_fault)
         with self._lock:
             self._streams[stream.id] = worker
         return stream
@@ -334,7 +267,7 @@ class HostBackend:
         return event
 
     def wait_event(self, stream: Stream | None, event: Event) -> None:
-        fence: _Fence = event.native
+        fence: Fence = event.native
 
         def wait() -> None:
             fence.done.wait()
@@ -343,19 +276,32 @@ class HostBackend:
 
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         self._alive()
-        self._worker(stream).submit(callback)
+        self._worker(stream).submit(lambda: call_quietly(callback))
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """Exactly when the work before ``event`` is over (the fence's own callback)."""
+        fence: Fence = event.native
+        fence.when_reached(callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        with self._lock:
+            worker = self._streams.get(stream.id)
+        if worker is not None:
+            worker.dropping = True
 
     def event_done(self, event: Event) -> bool:
-        fence: _Fence = event.native
+        fence: Fence = event.native
         return fence.done.is_set()
 
     def wait_event_for(self, event: Event, seconds: float) -> bool:
-        fence: _Fence = event.native
+        fence: Fence = event.native
         return fence.done.wait(seconds)
 
     def synchronize_event(self, event: Event) -> None:
         """Wait for the work before ``event``; raise its error, once, as ``synchronize`` does."""
-        fence: _Fence = event.native
+        fence: Fence = event.native
         fence.synchronize()
         self._alive()
 

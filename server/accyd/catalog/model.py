@@ -9,6 +9,7 @@ allocated or launched.
 from __future__ import annotations
 
 import enum
+import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,10 @@ class BufferRef:
         return cls(BufferRole.INTERMEDIATE, index)
 
 
+_ARG = re.compile(r"\barg(\d+)\b")
+"""How an extent prints a runtime scalar (``arg0``): replaced by its name in messages."""
+
+
 @dataclass(frozen=True, slots=True)
 class BufferSpec:
     """An operand or result: its name, dtype and the fewest elements it must hold."""
@@ -205,14 +210,37 @@ class BufferSpec:
     def byte_size(self, args: Sequence[Scalar]) -> int:
         return _byte_size(self.extent, self.dtype, args, f"{self.name}")
 
-    def check_holds(self, have: int, needed: int, role: str, index: int) -> None:
-        """Refuse ``have`` bytes where the runtime scalars need ``needed`` bytes."""
-        if have < needed:
-            raise LaunchArgumentMismatch(
-                f"{role} {self.name!r} holds {have} bytes; these runtime scalars need "
-                f"{needed} ({self.extent} x {self.dtype.value})",
-                field=f"{role}s[{index}]",
-            )
+    def check_holds(
+        self,
+        have: int,
+        needed: int,
+        role: str,
+        index: int,
+        pipeline: Pipeline | None = None,
+        args: Sequence[Scalar] = (),
+    ) -> None:
+        """Refuse ``have`` bytes where the runtime scalars need ``needed`` bytes.
+
+        Given the pipeline and the runtime scalars, the message names the
+        scalars the extent is made of, with their values.
+        """
+        if have >= needed:
+            return
+        names = [spec.name for spec in pipeline.runtime_scalars] if pipeline is not None else []
+        known = min(len(names), len(args))
+
+        def named(found: re.Match[str]) -> str:
+            index = int(found[1])
+            return names[index] if index < len(names) else found[0]
+
+        extent = _ARG.sub(named, str(self.extent))
+        used = dict.fromkeys(int(index) for index in _ARG.findall(str(self.extent)))
+        values = "".join(f", {names[i]} = {args[i].value}" for i in used if i < known)
+        raise LaunchArgumentMismatch(
+            f"{role} {self.name!r} holds {have} bytes; these runtime scalars need {needed} "
+            f"({extent} x {self.dtype.value}{values})",
+            field=f"{role}s[{index}]",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ class Client:
     session_ids: dict[SessionKey, str] = field(default_factory=dict)
     buffers: dict[str, BufferRecord] = field(default_factory=dict)
     transfer_streams: dict[int, Stream] = field(default_factory=dict)
+    launches_in_flight: int = 0
+    """Launches enqueued and not yet found finished, over all its sessions (a limit applies)."""
     last_seen: float = field(default_factory=time.monotonic)
     """When the client last made a call (monotonic seconds): how liveness is judged."""
 

@@ -21,7 +21,6 @@ from accyd.backends.base import (
     DeviceBuffer,
     LaunchRequest,
     LoadedKernel,
-    PreparedLaunch,
     Stream,
 )
 from accyd.catalog.dtypes import Scalar
@@ -39,13 +38,16 @@ from accyd.errors import LaunchArgumentMismatch
 __all__ = [
     "ArtifactPool",
     "Intermediates",
+    "LaunchPlan",
     "PipelineLaunch",
     "PoolEntry",
     "allocate_intermediates",
+    "check_intermediates",
+    "check_pool",
     "intermediate_byte_sizes",
     "launch_pipeline",
     "load_pipeline_artifacts",
-    "prepare_pipeline",
+    "plan_launch",
 ]
 
 
@@ -155,7 +157,7 @@ class _StagePlan:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class LaunchPlan:
     """What one (pipeline, registry, format, runtime scalars) resolves to, checked once."""
 
     stages: tuple[_StagePlan, ...]
@@ -247,24 +249,35 @@ def allocate_intermediates(
     return Intermediates(backend, made)
 
 
-def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
+def launch_pipeline(
+    backend: Backend, request: PipelineLaunch, plan: LaunchPlan | None = None
+) -> None:
     """Run a pipeline once: validate everything, then enqueue its stages in order.
 
     When the call allocated scratch or loaded kernels itself, it waits for the
     stream before freeing them. With both a pool and scratch from the caller it
     returns without waiting, and the caller synchronizes before reusing or
     freeing them. An error after launching starts a best-effort wait, and what
-    the call owns is freed even when that wait fails.
+    the call owns is freed even when that wait fails. ``plan`` is what
+    ``plan_launch`` returned for the same request, checked already.
     """
     pipeline = request.pipeline
-    plan = _plan(request)
+    if plan is None:
+        plan = plan_launch(
+            pipeline,
+            request.registry,
+            request.format,
+            request.operands,
+            request.results,
+            request.runtime_scalars,
+        )
     pool = request.artifacts
     if pool is not None:
-        _check_pool(pool, request)
+        check_pool(pool, request)
 
     owned: Intermediates | None = None
     if request.intermediates is not None:
-        _check_intermediates(request, plan, request.intermediates)
+        check_intermediates(request, plan, request.intermediates)
         intermediates: Sequence[DeviceBuffer] = request.intermediates
     else:
         owned = allocate_intermediates(backend, pipeline, request.runtime_scalars)
@@ -292,61 +305,68 @@ def launch_pipeline(backend: Backend, request: PipelineLaunch) -> None:
             owned.close()
 
 
-def _plan(request: PipelineLaunch) -> _Plan:
+def plan_launch(
+    pipeline: Pipeline,
+    registry: Registry,
+    format: ArtifactFormat,
+    operands: Sequence[DeviceBuffer],
+    results: Sequence[DeviceBuffer],
+    runtime_scalars: Sequence[Scalar],
+) -> LaunchPlan:
     """Every check that needs no backend: chain, counts, scalars, sizes, geometry.
 
     What depends only on the pipeline, registry, format and runtime scalars is
     resolved once and memoized on the pipeline, so repeated launches pay only
-    for the checks against this request's buffers.
+    for the checks against this request's buffers (operands and results hold
+    what the runtime scalars need).
     """
-    pipeline = request.pipeline
-    pipeline.validate(request.registry, request.format)
+    pipeline.validate(registry, format)
     for role, given, specs in (
-        ("operands", request.operands, pipeline.operands),
-        ("results", request.results, pipeline.results),
+        ("operands", operands, pipeline.operands),
+        ("results", results, pipeline.results),
     ):
         if len(given) != len(specs):
             raise LaunchArgumentMismatch(
                 f"{pipeline.target} takes {len(specs)} {role}; got {len(given)}", field=role
             )
-    args = tuple(request.runtime_scalars)
-    memo = pipeline.memo.setdefault(request.registry, {})
-    key = (request.format, args)
-    plan: _Plan | None = memo.get(key)
+    args = tuple(runtime_scalars)
+    memo = pipeline.memo.setdefault(registry, {})
+    key = (format, args)
+    plan: LaunchPlan | None = memo.get(key)
     if plan is None:
-        plan = _resolve(request, args)
+        plan = _resolve(pipeline, registry, format, args)
         if len(memo) >= _PLAN_CACHE_SIZE:
             memo.clear()
         memo[key] = plan
     for role, given, specs, sizes in (
-        ("operand", request.operands, pipeline.operands, plan.operand_sizes),
-        ("result", request.results, pipeline.results, plan.result_sizes),
+        ("operand", operands, pipeline.operands, plan.operand_sizes),
+        ("result", results, pipeline.results, plan.result_sizes),
     ):
         for index, (buffer, spec, needed) in enumerate(zip(given, specs, sizes, strict=True)):
-            spec.check_holds(buffer.byte_size, needed, role, index)
+            if buffer.byte_size < needed:
+                spec.check_holds(buffer.byte_size, needed, role, index, pipeline, args)
     return plan
 
 
-def _resolve(request: PipelineLaunch, args: tuple[Scalar, ...]) -> _Plan:
-    pipeline = request.pipeline
+def _resolve(
+    pipeline: Pipeline, registry: Registry, format: ArtifactFormat, args: tuple[Scalar, ...]
+) -> LaunchPlan:
     pipeline.validate_runtime_scalars(args)
     operand_sizes = tuple(spec.byte_size(args) for spec in pipeline.operands)
     result_sizes = tuple(spec.byte_size(args) for spec in pipeline.results)
     stages = []
-    for stage, entry in zip(
-        pipeline.stages, pipeline.stage_entries(request.registry, request.format), strict=True
-    ):
+    for stage, entry in zip(pipeline.stages, pipeline.stage_entries(registry, format), strict=True):
         scalars = tuple(expr.evaluate(args) for expr in stage.scalars)
         geometry = entry.launch.resolve(scalars)
         check_geometry(geometry)
         refs = tuple((_GROUP[ref.role], ref.index) for ref in stage.buffers)
         stages.append(_StagePlan(entry, scalars, geometry, refs))
-    return _Plan(
+    return LaunchPlan(
         tuple(stages), operand_sizes, result_sizes, tuple(intermediate_byte_sizes(pipeline, args))
     )
 
 
-def _check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
+def check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
     pipeline = request.pipeline
     if pool.closed:
         raise LaunchArgumentMismatch("the artifact pool is closed", field="artifacts")
@@ -363,8 +383,8 @@ def _check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
             )
 
 
-def _check_intermediates(
-    request: PipelineLaunch, plan: _Plan, provided: Sequence[DeviceBuffer]
+def check_intermediates(
+    request: PipelineLaunch, plan: LaunchPlan, provided: Sequence[DeviceBuffer]
 ) -> None:
     pipeline = request.pipeline
     if len(provided) != len(pipeline.intermediates):
@@ -428,35 +448,3 @@ def _launch_stage(
         loaded.append(kernel)
     finally:
         artifact.close()
-
-
-def prepare_pipeline(backend: Backend, request: PipelineLaunch) -> PreparedLaunch:
-    """Check a pooled launch on provided scratch once and pack it for replay (a CUDA graph).
-
-    Every check ``launch_pipeline`` makes runs here, and the result depends only on
-    what the request names (the pipeline, the pool, the buffers' sizes and the
-    scalars), so a replay of the same request needs none of them again. The
-    caller owns what it gets and closes it before freeing any buffer it names.
-    """
-    if request.artifacts is None or request.intermediates is None:
-        raise ValueError("only a pooled launch on provided intermediates can be prepared")
-    plan = _plan(request)
-    _check_pool(request.artifacts, request)
-    _check_intermediates(request, plan, request.intermediates)
-    groups = (request.operands, request.results, request.intermediates)
-    requests = []
-    for index, stage in enumerate(plan.stages):
-        pool_entry = request.artifacts.entries[index]
-        requests.append(
-            LaunchRequest(
-                artifact=pool_entry.artifact,
-                loaded=pool_entry.loaded,
-                buffers=[groups[group][at] for group, at in stage.buffers],
-                scalars=stage.scalars,
-                geometry=stage.geometry,
-                stream=request.stream,
-                shared_memory_bytes=stage.entry.shared_memory_bytes,
-                diagnostic_id=request.diagnostic_id,
-            )
-        )
-    return backend.prepare(requests)

@@ -2,7 +2,8 @@
 
 A launch records one event on its session's stream; the launch log and every
 buffer the launch touched hold the same mark. ``wait`` blocks the calling
-thread, so it runs off the event loop, with a reference held for its duration.
+thread, so it runs off the event loop, with a reference held for its duration;
+``notify`` calls back once the work is over (``accyd.core.waits`` awaits that).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ __all__ = ["Mark", "MarkWatch", "order_after"]
 class Mark:
     """One recorded event with a reference count; the creator holds the first reference."""
 
-    __slots__ = ("_lock", "_refs", "backend", "event", "stream_id")
+    __slots__ = ("_lock", "_refs", "backend", "event", "stream", "stream_id")
 
     def __init__(self, backend: Backend, stream: Stream) -> None:
         self.backend = backend
         self.event: Event = backend.record_event(stream)
+        self.stream = stream
         self.stream_id = stream.id
         self._refs = 1
         self._lock = threading.Lock()
@@ -48,6 +50,14 @@ class Mark:
     def wait(self) -> None:
         """Block until the recorded work finished (call off the event loop)."""
         self.backend.synchronize_event(self.event)
+
+    def notify(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called, from another thread, once the recorded work is over.
+
+        The caller holds a reference until then. Backends may call it late (after
+        the stream's work so far), never early; errors are for the next ``wait``.
+        """
+        self.backend.notify_event(self.event, self.stream, callback)
 
 
 class MarkWatch:

@@ -15,19 +15,21 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accyd.backends.base import Backend, DeviceBuffer, PreparedLaunch, Stream
+from accyd.backends.base import Backend, DeviceBuffer, Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.executor import (
     ArtifactPool,
     Intermediates,
+    LaunchPlan,
     PipelineLaunch,
     intermediate_byte_sizes,
     launch_pipeline,
-    prepare_pipeline,
+    plan_launch,
 )
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
+from accyd.core.prepared import PreparedLaunches
 from accyd.errors import (
     AccyError,
     FailedPrecondition,
@@ -39,11 +41,6 @@ from accyd.errors import (
 __all__ = ["LaunchRecord", "Session", "SessionKey", "order_scalars"]
 
 _CHECKS = (LaunchArgumentMismatch, InvalidArtifact, FailedPrecondition)
-
-PREPARED_PER_SESSION = 64
-"""Prepared launches (CUDA graphs) a session keeps; past this the cache starts over."""
-
-_PreparedKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[Scalar, ...]]
 """What the executor raises from its checks, before anything was launched."""
 
 
@@ -109,16 +106,15 @@ class Session:
         self._scratch: Intermediates | None = None
         self._scratch_fits: tuple[Scalar, ...] | None = None
         """The last runtime scalars the scratch was found large enough for."""
-        self.launches_total = 0
         self.loads = 1
         """Loads of this session by its client not yet released; the last release frees it."""
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()
+        self.prepared = PreparedLaunches(backend)
+        """Launches checked and packed once (CUDA graphs), replayed for the same arguments."""
         self._completed = 0
         """Every launch with a sequence number up to this one has finished."""
-        self._prepared: dict[_PreparedKey, PreparedLaunch] = {}
-        """Launches already checked and packed (CUDA graphs), by the buffers and scalars named."""
 
     # Launch ids ---------------------------------------------------------------
 
@@ -144,13 +140,7 @@ class Session:
     def scratch(self, value: Intermediates | None) -> None:
         self._scratch = value
         self._scratch_fits = None
-        self._forget_prepared()  # they name the old scratch
-
-    def _forget_prepared(self) -> None:
-        # A graph still running when its exec is destroyed finishes first (CUDA frees it after).
-        for prepared in self._prepared.values():
-            prepared.close()
-        self._prepared.clear()
+        self.prepared.clear()  # they name the old scratch
 
     @property
     def needs_scratch(self) -> bool:
@@ -183,18 +173,29 @@ class Session:
     def launches_in_flight(self) -> int:
         return len(self._inflight)
 
+    def check(
+        self,
+        operands: Sequence[DeviceBuffer],
+        results: Sequence[DeviceBuffer],
+        args: Sequence[Scalar],
+    ) -> LaunchPlan:
+        """Check a launch against the pipeline: counts, scalars, and buffers that hold enough."""
+        return plan_launch(self.pipeline, self.registry, self.key.format, operands, results, args)
+
     def enqueue(
         self,
         operands: Sequence[DeviceBuffer],
         results: Sequence[DeviceBuffer],
         args: Sequence[Scalar],
         transient: Intermediates | None,
+        plan: LaunchPlan | None = None,
     ) -> LaunchRecord:
         """Enqueue one launch on the session's stream; returns once enqueued.
 
         ``transient`` is scratch made for this launch alone, freed when it is
-        reaped. A launch that fails after its checks still leaves a record (the
-        newest), so what it may have touched is waited for before it is freed.
+        reaped; ``plan`` what ``check`` returned for the same buffers. A launch
+        that fails after its checks still leaves a record (the newest), so what
+        it may have touched is waited for before it is freed.
         """
         scratch = transient if transient is not None else self.scratch
         intermediates = () if scratch is None else scratch.buffers
@@ -211,10 +212,14 @@ class Session:
             diagnostic_id=self.id,
         )
         try:
-            if (transient is None and scratch is not None) or not self.pipeline.intermediates:
-                self._launch_prepared(request)
+            if (
+                plan is not None
+                and transient is None
+                and (scratch is not None or not self.needs_scratch)
+            ):
+                self.prepared.launch(request, plan)
             else:
-                launch_pipeline(self.backend, request)
+                launch_pipeline(self.backend, request, plan)
         except _CHECKS:
             if transient is not None:
                 transient.close()
@@ -223,24 +228,7 @@ class Session:
             with contextlib.suppress(AccyError):
                 self._push(transient)
             raise
-        self.launches_total += 1
         return self._push(transient)
-
-    def _launch_prepared(self, request: PipelineLaunch) -> None:
-        """Launch through the cache of prepared launches: checked and packed once per key."""
-        key: _PreparedKey = (
-            tuple(b.id for b in request.operands),
-            tuple(b.id for b in request.results),
-            tuple(b.id for b in request.intermediates or ()),
-            tuple(request.runtime_scalars),
-        )
-        prepared = self._prepared.get(key)
-        if prepared is None:
-            prepared = prepare_pipeline(self.backend, request)
-            if len(self._prepared) >= PREPARED_PER_SESSION:
-                self._forget_prepared()
-            self._prepared[key] = prepared
-        prepared.launch(self.stream)
 
     def _push(self, scratch: Intermediates | None) -> LaunchRecord:
         record = LaunchRecord(self._next_seq, Mark(self.backend, self.stream), scratch)
@@ -298,7 +286,7 @@ class Session:
 
     def close(self) -> None:
         """Free the pool, the scratch and the stream; the caller waited and drained first."""
-        self._forget_prepared()
+        self.prepared.clear()
         self.pool.close()
         if self.scratch is not None:
             self.scratch.close()

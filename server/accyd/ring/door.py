@@ -181,10 +181,16 @@ class RingDoor:
             good = offer is not None and hmac.compare_digest(offer.ticket, ticket)
             if offer is not None and good:
                 del self._offers[ring_id]
+                # Live before the client hears of it, and under the lock, so a close_client
+                # that follows is queued after this add and finds the ring.
+                self._submitter.add(offer.ring)
         if offer is None or not good:
             conn.sendall(b"\x00")
             log.info("ring handoff refused", ring_id=ring_id[:64])
             return
-        socket.send_fds(conn, [b"\x01"], offer.ring.memory.fds())
-        self._submitter.add(offer.ring)
+        try:
+            socket.send_fds(conn, [b"\x01"], offer.ring.memory.fds())
+        except OSError:
+            self._submitter.remove(ring_id)
+            raise
         log.info("ring opened", ring_id=ring_id, client_id=offer.ring.client_id)

@@ -1,8 +1,14 @@
-"""Per-call plumbing: request ids, log context, errors to status, blocking work off the loop."""
+"""Per-call plumbing: request ids, log context, errors to status, blocking work off the loop.
+
+Blocking work (compiles, allocations, copies) runs on the device-work threads,
+behind a per-client share so one client cannot hold them all: waits for the
+device never run there (the core awaits them on the event loop).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import time
@@ -65,11 +71,28 @@ class Call:
         return self.client_id
 
 
-class CallTracker:
-    """Counts calls in flight (long-lived streams aside) and runs blocking work."""
+class _Share:
+    """One owner's turns on the device-work threads."""
 
-    def __init__(self, executor: ThreadPoolExecutor) -> None:
+    __slots__ = ("turns", "users")
+
+    def __init__(self, turns: int) -> None:
+        self.turns = asyncio.Semaphore(turns)
+        self.users = 0
+
+
+class CallTracker:
+    """Counts calls in flight (long-lived streams aside) and runs blocking work.
+
+    ``blocking_for(owner, ...)`` lets one owner (a client) hold at most
+    ``share`` of the device-work threads at once (a quarter of them by default);
+    its other calls queue behind its own, not in front of everyone else's.
+    """
+
+    def __init__(self, executor: ThreadPoolExecutor, *, share: int | None = None) -> None:
         self.executor = executor
+        self.share = share or max(1, executor._max_workers // 4)
+        self._shares: dict[str, _Share] = {}
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -99,6 +122,27 @@ class CallTracker:
         return await loop.run_in_executor(
             self.executor, functools.partial(context.run, fn, *args, **kwargs)
         )
+
+    async def blocking_for(
+        self, owner: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        """``blocking``, within ``owner``'s share of the threads."""
+        async with self._turn(owner):
+            return await self.blocking(fn, *args, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, owner: str) -> AsyncIterator[None]:
+        share = self._shares.get(owner)
+        if share is None:
+            share = self._shares[owner] = _Share(self.share)
+        share.users += 1
+        try:
+            async with share.turns:
+                yield
+        finally:
+            share.users -= 1
+            if not share.users:
+                del self._shares[owner]
 
 
 def text_field(value: str, field: str, *, required: bool = True) -> str:

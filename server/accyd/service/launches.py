@@ -4,9 +4,11 @@
 launch is first polled on the event loop for a bounded moment (``spin_seconds``,
 about 100 µs: a small launch is over by then, and answering it costs no thread
 hop); one still running learns of its end from the backend's notification (a
-host function on the session's stream calls back onto the event loop), with a
-blocking wait on the device-work threads as the fallback, so the event loop
-never waits on the device for longer than the spin.
+host function on the session's stream calls back onto the event loop), and
+past a short patience awaits it through the core (``wait_launch_async``), so
+neither the event loop nor a thread waits on the device for longer than the
+spin. A launch that needs scratch of its own (an allocation) is enqueued on the
+device-work threads, within its client's share.
 
 On a stream, each request is validated and enqueued as it is read, so one
 session's launches keep the stream's order; a waited one is answered by a task
@@ -26,7 +28,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from accy.launch.v1 import launch_pb2 as pb
-from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.core.daemon import Daemon, LaunchTicket, WouldBlock
 from accyd.core.ids import new_request_id
 from accyd.logs import bind
 from accyd.metrics import Metrics
@@ -40,7 +42,7 @@ __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
 log = structlog.get_logger("accyd.service")
 
 NOTIFY_PATIENCE_SECONDS = 0.005
-"""How long a waiting launch relies on the backend's notification before a blocking wait."""
+"""How long a waiting launch relies on its own notification before the core's awaited wait."""
 
 _LAUNCH = "Launch"
 """Each launch of a stream counts as a call in flight (graceful shutdown waits for it)."""
@@ -83,12 +85,24 @@ class Launcher:
         self.metrics = metrics
         self.spin_seconds = spin_seconds
 
-    def enqueue(self, client_id: str, request: pb.LaunchRequest, started: float) -> _Pending:
+    async def submit(self, client_id: str, request: pb.LaunchRequest, started: float) -> _Pending:
+        """``enqueue``, or, for a launch that must allocate, ``enqueue`` off the event loop."""
+        try:
+            return self.enqueue(client_id, request, started)
+        except WouldBlock:
+            return await self.calls.blocking_for(
+                client_id, self.enqueue, client_id, request, started, may_block=True
+            )
+
+    def enqueue(
+        self, client_id: str, request: pb.LaunchRequest, started: float, *, may_block: bool = False
+    ) -> _Pending:
         """Check ``request`` and enqueue it on its session's stream.
 
         A waited launch is polled for at most ``spin_seconds`` here, and if it
         still runs, the backend is asked to call back when it is over: both
-        before any other work can be queued behind it.
+        before any other work can be queued behind it. A launch that would
+        allocate raises ``WouldBlock`` unless ``may_block`` (off the event loop).
         """
         session_id = text_field(request.session_id, "session_id")
         bind(session_id=session_id)
@@ -97,8 +111,16 @@ class Launcher:
             results = id_fields(request.results, "results")
             scalars = convert.scalars_from_proto(request.runtime_scalars)
             ticket = self.daemon.launch(
-                client_id, session_id, operands, results, scalars, watch=request.wait
+                client_id,
+                session_id,
+                operands,
+                results,
+                scalars,
+                watch=request.wait,
+                may_block=may_block,
             )
+        except WouldBlock:
+            raise
         except Exception as error:
             self._count_failure(client_id, session_id, request.wait, error)
             raise
@@ -144,10 +166,11 @@ class Launcher:
         self.metrics.observe_launch(pipeline, 0.0, waited=wait, error=error)
 
     async def _wait(self, client_id: str, pending: _Pending, reap: bool) -> None:
-        """Wait for a launch: over already, or notified soon, or else on a thread.
+        """Wait for a launch: over already, or notified soon, or else awaited through the core.
 
-        The notification saves two thread hops; the blocking wait stays the
-        fallback for long kernels and for a device that was lost.
+        The launch's own notification saves the core's bookkeeping for short
+        kernels; the core's wait (notified too, and polled for a lost device)
+        serves long kernels. Neither holds a thread.
         """
         session_id, launch_id = pending.ticket.session_id, pending.ticket.launch_id
         finished = pending.finished
@@ -164,7 +187,7 @@ class Launcher:
             # Over: this wait returns at once and reports any error.
             self.daemon.wait_launch(client_id, session_id, launch_id, reap=reap)
             return
-        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
+        await self.daemon.wait_launch_async(client_id, session_id, launch_id)
 
     # LaunchStream -----------------------------------------------------------------
 
@@ -182,7 +205,12 @@ class Launcher:
                 started = time.perf_counter()
                 self.calls.enter(_LAUNCH)
                 try:
-                    pending = self.enqueue(client_id, request, started)
+                    try:
+                        pending = self.enqueue(client_id, request, started)
+                    except WouldBlock:  # in order: the stream reads on once it is enqueued
+                        pending = await self.calls.blocking_for(
+                            client_id, self.enqueue, client_id, request, started, may_block=True
+                        )
                 except Exception as error:
                     self.calls.leave(_LAUNCH)
                     await answers.refuse(request.tag, error)

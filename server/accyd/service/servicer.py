@@ -1,9 +1,10 @@
 """The launch service on grpc.aio: every RPC of ``accy.launch.v1.LaunchService``.
 
 Handlers check the request's fields, convert them to domain values and call
-the daemon; calls that wait on the device run on the device-work threads so
-the event loop never blocks. Buffer data moves in chunks, so no message size
-limit bounds a buffer.
+the core facade (``Daemon``). Waits for the device (WaitLaunch, Release,
+FreeBuffer, detach) are awaited on the event loop and hold no thread; other
+blocking work runs on the device-work threads, within the caller's share.
+Buffer data moves in chunks, so no message size limit bounds a buffer.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class LaunchServicer:
 
     async def _detach(self, client_id: str) -> None:
         try:
-            await self.calls.blocking(self.daemon.detach, client_id)
+            await self.daemon.detach_async(client_id)
         except Exception:
             log.exception("detach failed", client_id=client_id)
 
@@ -159,8 +160,14 @@ class LaunchServicer:
         client_id = call.need_client()
         target = text_field(request.target, "target")
         fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
-        loaded = await self.calls.blocking(
-            self.daemon.load_pipeline, client_id, target, request.version, fmt, request.device
+        loaded = await self.calls.blocking_for(
+            client_id,
+            self.daemon.load_pipeline,
+            client_id,
+            target,
+            request.version,
+            fmt,
+            request.device,
         )
         bind(session_id=loaded.session_id)
         return pb.LoadPipelineResponse(
@@ -179,15 +186,15 @@ class LaunchServicer:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
         scalars = convert.scalars_from_proto(request.runtime_scalars)
-        size = await self.calls.blocking(
-            self.daemon.allocate_intermediates, client_id, session_id, scalars
+        size = await self.calls.blocking_for(
+            client_id, self.daemon.allocate_intermediates, client_id, session_id, scalars
         )
         return pb.AllocateIntermediatesResponse(byte_size=size)
 
     @unary
     async def Launch(self, request: pb.LaunchRequest, call: Call) -> pb.LaunchResponse:
         client_id = call.need_client()
-        pending = self._launcher.enqueue(client_id, request, call.started)
+        pending = await self._launcher.submit(client_id, request, call.started)
         return await self._launcher.finish(client_id, pending)
 
     @unary
@@ -199,14 +206,14 @@ class LaunchServicer:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
         launch_id = text_field(request.launch_id, "launch_id", required=False) or None
-        await self.calls.blocking(self.daemon.wait_launch, client_id, session_id, launch_id)
+        await self.daemon.wait_launch_async(client_id, session_id, launch_id)
         return pb.WaitLaunchResponse()
 
     @unary
     async def Release(self, request: pb.ReleaseRequest, call: Call) -> pb.ReleaseResponse:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
-        await self.calls.blocking(self.daemon.release, client_id, session_id)
+        await self.daemon.release_async(client_id, session_id)
         return pb.ReleaseResponse()
 
     @staticmethod
@@ -223,8 +230,13 @@ class LaunchServicer:
     ) -> pb.AllocateBufferResponse:
         client_id = call.need_client()
         dtype = convert.dtype_from_proto(request.dtype, "dtype")
-        record = await self.calls.blocking(
-            self.daemon.allocate_buffer, client_id, request.byte_size, dtype, request.device
+        record = await self.calls.blocking_for(
+            client_id,
+            self.daemon.allocate_buffer,
+            client_id,
+            request.byte_size,
+            dtype,
+            request.device,
         )
         return pb.AllocateBufferResponse(buffer_id=record.id, byte_size=record.byte_size)
 
@@ -251,7 +263,7 @@ class LaunchServicer:
                 if chunk.data:
                     # Copied in on a device-work thread while the next chunk arrives.
                     writing = asyncio.ensure_future(
-                        self.calls.blocking(transfer.write, chunk.offset, chunk.data)
+                        self.calls.blocking_for(client_id, transfer.write, chunk.offset, chunk.data)
                     )
             if writing is not None:
                 await writing
@@ -297,7 +309,7 @@ class LaunchServicer:
             if at >= end:
                 return None
             return asyncio.ensure_future(
-                self.calls.blocking(copy_out, at, min(chunk_size, end - at))
+                self.calls.blocking_for(client_id, copy_out, at, min(chunk_size, end - at))
             )
 
         # One chunk ahead: the next copy runs while this one is on the wire.
@@ -316,7 +328,7 @@ class LaunchServicer:
     async def FreeBuffer(self, request: pb.FreeBufferRequest, call: Call) -> pb.FreeBufferResponse:
         client_id = call.need_client()
         buffer_id = text_field(request.buffer_id, "buffer_id")
-        await self.calls.blocking(self.daemon.free_buffer, client_id, buffer_id)
+        await self.daemon.free_buffer_async(client_id, buffer_id)
         return pb.FreeBufferResponse()
 
     # One call and status ------------------------------------------------------
@@ -331,7 +343,8 @@ class LaunchServicer:
         ]
         scalars = convert.scalars_from_proto(request.runtime_scalars)
         principal = self._principal()
-        results = await self.calls.blocking(
+        results = await self.calls.blocking_for(
+            call.client_id or principal.tenant,
             functools.partial(
                 self.daemon.run,
                 call.client_id,
@@ -342,7 +355,7 @@ class LaunchServicer:
                 scalars,
                 tenant=principal.tenant,
                 quotas=principal.quotas,
-            )
+            ),
         )
         return pb.RunResponse(
             results=[convert.tensor_to_proto(result) for result in results],

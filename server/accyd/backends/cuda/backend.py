@@ -164,12 +164,10 @@ class CudaBackend:
         cache_dir: str | os.PathLike[str] | None = None,
         *,
         compile_cache: CompileCache | None = None,
-        zero_fill: bool = False,
     ) -> None:
         cu = cuda_driver()
         self._cu = cu
         self.device_ordinal = device_ordinal
-        self.zero_fill = zero_fill
         self.cache = compile_cache if compile_cache is not None else CompileCache(cache_dir)
         self._check = ErrorCheck(device_ordinal, f"CUDA device {device_ordinal}")
         self._check.healthy()
@@ -306,7 +304,7 @@ class CudaBackend:
         if address % max(alignment, BUFFER_ALIGNMENT):
             cu.cuMemFree(base)
             raise RuntimeUnavailable(f"cuMemAlloc returned {base:#x}, not {alignment}-byte aligned")
-        if self.zero_fill or zero:
+        if zero:
             try:
                 self._check(
                     cu.cuMemsetD8Async(address, 0, byte_size, self._default_stream),
@@ -427,34 +425,6 @@ class CudaBackend:
             LaunchFailed,
         )
         self._check(cu.cuStreamSynchronize(handle), "cuStreamSynchronize", LaunchFailed)
-
-    def copy(
-        self,
-        dst: DeviceBuffer,
-        dst_offset: int,
-        src: DeviceBuffer,
-        src_offset: int,
-        size: int,
-        stream: Stream | None,
-    ) -> None:
-        """Enqueue a device-to-device copy on ``stream``; returns without waiting."""
-        self._enter()
-        self._live_buffer(dst)
-        self._live_buffer(src)
-        self._bounds(dst, dst_offset, size)
-        self._bounds(src, src_offset, size)
-        if size == 0:
-            return
-        self._check(
-            self._cu.cuMemcpyDtoDAsync(
-                dst.address + dst_offset,
-                src.address + src_offset,
-                size,
-                self._stream_handle(stream),
-            ),
-            "cuMemcpyDtoDAsync",
-            LaunchFailed,
-        )
 
     # -- artifacts -------------------------------------------------------------------------
 
@@ -717,6 +687,15 @@ class CudaBackend:
             with self._lock:
                 self._callbacks.pop(key, None)
             raise
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """After the stream's work so far (which includes ``event``): a host function."""
+        self.notify(stream, callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        """Nothing: what was enqueued belongs to the driver and runs."""
 
     def _run_callback(self, user_data: int | None) -> None:
         with self._lock:

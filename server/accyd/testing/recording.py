@@ -181,6 +181,14 @@ class RecordingBackend:
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         callback()
 
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        callback()
+
+    def drop_queued(self, stream: Stream) -> None:
+        pass
+
     def synchronize_event(self, event: Event) -> None:
         pass
 

@@ -1,0 +1,143 @@
+"""Tenant accounting: the ledger of every tenant's usage, and the one reservation each charge is.
+
+Every charge goes through ``Ledger.reserve``: the usage is taken at once
+(``QuotaExceeded`` if a quota would pass) and given back when the ``with``
+block ends, unless the caller ``keep()``s it once what it paid for is in
+place. What the block made before it failed is undone with it, so no call
+site repeats "charge, call the driver, refund on failure, check the client is
+still attached, refund". Frees give usage back with ``refund``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+
+from accyd.core.clients import Client
+from accyd.core.tenants import Quotas, Tenant, Usage
+from accyd.errors import QuotaExceeded
+
+__all__ = ["DEFAULT_LAUNCHES_PER_CLIENT", "Ledger", "Reservation"]
+
+DEFAULT_LAUNCHES_PER_CLIENT = 16384
+"""Launches one client may have in flight at once, unless configured otherwise: each
+queued launch holds daemon memory (about 2.4 KiB), so an unbounded queue is a leak."""
+
+CLIENT_LAUNCHES = "client_launches_in_flight"
+"""The quota name a refusal by the per-client launch limit is counted and reported under."""
+
+
+class Reservation:
+    """Usage charged to one client's tenant; refunded when the block ends, unless kept.
+
+    ``undo(fn)`` registers how to free something made under the reservation;
+    it runs (after the refund, outside the lock) only if the reservation was not
+    kept. ``keep()`` is called under the ledger's lock, together with the change
+    that hands the paid-for thing to its owner.
+    """
+
+    __slots__ = ("_kept", "_ledger", "_undo", "amount", "client")
+
+    def __init__(self, ledger: Ledger, client: Client, amount: Usage) -> None:
+        self._ledger = ledger
+        self.client = client
+        self.amount = amount
+        self._kept = False
+        self._undo: list[Callable[[], object]] | None = None
+
+    def undo(self, free: Callable[[], object]) -> None:
+        """Free what ``free`` frees if the reservation ends without ``keep()``."""
+        if self._undo is None:
+            self._undo = []
+        self._undo.append(free)
+
+    def keep(self) -> None:
+        self._kept = True
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, exc: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._kept:
+            return
+        self._ledger.refund(self.client, self.amount)
+        for free in reversed(self._undo or ()):
+            free()
+
+
+class Ledger:
+    """Tenants by name, their usage and quota refusals; changed under the core's lock."""
+
+    def __init__(
+        self,
+        lock: threading.RLock,
+        quotas: Quotas,
+        tenant_quotas: Mapping[str, Quotas],
+        *,
+        launches_per_client: int | None = DEFAULT_LAUNCHES_PER_CLIENT,
+        on_refused: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.lock = lock
+        self.launches_per_client = launches_per_client
+        self._quotas = quotas
+        self._tenant_quotas = dict(tenant_quotas)
+        self._on_refused = on_refused
+        self.tenants: dict[str, Tenant] = {}
+        self.refusals: dict[tuple[str, str], int] = {}
+
+    def tenant(self, name: str) -> Tenant:
+        """The tenant called ``name``, made on first use (call under the lock)."""
+        tenant = self.tenants.get(name)
+        if tenant is None:
+            quotas = self._tenant_quotas.get(name, self._quotas)
+            tenant = self.tenants[name] = Tenant(name, quotas, on_refused=self._refused)
+        return tenant
+
+    def _refused(self, tenant: Tenant, quota: str) -> None:
+        key = (tenant.name, quota)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
+        if self._on_refused is not None:
+            self._on_refused(tenant.name, quota)
+
+    def reserve(self, client: Client, amount: Usage) -> Reservation:
+        """Charge ``amount`` to the client's tenant now; see ``Reservation``."""
+        with self.lock:
+            self.charge(client, amount)
+        return Reservation(self, client, amount)
+
+    def charge(self, client: Client, amount: Usage) -> None:
+        """Take ``amount`` (under the lock) or raise ``QuotaExceeded``; prefer ``reserve``."""
+        launches = amount.launches_in_flight
+        limit = self.launches_per_client
+        if launches and limit is not None and client.launches_in_flight + launches > limit:
+            self._refused(client.tenant, CLIENT_LAUNCHES)
+            raise QuotaExceeded(
+                f"client {client.id} has {client.launches_in_flight} launches in flight, the "
+                f"most one client may have is {limit}: wait for some before launching more",
+                quota=CLIENT_LAUNCHES,
+            )
+        client.tenant.charge(amount)
+        client.launches_in_flight += launches
+
+    def refund(self, client: Client, amount: Usage) -> None:
+        with self.lock:
+            client.tenant.refund(amount)
+            client.launches_in_flight -= amount.launches_in_flight
+
+    def launches_over(self, client: Client, launches: int, scratch_bytes: int = 0) -> None:
+        """Give back finished launches and the scratch they held (under the lock; no allocation)."""
+        if launches or scratch_bytes:
+            usage = client.tenant.usage
+            usage.launches_in_flight -= launches
+            usage.memory_bytes -= scratch_bytes
+            client.launches_in_flight -= launches
+
+    def usage_of(self, tenant: Tenant) -> Usage:
+        return dataclasses.replace(tenant.usage)
+
+    def refusals_of(self, tenant: str) -> dict[str, int]:
+        return {quota: n for (name, quota), n in self.refusals.items() if name == tenant}

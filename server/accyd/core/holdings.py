@@ -1,0 +1,424 @@
+"""What clients hold: sessions and buffers made, charged, waited for and freed (the facade's base).
+
+Each operation that waits for the device (WaitLaunch, Release, FreeBuffer,
+detach) is built once as a ``Deferred``: the marks to wait for, and the frees
+to run after. ``op()`` runs both on the calling thread (*blocking*);
+``op_async()`` awaits the marks' notifications on the event loop and parks no
+thread. Once begun, an awaited teardown finishes even if its caller goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Protocol
+
+import structlog
+
+from accyd.backends.base import Backend, Stream
+from accyd.catalog.dtypes import DType
+from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
+from accyd.core.accounting import Ledger
+from accyd.core.buffers import BufferRecord, Transfer
+from accyd.core.clients import Client, ClientTable
+from accyd.core.device import DeviceState
+from accyd.core.executor import load_pipeline_artifacts
+from accyd.core.ids import BUFFER, SESSION, new_id
+from accyd.core.marks import Mark, order_after
+from accyd.core.sessions import Session, SessionKey
+from accyd.core.tenants import Usage
+from accyd.core.waits import Deferred, until_done
+from accyd.errors import AccyError, InvalidRequest, NotFound, UnsupportedOperation
+
+__all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings", "WouldBlock"]
+
+log = structlog.get_logger("accyd.core")
+
+MAX_BUFFER_BYTES = 1 << 40
+"""No buffer is larger (1 TiB): a sanity bound before any quota, so no request asks the
+backend to allocate and zero absurd sizes."""
+
+
+class WouldBlock(Exception):
+    """A call made with ``may_block=False`` would have to wait: repeat it off the event loop."""
+
+
+class CatalogView(Protocol):
+    """What the core needs of the catalog (``accyd.catalog.Catalog`` fits)."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def pipelines(self) -> tuple[Pipeline, ...]: ...
+
+    def find_pipeline(self, target: str, version: int = 0) -> Pipeline: ...
+
+    def formats_of(self, pipeline: Pipeline) -> tuple[ArtifactFormat, ...]: ...
+
+
+class Holdings:
+    """Sessions, buffers and their teardown, over the core's lock, ledger and device state."""
+
+    def __init__(
+        self,
+        backends: dict[int, Backend],
+        lock: threading.RLock,
+        ledger: Ledger,
+        state: DeviceState,
+        clients: ClientTable,
+    ) -> None:
+        self.backends = backends
+        self._lock = lock
+        self._ledger = ledger
+        self._state = state
+        self._clients = clients
+        self._leaving: dict[str, Client] = {}
+        """Detached clients whose work is still waited for before their resources go."""
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def _backend(self, device: int) -> Backend:
+        backend = self.backends.get(device)
+        if backend is None:
+            raise NotFound(
+                f"no device {device}; this daemon serves {sorted(self.backends)}", field="device"
+            )
+        return backend
+
+    def _session(self, client_id: str, session_id: str) -> tuple[Client, Session]:
+        client = self._clients.get(client_id)
+        return client, client.session(session_id)
+
+    def _attached(self, client: Client) -> None:
+        """Under the lock: refuse to hand ``client`` anything once it detached."""
+        if self._clients.find(client.id) is not client:
+            raise NotFound(f"client {client.id!r} detached", field="client_id")
+
+    # Sessions -----------------------------------------------------------------
+
+    def _load(
+        self,
+        catalog: CatalogView,
+        client_id: str,
+        target: str,
+        version: int,
+        format: ArtifactFormat | None,
+        device: int,
+    ) -> tuple[Session, bool]:
+        if not target:
+            raise InvalidRequest("target is empty", field="target")
+        pipeline = catalog.find_pipeline(target, version)
+        backend = self._backend(device)
+        fmt = _pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
+        key = SessionKey(pipeline.target, pipeline.version, fmt, device)
+        with self._lock:
+            self._state.check_serving()
+            client = self._clients.get(client_id)
+            existing = client.session_for(key)
+            if existing is not None:
+                existing.loads += 1
+                return existing, False
+        with self._ledger.reserve(client, Usage(sessions=1)) as held:
+            with self._state.guard():
+                pool = load_pipeline_artifacts(backend, pipeline, catalog.registry, fmt)
+                held.undo(pool.close)
+                stream = backend.create_stream()
+                held.undo(lambda: backend.destroy_stream(stream))
+            session = Session(
+                new_id(SESSION), key, pipeline, catalog.registry, backend, pool, stream
+            )
+            with self._lock:
+                other = client.session_for(key)
+                if other is not None:  # loaded meanwhile by another call: this one is undone
+                    other.loads += 1
+                    return other, False
+                self._attached(client)
+                client.add_session(session)
+                held.keep()
+        return session, True
+
+    def release(self, client_id: str, session_id: str) -> None:
+        """*Blocking*: release one load; the last waits for the session's work, then frees
+        its pool, scratch and stream (an earlier one returns at once)."""
+        self._finish(self._release(client_id, session_id))
+
+    async def release_async(self, client_id: str, session_id: str) -> None:
+        """``release``, awaiting the session's work on the event loop."""
+        await self._settle(self._release(client_id, session_id))
+
+    def _release(self, client_id: str, session_id: str) -> Deferred | None:
+        with self._lock:
+            client = self._clients.get(client_id)
+            session = client.session(session_id)
+            session.loads -= 1
+            if session.loads > 0:
+                log.info("session load released", session_id=session_id, loads=session.loads)
+                return None
+            client.pop_session(session_id)
+            tail = session.pending(None)
+
+        def then() -> None:
+            self._close_session(client, session)
+            log.info("session released", client_id=client_id, session_id=session_id)
+
+        return Deferred([] if tail is None else [tail], then)
+
+    def _close_session(self, client: Client, session: Session) -> None:
+        try:
+            with self._state.guard(session.id):
+                session.backend.synchronize(session.stream)
+        except AccyError as error:
+            log.warning("session work failed", session_id=session.id, error=str(error))
+        with self._lock:
+            memory = session.scratch_bytes()
+            drained = session.drain()
+            self._ledger.refund(
+                client, Usage(memory_bytes=memory, sessions=1, launches_in_flight=drained.launches)
+            )
+        drained.close()
+        session.close()
+
+    # Waits ----------------------------------------------------------------------
+
+    def wait_launch(
+        self, client_id: str, session_id: str, launch_id: str | None = None, *, reap: bool = True
+    ) -> None:
+        """*Blocking*: wait for one launch of the session, or for all so far.
+
+        With ``reap`` false, finished launches stay in the session's log until
+        ``reap`` (or the session's next launch or wait) drops them: for a caller
+        that answers first and tidies after.
+        """
+        self._finish(self._launch_wait(client_id, session_id, launch_id, reap))
+
+    async def wait_launch_async(
+        self, client_id: str, session_id: str, launch_id: str | None = None
+    ) -> None:
+        """``wait_launch``, awaiting the launch's end on the event loop."""
+        await self._settle(self._launch_wait(client_id, session_id, launch_id, True))
+
+    def _launch_wait(
+        self, client_id: str, session_id: str, launch_id: str | None, reap: bool
+    ) -> Deferred | None:
+        with self._lock:
+            self._state.check_alive()
+            client, session = self._session(client_id, session_id)
+            seq = session.launch_seq(launch_id) if launch_id else None
+            mark = session.pending(seq)
+
+        def then() -> None:
+            if mark is not None:
+                self._wait(mark, session.id)
+            if reap:
+                self._reap(client, session)
+
+        return Deferred([] if mark is None else [mark], then)
+
+    def reap(self, client_id: str, session_id: str) -> None:
+        """Drop a session's finished launches from its log and give their quota back.
+
+        Scratch made for one launch alone is freed here; a session released or a
+        client detached meanwhile has nothing left to drop. Tidying only, it
+        raises nothing: a lost device is reported by the next call.
+        """
+        with self._lock:
+            try:
+                client, session = self._session(client_id, session_id)
+            except AccyError:
+                return
+        with contextlib.suppress(AccyError):
+            self._reap(client, session)
+
+    def _reap(self, client: Client, session: Session) -> None:
+        with self._lock:
+            reaped = session.reap(free_scratch=True)
+            self._ledger.launches_over(client, reaped.launches, reaped.scratch_bytes)
+        reaped.close()
+
+    def _wait(self, mark: Mark | None, session_id: str) -> None:
+        """Block until ``mark``'s work is over; raise its error (the caller releases it)."""
+        if mark is not None:
+            with self._state.guard(session_id):
+                mark.wait()
+
+    def _finish(self, deferred: Deferred | None) -> None:
+        if deferred is None:
+            return
+        try:
+            deferred.then()
+        finally:
+            for mark in deferred.marks:
+                mark.release()
+
+    async def _settle(self, deferred: Deferred | None) -> None:
+        """Await the deferred's marks, then finish it; a cancelled caller does not stop it."""
+        if deferred is None:
+            return
+        if not deferred.marks:
+            self._finish(deferred)
+            return
+        task = asyncio.ensure_future(self._settle_now(deferred))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        await asyncio.shield(task)
+
+    async def _settle_now(self, deferred: Deferred) -> None:
+        if await until_done(deferred.marks, lambda: self._state.fault is not None):
+            self._finish(deferred)  # the waits in it are over: it returns at once
+        else:  # the device was lost with work queued: what is left may block
+            await asyncio.to_thread(self._finish, deferred)
+
+    # Buffers ----------------------------------------------------------------------
+
+    def allocate_buffer(
+        self, client_id: str, byte_size: int, dtype: DType | None = None, device: int = 0
+    ) -> BufferRecord:
+        """*Blocking* (the device may take a while): a buffer of ``byte_size`` bytes."""
+        if not 0 < byte_size <= MAX_BUFFER_BYTES:
+            raise InvalidRequest(
+                f"byte_size must be 1..{MAX_BUFFER_BYTES}, not {byte_size}", field="byte_size"
+            )
+        if dtype is not None and byte_size % dtype.itemsize:
+            raise InvalidRequest(
+                f"byte_size {byte_size} is no whole number of {dtype.value} elements",
+                field="byte_size",
+            )
+        backend = self._backend(device)
+        with self._lock:
+            self._state.check_serving()
+            client = self._clients.get(client_id)
+        with self._ledger.reserve(client, Usage(memory_bytes=byte_size, buffers=1)) as held:
+            with self._state.guard():
+                buffer = backend.allocate_buffer(
+                    byte_size,
+                    zero=True,  # memory is reused between clients: never show old data
+                    dtype=dtype,
+                    element_count=None if dtype is None else byte_size // dtype.itemsize,
+                )
+            held.undo(lambda: backend.destroy(buffer))
+            record = BufferRecord(new_id(BUFFER), device, buffer, dtype)
+            with self._lock:
+                self._attached(client)
+                client.buffers[record.id] = record
+                held.keep()
+        return record
+
+    def _open(self, client_id: str, buffer_id: str, *, writing: bool) -> Transfer:
+        with self._lock:
+            if writing:
+                self._state.check_serving()
+            else:
+                self._state.check_alive()
+            client = self._clients.get(client_id)
+            record = client.buffer(buffer_id)
+            backend = self.backends[record.device]
+            with self._state.guard():
+                stream = self._transfer_stream(client, record.device)
+                hazards = record.write_hazards() if writing else record.read_hazards()
+                order_after(backend, stream, hazards)
+        return Transfer(backend, record, stream, self._lock, writing=writing)
+
+    def _transfer_stream(self, client: Client, device: int) -> Stream:
+        stream = client.transfer_streams.get(device)
+        if stream is None:
+            stream = client.transfer_streams[device] = self.backends[device].create_stream()
+        return stream
+
+    def free_buffer(self, client_id: str, buffer_id: str) -> None:
+        """*Blocking*: wait for the work that uses the buffer, then free it."""
+        self._finish(self._free_buffer(client_id, buffer_id))
+
+    async def free_buffer_async(self, client_id: str, buffer_id: str) -> None:
+        """``free_buffer``, awaiting the buffer's users on the event loop."""
+        await self._settle(self._free_buffer(client_id, buffer_id))
+
+    def _free_buffer(self, client_id: str, buffer_id: str) -> Deferred:
+        with self._lock:
+            client = self._clients.get(client_id)
+            record = client.buffer(buffer_id)
+            del client.buffers[buffer_id]
+        marks = self._take(record)
+        return Deferred(marks, lambda: self._free(client, record, marks))
+
+    def _take(self, record: BufferRecord) -> list[Mark]:
+        """Close ``record`` to transfers; the marks of its users, handed over."""
+        with record.lock:
+            record.closed = True
+        with self._lock:
+            return record.take_marks()
+
+    def _free(self, client: Client, record: BufferRecord, marks: list[Mark]) -> None:
+        for mark in marks:
+            with contextlib.suppress(AccyError):
+                mark.wait()
+        self.backends[record.device].destroy(record.buffer)
+        self._ledger.refund(client, Usage(memory_bytes=record.byte_size, buffers=1))
+
+    # Detach ---------------------------------------------------------------------
+
+    def detach(self, client_id: str) -> None:
+        """*Blocking*: free everything the client owns once its running work finished."""
+        self._finish(self._detach(client_id))
+
+    async def detach_async(self, client_id: str) -> None:
+        """``detach``, awaiting the client's running work on the event loop."""
+        await self._settle(self._detach(client_id))
+
+    def _detach(self, client_id: str) -> Deferred | None:
+        """Forget the client at once; drop its queued kernels where the backend can."""
+        with self._lock:
+            client = self._clients.pop(client_id)
+            if client is None:
+                return None
+            self._leaving[client.id] = client
+            sessions = list(client.sessions.values())
+            tails = [mark for s in sessions if (mark := s.pending(None)) is not None]
+        for session in sessions:
+            with contextlib.suppress(AccyError):
+                session.backend.drop_queued(session.stream)
+        taken = {record.id: self._take(record) for record in list(client.buffers.values())}
+
+        def then() -> None:
+            for session in sessions:
+                self._close_session(client, session)
+            for record in list(client.buffers.values()):
+                self._free(client, record, taken[record.id])
+            for device, stream in client.transfer_streams.items():
+                backend = self.backends[device]
+                with contextlib.suppress(AccyError), self._state.guard():
+                    backend.synchronize(stream)
+                backend.destroy_stream(stream)
+            with self._lock:
+                client.sessions.clear()
+                client.session_ids.clear()
+                client.buffers.clear()
+                client.transfer_streams.clear()
+                self._leaving.pop(client.id, None)
+            log.info(
+                "client detached", client_id=client.id, sessions=len(sessions), buffers=len(taken)
+            )
+
+        marks = tails + [mark for held in taken.values() for mark in held]
+        return Deferred(marks, then)
+
+
+def _pick_format(
+    pipeline: Pipeline,
+    available: tuple[ArtifactFormat, ...],
+    backend: Backend,
+    wanted: ArtifactFormat | None,
+) -> ArtifactFormat:
+    loadable = [f for f in available if f in backend.formats]
+    if wanted is None and loadable:
+        return loadable[0]
+    if wanted is not None and wanted in loadable:
+        return wanted
+    has = ", ".join(f.value for f in available)
+    loads = ", ".join(sorted(f.value for f in backend.formats))
+    which = "" if wanted is None else f" as {wanted.value}"
+    raise UnsupportedOperation(
+        f"{pipeline.target} cannot run{which} here: it exists as {has}; "
+        f"the {backend.kind.value} backend loads {loads}",
+        field="format",
+    )
