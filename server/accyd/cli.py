@@ -31,8 +31,9 @@ from accyd.auth import hash_token, new_token
 from accyd.backends.select import BACKEND_CHOICES
 from accyd.config import Config
 from accyd.errors import AccyError
+from accyd.lineage import EXIT_DEVICE_LOST, EXIT_FORCED
 from accyd.logs import configure_logging
-from accyd.server import EXIT_DEVICE_FAULT, EXIT_FORCED, serve
+from accyd.server import serve
 from accyd.spinloop import spinning_loop
 from accyd.supervisor import RestartPolicy, Supervisor
 
@@ -238,7 +239,7 @@ def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except (AccyError, ValueError, OSError) as error:
         structlog.get_logger("accyd").error("cannot serve", error=str(error))
         return 1
-    if code == EXIT_DEVICE_FAULT:
+    if code == EXIT_DEVICE_LOST:
         # Threads may be stuck in the poisoned device: do not wait for them at exit.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -35,6 +35,8 @@ from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
 from accyd.errors import AccyError, DeviceFault, Unavailable
+from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
+from accyd.lineage import EXIT_FORCED, Lineage
 from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics
 from accyd.service.auth import Admitting, Authenticator, default_principal
@@ -43,12 +45,9 @@ from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
 from accyd.spinloop import set_loop_spin
-from accyd.supervisor import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
-from accyd.supervisor import Lineage
 
 __all__ = ["EXIT_DEVICE_FAULT", "Server", "serve"]
 
-EXIT_FORCED = 1
 SUPERVISOR_POLL_SECONDS = 0.5
 
 log = structlog.get_logger("accyd.server")

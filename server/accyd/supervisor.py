@@ -18,50 +18,15 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
 import structlog
 
-__all__ = ["EXIT_DEVICE_LOST", "Lineage", "RestartPolicy", "Supervisor"]
+from accyd.lineage import EXIT_DEVICE_LOST, Lineage
 
-EXIT_DEVICE_LOST = 75
-"""The server's exit code after a sticky device fault (EX_TEMPFAIL: try again)."""
-
-
-_PID_ENV = "ACCYD_SUPERVISOR_PID"
-_RESTARTS_ENV = "ACCYD_SUPERVISOR_RESTARTS"
-_DEVICE_FAULTS_ENV = "ACCYD_SUPERVISOR_DEVICE_FAULTS"
-
-
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """What came before this server process, as its supervisor tells it through the environment."""
-
-    supervisor_pid: int | None = None
-    restarts: int = 0
-    device_faults: int = 0
-
-    def environment(self) -> dict[str, str]:
-        return {
-            _PID_ENV: str(self.supervisor_pid or ""),
-            _RESTARTS_ENV: str(self.restarts),
-            _DEVICE_FAULTS_ENV: str(self.device_faults),
-        }
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Lineage:
-        """The lineage a supervisor passed down; an unsupervised process has none."""
-        env = os.environ if environ is None else environ
-        try:
-            return cls(
-                int(env[_PID_ENV]) if env.get(_PID_ENV) else None,
-                int(env.get(_RESTARTS_ENV) or 0),
-                int(env.get(_DEVICE_FAULTS_ENV) or 0),
-            )
-        except ValueError:
-            return cls()
+__all__ = ["EXIT_DEVICE_LOST", "RestartPolicy", "Supervisor"]
 
 
 @dataclass(frozen=True, slots=True)
