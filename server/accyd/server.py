@@ -87,7 +87,12 @@ class Server:
         tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
         credentials = server_credentials(config)
         backends = self._backends or {
-            device: make_backend(config.backend, device=device, cache_dir=config.cache_dir)
+            device: make_backend(
+                config.backend,
+                device=device,
+                cache_dir=config.cache_dir,
+                host_memory_limit=config.host_memory_limit,
+            )
             for device in config.devices
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)

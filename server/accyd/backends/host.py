@@ -8,6 +8,7 @@ same results as the CUDA kernels of the same contract.
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -40,9 +41,17 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["HostBackend"]
+__all__ = ["DEFAULT_MEMORY_SHARE", "HostBackend", "physical_memory"]
 
 HostKernel = Callable[..., None]
+
+DEFAULT_MEMORY_SHARE = 0.5
+"""The share of physical memory the host backend hands out unless told another limit."""
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class _Worker:
@@ -122,7 +131,8 @@ class HostBackend:
     ``destroy``. Each stream is a worker thread that runs its work in order;
     ``stream=None`` is a default stream the backend owns. ``close()`` stops
     every worker and drops every buffer, kernel, stream and event still held.
-    ``memory_limit`` (bytes) makes allocations past it fail with ``OutOfMemory``.
+    Allocations past ``memory_limit`` bytes (default: ``DEFAULT_MEMORY_SHARE`` of
+    physical memory) fail with ``OutOfMemory`` before any memory is touched.
 
     A kernel that raises ``DeviceFault`` poisons the backend as a sticky CUDA
     error poisons a context: every later call but the freeing ones raises
@@ -138,7 +148,9 @@ class HostBackend:
         self._events: dict[int, Event] = {}
         self._modules: dict[str, dict[str, Any]] = {}
         self._in_use = 0
-        self._memory_limit = memory_limit
+        self._memory_limit = (
+            int(physical_memory() * DEFAULT_MEMORY_SHARE) if memory_limit is None else memory_limit
+        )
         self._default: Stream | None = None
         self._fault: DeviceFault | None = None
         self._closed = False
@@ -184,10 +196,11 @@ class HostBackend:
         if byte_size <= 0:
             raise LaunchArgumentMismatch(f"a buffer needs at least 1 byte, not {byte_size}")
         with self._lock:
-            if self._memory_limit is not None and self._in_use + byte_size > self._memory_limit:
+            if self._in_use + byte_size > self._memory_limit:
                 raise OutOfMemory(
-                    f"host backend: {byte_size} bytes more would pass the limit of "
-                    f"{self._memory_limit} ({self._in_use} in use)"
+                    f"host backend: {byte_size} bytes more would pass its memory limit of "
+                    f"{self._memory_limit} bytes ({self._in_use} in use); free buffers, or "
+                    "start the daemon with a larger --host-memory-limit"
                 )
             self._in_use += byte_size
         try:
