@@ -1,10 +1,12 @@
 """``accyd serve``: command-line flags over ``ACCYD_*`` settings, then the supervised server.
 
 ``accyd serve`` runs the server in a child process (the same command with
-``--no-supervise``) and restarts it after a device fault or a crash; SIGTERM
-and SIGINT are passed on for a graceful drain and a second one kills the
-child. ``--no-supervise`` runs the server in this process, for service
-managers and containers that restart it themselves. ``accyd hash-token`` and
+``--no-supervise``) and restarts it after a device fault or a crash of a
+server that had served; SIGTERM and SIGINT are passed on for a drain within
+the grace, a second one kills the child, SIGHUP is passed on (the server
+reloads its tokens file); ``accyd.signals`` holds the handlers.
+``--no-supervise`` runs the server in this process, for service managers and
+containers that restart it themselves. ``accyd hash-token`` and
 ``accyd new-token`` help write the tokens file. SIGUSR1 makes either process
 print every thread's Python stack to stderr, for a daemon that seems stuck.
 """
@@ -13,24 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import faulthandler
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
-from types import FrameType
 
 import structlog
 
 from accyd.auth import hash_token, new_token
 from accyd.config import QUOTAS, SETTINGS, Config
-from accyd.errors import AccyError
-from accyd.lineage import EXIT_DEVICE_LOST, EXIT_FORCED
+from accyd.lineage import EXIT_DEVICE_LOST, EXIT_FORCED, EXIT_NEVER_READY, EXIT_STOPPED_BUSY
 from accyd.logs import configure_logging
-from accyd.server import serve
+from accyd.server import NeverReady, serve
 from accyd.settings import add_flags, flag_values
+from accyd.signals import capture_signals
 from accyd.spinloop import spinning_loop
 from accyd.supervisor import RestartPolicy, Supervisor
 
@@ -65,29 +65,12 @@ def _supervise(config: Config, argv: Sequence[str]) -> int:
     policy = RestartPolicy(
         max_restarts=config.restart_max, window_seconds=config.restart_window_seconds
     )
-    child: list[int] = []
-
-    def started(pid: int) -> None:
-        child[:] = [pid]
-
-    supervisor = Supervisor(command, policy, on_start=started)
-    signals = 0
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal signals
-        signals += 1
-        if signals == 1:
-            supervisor.stop(signum)  # passed on: the child drains gracefully
-        else:
-            structlog.get_logger("accyd.supervisor").warning("second signal; killing the server")
-            for pid in child:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, on_signal)
-    code = supervisor.run(install_signal_handlers=False)
-    return EXIT_FORCED if signals > 1 else code
+    supervisor = Supervisor(command, policy)
+    # The child drains on the first signal (passed on) and reloads on SIGHUP; a second
+    # signal kills it. A terminal's Ctrl-C reaches the child too: it ignores a second one.
+    with capture_signals(drain=supervisor.stop, force=supervisor.kill, reload=supervisor.forward):
+        code = supervisor.run()
+    return EXIT_FORCED if supervisor.forced else code
 
 
 def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -103,11 +86,12 @@ def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         with asyncio.Runner(loop_factory=spinning_loop) as runner:
             code = runner.run(serve(config))
-    except (AccyError, ValueError, OSError) as error:
+    except NeverReady as error:
+        # One line, no traceback: a restart would fail the same way (the supervisor knows).
         structlog.get_logger("accyd").error("cannot serve", error=str(error))
-        return 1
-    if code == EXIT_DEVICE_LOST:
-        # Threads may be stuck in the poisoned device: do not wait for them at exit.
+        return EXIT_NEVER_READY
+    if code in (EXIT_DEVICE_LOST, EXIT_STOPPED_BUSY):
+        # Threads may be stuck in the device or in work that never ends: do not wait for them.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -6,12 +6,21 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["EXIT_DEVICE_LOST", "EXIT_FORCED", "EXIT_NEVER_READY", "Lineage"]
+__all__ = [
+    "EXIT_DEVICE_LOST",
+    "EXIT_FORCED",
+    "EXIT_NEVER_READY",
+    "EXIT_STOPPED_BUSY",
+    "Lineage",
+]
 
 EXIT_DEVICE_LOST = 75
 """The server's exit code after a sticky device fault (EX_TEMPFAIL: try again)."""
 EXIT_FORCED = 1
-"""A stop that did not finish: a second signal, or the device still busy after the grace."""
+"""A stop forced by a second signal."""
+EXIT_STOPPED_BUSY = 74
+"""A stop that was asked for, with the device still busy at the end of the grace: the
+work not yet done was dropped. Not restarted."""
 EXIT_NEVER_READY = 78
 """The server failed before it served (EX_CONFIG): a restart would fail the same way."""
 

@@ -2,10 +2,15 @@
 
 A sticky CUDA error poisons the process that owns the context, so recovery is a
 new process. The server exits with ``EXIT_DEVICE_LOST`` after a device fault;
-any non-zero exit or death by signal is restarted after a back-off that doubles
-from ``backoff_initial`` up to ``backoff_max``, until more than ``max_restarts``
-restarts fall within ``window_seconds``. SIGTERM and SIGINT are passed to the
-child and stop the restarting; the supervisor then exits with the child's code.
+any other non-zero exit or death by signal of a server that had served is
+restarted after a back-off that doubles from ``backoff_initial`` up to
+``backoff_max``, until more than ``max_restarts`` restarts fall within
+``window_seconds``. A server that never became ready (``EXIT_NEVER_READY``: a
+manifest typo, a busy port) would fail the same way again, and one that stopped
+because it was asked to (``EXIT_STOPPED_BUSY``) should stay stopped: neither is
+restarted. ``stop`` passes a signal to the child and ends the restarting;
+``kill`` forces the child; the caller installs the signal handlers
+(``accyd.signals``).
 Each child finds in its environment how many restarts and device faults came
 before it (``Lineage``), so its metrics can count them.
 """
@@ -20,11 +25,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 import structlog
 
-from accyd.lineage import EXIT_DEVICE_LOST, Lineage
+from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY, EXIT_STOPPED_BUSY, Lineage
 
 __all__ = ["EXIT_DEVICE_LOST", "RestartPolicy", "Supervisor"]
 
@@ -56,6 +60,8 @@ class Supervisor:
         self._on_start = on_start
         self._stop = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
+        self.forced = False
+        """Whether ``kill`` ended the child."""
         self._log = structlog.get_logger("accyd.supervisor")
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
@@ -65,14 +71,18 @@ class Supervisor:
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._log.info("supervisor.signal", signal=signal.Signals(signum).name)
-        self.stop(signum)
+    def kill(self, signum: int = signal.SIGTERM) -> None:
+        """Stop restarting and kill the running child (a stop that must not wait)."""
+        self.forced = True
+        self.stop(signal.SIGKILL)
 
-    def run(self, *, install_signal_handlers: bool = True) -> int:
-        if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self._handle)
+    def forward(self, signum: int) -> None:
+        """Pass ``signum`` (SIGHUP: reload) to the running child."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    def run(self) -> int:
         recent: deque[float] = deque()
         backoff = self.policy.backoff_initial
         while True:
@@ -93,7 +103,11 @@ class Supervisor:
                 self.device_faults += 1
             if self._stop.is_set() or code == 0:
                 self._log.info("supervisor.exit", code=code)
-                return 0 if code < 0 and self._stop.is_set() else code
+                return 0 if code < 0 and self._stop.is_set() and not self.forced else code
+            if code in (EXIT_NEVER_READY, EXIT_STOPPED_BUSY):
+                # Its own last log line says why; a restart would not help.
+                self._log.info("supervisor.exit", code=code, restarted=False)
+                return code
             now = time.monotonic()
             while recent and now - recent[0] > self.policy.window_seconds:
                 recent.popleft()
