@@ -20,8 +20,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-import stat
 import threading
 from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +47,7 @@ from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
 from accyd.signals import capture_signals
 from accyd.spinloop import set_loop_spin
+from accyd.unixsocket import SocketClaim
 
 __all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
 
@@ -83,7 +82,7 @@ class Server:
         self.metrics_port: int | None = None
         self._watching: asyncio.Task[None] | None = None
         self.exit_code = 0
-        self._sockets: list[Path] = []
+        self._claims: list[SocketClaim] = []
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self._stopped = False
@@ -160,6 +159,7 @@ class Server:
             if config.metrics_port is not None:
                 self.metrics_port = metrics.serve(config.metrics_port, config.metrics_address)
         except BaseException:
+            self._release_sockets()
             metrics.close()
             self._executor.shutdown(wait=False)
             if self._backends is None:
@@ -167,8 +167,8 @@ class Server:
                     backend.close()
             raise
         await self._grpc.start()
-        for path in self._sockets:
-            os.chmod(path, 0o660)
+        for claim in self._claims:
+            claim.bound()
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -212,10 +212,11 @@ class Server:
     def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> str:
         if address.startswith("unix:"):
             path = Path(address.removeprefix("unix:")).expanduser()
-            _prepare_socket(path)
+            claim = SocketClaim(path)
+            claim.take()
+            self._claims.append(claim)
             with _umask(0o117):
                 self._grpc.add_insecure_port(f"unix:{path}")
-            self._sockets.append(path)
             return f"unix:{path}"
         refusal = self.config.tcp_refusal(address)
         if refusal:
@@ -228,6 +229,10 @@ class Server:
             raise Unavailable(f"cannot listen on {address}")
         host = address.rsplit(":", 1)[0]
         return f"{host}:{port}"
+
+    def _release_sockets(self) -> None:
+        for claim in self._claims:
+            claim.release()
 
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
@@ -284,6 +289,8 @@ class Server:
         await self.health.set_serving(False)
         self.daemon.begin_drain()
         stopping = asyncio.create_task(self._grpc.stop(grace))
+        await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
+        self._release_sockets()
         busy = False
         if not faulted:
             # Not on the device-work threads: waiting calls may hold every one of them.
@@ -305,9 +312,6 @@ class Server:
             log.warning("device still busy after the grace; dropping its work", grace=grace)
             self.exit_code = self.exit_code or EXIT_STOPPED_BUSY
         self._executor.shutdown(wait=not abandon, cancel_futures=True)
-        for path in self._sockets:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
         # The metrics server takes up to half a second to stop: not worth waiting for after
         # a device fault, since the process exits at once.
         closing = threading.Thread(target=self.metrics.close, name="accyd-metrics-close")
@@ -365,25 +369,6 @@ def _options(config: Config) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", min(keepalive_ms, 1000)),
         ("grpc.so_reuseport", 0),
     ]
-
-
-def _prepare_socket(path: Path) -> None:
-    """Make the socket's folder (0700) and take over a stale socket file; refuse a live one."""
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    if not path.exists() and not path.is_symlink():
-        return
-    if not stat.S_ISSOCK(path.lstat().st_mode):
-        raise Unavailable(f"{path} exists and is no socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()  # nobody listens: a stale socket of a dead daemon
-    else:
-        raise Unavailable(f"another daemon already listens on {path}")
-    finally:
-        probe.close()
 
 
 @contextlib.contextmanager
