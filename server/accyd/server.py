@@ -288,7 +288,9 @@ class Server:
         deadline = loop.time() + grace
         await self.health.set_serving(False)
         self.daemon.begin_drain()
-        stopping = asyncio.create_task(self._grpc.stop(grace))
+        # gRPC cancels what still runs a moment after the grace: by then this stop has
+        # answered those calls itself, saying why (SHUTTING_DOWN).
+        stopping = asyncio.create_task(self._grpc.stop(grace + ABANDON_SECONDS))
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
