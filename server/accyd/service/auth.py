@@ -12,7 +12,9 @@ of every service, the open ones too):
   call needs a valid token (``UNAUTHENTICATED`` otherwise), except calls on the
   Unix socket that carry none when the operator trusts it (``--unix-trusted``).
 - Every call of the launch service needs the ``launch`` scope
-  (``PERMISSION_DENIED`` otherwise); ``admin`` is for catalog changes.
+  (``PERMISSION_DENIED`` otherwise), but GetStatus, which also takes
+  ``status`` (monitoring, without attaching) or ``admin`` (every tenant's
+  numbers; catalog changes).
 - A client id (``accy-client-id``) attached under another tenant is answered
   exactly as an unknown one: ``NOT_FOUND``.
 - The health and reflection services need no token, so that container
@@ -48,12 +50,14 @@ __all__ = [
     "AUTHORIZATION_HEADER",
     "LAUNCH_SCOPE",
     "OPEN_SERVICES",
+    "STATUS_SCOPE",
     "Admitting",
     "AuthInterceptor",
     "Authenticator",
     "InFlight",
     "current_principal",
     "default_principal",
+    "scopes_of",
 ]
 
 AUTHORIZATION_HEADER = "authorization"
@@ -66,7 +70,18 @@ OPEN_SERVICES = frozenset(
 )
 """Services callable without a token."""
 LAUNCH_SCOPE = "launch"
+STATUS_SCOPE = "status"
 ADMIN_SCOPE = "admin"
+_METHOD_SCOPES: dict[str, tuple[str, ...]] = {
+    "GetStatus": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
+}
+"""The scopes that admit a call of each method (any one of them); others need ``launch``."""
+
+
+def scopes_of(method: str) -> tuple[str, ...]:
+    """The scopes that admit a call of ``method`` (``/package.Service/Name`` or ``Name``)."""
+    return _METHOD_SCOPES.get(method.rsplit("/", 1)[-1], (LAUNCH_SCOPE,))
+
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "accy_principal", default=None
@@ -134,11 +149,11 @@ class Authenticator:
         return merged
 
     def check(
-        self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str], scope: str
+        self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str], *scopes: str
     ) -> Principal:
-        """The caller, if it may make a call that needs ``scope`` with the client id it names."""
+        """The caller, if it holds one of ``scopes`` and may use the client id it names."""
         principal = self.principal(metadata, peer)
-        principal.require(scope)
+        principal.require(*scopes)
         for key, value in metadata:
             if key == CLIENT_ID_HEADER and isinstance(value, str):
                 tenant = self._tenant_of_client(value)
@@ -189,7 +204,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     async def _admit(self, method: str, context: Context) -> None:
         try:
             principal = self.authenticator.check(
-                tuple(context.invocation_metadata() or ()), context.peer, LAUNCH_SCOPE
+                tuple(context.invocation_metadata() or ()), context.peer, *scopes_of(method)
             )
         except AccyError as error:
             request_id = new_request_id()
