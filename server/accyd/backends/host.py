@@ -34,6 +34,7 @@ from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
     AccyError,
     DeviceFault,
+    FailedPrecondition,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -258,7 +259,11 @@ class HostBackend:
                 self._modules[digest] = namespace
         function = namespace.get(artifact.kernel_name)
         if not callable(function):
-            raise RuntimeUnavailable(f"{artifact.origin}: no function {artifact.kernel_name!r}")
+            raise FailedPrecondition(
+                f"{artifact.origin}: entry {artifact.kernel_name!r} names no function of the "
+                "kernel's code; fix the catalog's manifest",
+                field="entry",
+            )
         kernel = LoadedKernel(self._take_id(), artifact.kernel_name, function)
         with self._lock:
             self._kernels[kernel.id] = kernel
