@@ -289,8 +289,10 @@ class Server:
         await self.health.set_serving(False)
         self.daemon.begin_drain()
         # gRPC cancels what still runs a moment after the grace: by then this stop has
-        # answered those calls itself, saying why (SHUTTING_DOWN).
-        stopping = asyncio.create_task(self._grpc.stop(grace + ABANDON_SECONDS))
+        # answered those calls itself, saying why (SHUTTING_DOWN). A faulted one does not wait.
+        stopping = asyncio.create_task(
+            self._grpc.stop(grace if faulted else grace + ABANDON_SECONDS)
+        )
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
@@ -330,7 +332,7 @@ ABANDON_SECONDS = 0.5
 """How long a stop that drops the device's work gives the detaches (they wait for it)."""
 _SHUTTING_DOWN = ShuttingDown(
     "the daemon is shutting down and its grace ran out before this call finished; "
-    "work not yet done was dropped: retry against its successor"
+    "retry against its successor"
 )
 
 
