@@ -22,6 +22,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaExceeded",
     "RuntimeUnavailable",
+    "ShuttingDown",
     "Unauthenticated",
     "Unavailable",
     "UnsupportedOperation",
@@ -153,3 +154,9 @@ class Unavailable(AccyError):
     """The daemon cannot serve now (draining, or the device was lost)."""
 
     reason = "UNAVAILABLE"
+
+
+class ShuttingDown(Unavailable):
+    """A call the daemon ended because its stop's grace ran out before the call finished."""
+
+    reason = "SHUTTING_DOWN"

@@ -66,6 +66,12 @@ class DType(enum.Enum):
         fvalue = float(value)
         if not math.isfinite(fvalue):
             raise LaunchArgumentMismatch(f"{self.value} scalar must be finite, got {fvalue}")
+        largest = _FLOAT_MAX[self]
+        if abs(fvalue) > largest:
+            # Packed as this type it would become inf, and a kernel would run on it.
+            raise LaunchArgumentMismatch(
+                f"{fvalue!r} does not fit {self.value} (largest magnitude {largest:.7g})"
+            )
         return fvalue
 
 
@@ -83,6 +89,10 @@ _INT_RANGES: dict[DType, tuple[int, int]] = {
     d: (int(np.iinfo(n).min), int(np.iinfo(n).max))
     for d, n in _NUMPY.items()
     if np.dtype(n).kind in "iu"
+}
+
+_FLOAT_MAX: dict[DType, float] = {
+    d: float(np.finfo(n).max) for d, n in _NUMPY.items() if np.dtype(n).kind == "f"
 }
 
 

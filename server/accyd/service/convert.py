@@ -9,6 +9,7 @@ from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
 from accyd.core.daemon import DaemonStatus, TenantStatus, Tensor
+from accyd.echo import clip
 from accyd.errors import InvalidRequest, LaunchArgumentMismatch
 
 __all__ = [
@@ -65,7 +66,7 @@ def format_from_proto(value: str) -> ArtifactFormat | None:
     except ValueError:
         names = ", ".join(f.value for f in ArtifactFormat)
         raise InvalidRequest(
-            f"unknown format {value!r}; formats are {names}", field="format"
+            f"unknown format {clip(value)!r}; formats are {names}", field="format"
         ) from None
 
 
@@ -75,14 +76,16 @@ def scalars_from_proto(
     """Typed scalars by name; an empty or out-of-range value is refused naming its field."""
     result = {}
     for name, message in scalars.items():
-        where = f"{field}.{name}"
+        where = f"{field}.{clip(name)}"
         kind = message.WhichOneof("value")
         if kind is None:
-            raise InvalidRequest(f"runtime scalar {name!r} has no value", field=where)
+            raise InvalidRequest(f"runtime scalar {clip(name)!r} has no value", field=where)
         try:
             result[name] = Scalar(_SCALAR_KINDS[kind], getattr(message, kind))
         except LaunchArgumentMismatch as error:
-            raise LaunchArgumentMismatch(f"runtime scalar {name!r}: {error}", field=where) from None
+            raise LaunchArgumentMismatch(
+                f"runtime scalar {clip(name)!r}: {error}", field=where
+            ) from None
     return result
 
 

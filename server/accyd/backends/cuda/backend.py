@@ -29,6 +29,7 @@ from accyd.backends.cuda.driver import DEVICE_FAULTS, ErrorCheck, check, cuda_dr
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
+    FailedPrecondition,
     InvalidArtifact,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -485,7 +486,8 @@ class CudaBackend:
         try:
             function = self._check(
                 cu.cuModuleGetFunction(module, artifact.kernel_name.encode()),
-                f"cuModuleGetFunction({artifact.kernel_name!r}) in {artifact.origin}",
+                f"entry {artifact.kernel_name!r} (cuModuleGetFunction) in {artifact.origin}",
+                FailedPrecondition,  # the manifest names no kernel of its code: not retryable
             )
         except BaseException:
             cu.cuModuleUnload(module)
