@@ -46,8 +46,8 @@ import numpy as np
 
 from accy import Client
 from accy._table import markdown
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accy.testing import free_port, running_daemon
 
 SCAN = "accy.kernel.device_scan"

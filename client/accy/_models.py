@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from accy import _extent
 from accy._dtypes import from_wire, name_of
-from accy.launch.v1 import launch_pb2
+from accy.protocol.launch.v1 import launch_pb2
 
 __all__ = [
     "Attachment",

@@ -30,7 +30,6 @@ from accy._dtypes import DTypeLike
 from accy._launches import LaunchStream
 from accy._link import DEVICE_LOST, Link, device_lost, names_client
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
-from accy._paths import default_target
 from accy._rpc import Stub, channel_options
 from accy.errors import (
     AccyError,
@@ -46,7 +45,8 @@ from accy.errors import (
     from_rpc_error,
     with_hint,
 )
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol import CLIENT_ID_METADATA, default_target
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = [
     "CLIENT_ID_METADATA",
@@ -59,9 +59,6 @@ __all__ = [
     "open_channel",
     "resolve_target",
 ]
-
-CLIENT_ID_METADATA = "accy-client-id"
-"""The metadata key that names the attached client on every call."""
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds each call may take unless the caller says otherwise."""

@@ -15,6 +15,8 @@ from google.rpc.error_details_pb2 import (  # type: ignore[import-untyped, unuse
 from google.rpc.status_pb2 import Status as RpcStatus  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
+from accy.protocol import ERROR_DOMAIN
+
 __all__ = [
     "DOMAIN",
     "Aborted",
@@ -46,7 +48,7 @@ __all__ = [
     "with_hint",
 ]
 
-DOMAIN = "accy.dev"
+DOMAIN = ERROR_DOMAIN
 """The ``ErrorInfo.domain`` of every error the daemon raises."""
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accy._paths import default_socket_path
+from accy.protocol import default_socket_path
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
 
 __all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "Config"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from accy import cli, references
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from tests.client.fake_daemon import FakeLaunchService
 
 

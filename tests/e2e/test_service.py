@@ -15,7 +15,7 @@ import pytest
 
 from accy import Client, errors, references
 from accy.client import Buffer
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon
 from tests.e2e.workers import scan_round_trip
 

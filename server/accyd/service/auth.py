@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from accy.protocol import AUTHORIZATION_METADATA as AUTHORIZATION_HEADER
 from accyd.auth import Principal, TokenTable
 from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
@@ -54,7 +55,6 @@ __all__ = [
     "default_principal",
 ]
 
-AUTHORIZATION_HEADER = "authorization"
 OPEN_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",
