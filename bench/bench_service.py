@@ -212,7 +212,7 @@ class _LaunchRig:
             runtime_scalars={"n": pb.Scalar(u32=n)},
             wait=True,
         )
-        self.stub = launch_pb2_grpc.LaunchServiceStub(self.client._channel)
+        self.stub = launch_pb2_grpc.LaunchServiceStub(self.client._conn.channel)
         self.metadata = (("accy-client-id", self.client.client_id),)
 
     def launch(self) -> None:

@@ -21,7 +21,14 @@ from accy._credentials import TOKEN_ENV, channel_credentials
 from accy._extent import ExtentError
 from accy._models import BufferSpec, PipelineInfo
 from accy.client import Buffer, Client, open_channel, resolve_target
-from accy.errors import AccyError, DaemonUnreachable
+from accy.errors import (
+    AccyError,
+    CertificateNotVerified,
+    DaemonUnreachable,
+    PermissionDenied,
+    Unauthenticated,
+)
+from accy.protocol import UnsafeSocketFolder
 
 __all__ = [
     "EXIT_CHECK_FAILED",
@@ -46,6 +53,22 @@ target: --target, else $ACCY_TARGET, else the daemon's default Unix socket.
 credentials: --token (or $ACCY_TOKEN) on every call; TLS with --tls-ca or --tls,
 mutual TLS adds --tls-cert and --tls-key.
 exit codes: 0 ok, 1 check failed or not serving, 2 usage, 3 no daemon, 4 daemon error."""
+
+
+def cli_hint(error: AccyError) -> str:
+    """What to do about ``error`` in this command's flags ("" where there is nothing to add)."""
+    if isinstance(error, CertificateNotVerified):
+        return "; check --tls-ca (and --tls-server-name)"
+    if isinstance(error, DaemonUnreachable):
+        hint = "; pass its address with --target (or set ACCY_TARGET)"
+        if "if it serves TLS" in error.message:  # a plaintext channel to a TCP address
+            hint += "; if it serves TLS, pass --tls-ca (or --tls for the system's roots)"
+        return hint
+    if isinstance(error, Unauthenticated):
+        return "; pass --token or set ACCY_TOKEN"
+    if isinstance(error, PermissionDenied):
+        return "; pass a --token (or ACCY_TOKEN) whose scopes allow this call"
+    return ""
 
 
 class UsageError(Exception):
@@ -495,13 +518,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as client:
             return _COMMANDS[args.command](client, args)
     except DaemonUnreachable as error:
-        print(f"accy: {error.message}", file=sys.stderr)
+        print(f"accy: {error.message}{cli_hint(error)}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except UnsafeSocketFolder as error:
+        print(f"accy: {error}; or pass --target", file=sys.stderr)
         return EXIT_UNREACHABLE
     except UsageError as error:
         print(f"accy: {error}", file=sys.stderr)
         return EXIT_USAGE
     except AccyError as error:
-        print(f"accy: {error}", file=sys.stderr)
+        print(f"accy: {error}{cli_hint(error)}", file=sys.stderr)
         return EXIT_DAEMON_ERROR
     except KeyboardInterrupt:
         return 130

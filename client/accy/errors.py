@@ -24,6 +24,7 @@ __all__ = [
     "AlreadyExists",
     "BufferLost",
     "Cancelled",
+    "CertificateNotVerified",
     "DaemonUnreachable",
     "DataLoss",
     "DeadlineExceeded",
@@ -216,14 +217,31 @@ class Unavailable(AccyError):
 class DaemonUnreachable(Unavailable):
     """No daemon answered at ``target``: not running, wrong address, or no permission."""
 
-    def __init__(self, target: str, detail: str, hint: str | None = None) -> None:
+    def __init__(
+        self, target: str, detail: str, hint: str | None = None, *, message: str | None = None
+    ) -> None:
         super().__init__(
-            f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
-            "or point --target / ACCY_TARGET at a running one" + (f"; {hint}" if hint else ""),
+            message
+            or f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
+            "or give the address of a running one (the target, or ACCY_TARGET)"
+            + (f"; {hint}" if hint else ""),
             reason="UNREACHABLE",
         )
         self.target = target
         self.detail = detail
+
+
+class CertificateNotVerified(DaemonUnreachable):
+    """The daemon at ``target`` answered, but its TLS certificate did not verify."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(
+            target,
+            detail,
+            message=f"the TLS certificate of the daemon at {target} did not verify against the "
+            f"CA given ({detail}); give the CA that signed the daemon's certificate, and the "
+            "name the certificate carries where it is not the target's host",
+        )
 
 
 class DataLoss(AccyError):

@@ -32,7 +32,7 @@ def test_attach_names_client_and_close_detaches(fake: tuple[str, FakeLaunchServi
 def test_heartbeats_keep_the_stream_alive(client: Client) -> None:
     time.sleep(0.2)
     assert client.attached
-    assert client._last.stream.heartbeats >= 1
+    assert client._conn.last.stream.heartbeats >= 1
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4, (1 << 20) - 4, 1 << 20, (5 << 20) + 12])
