@@ -17,6 +17,8 @@ if TYPE_CHECKING:
         Reattachment,
         ScalarSpec,
         Status,
+        TenantQuotas,
+        TenantStatus,
     )
     from accy.client import Buffer, Client, Launch, Session, resolve_target
     from accy.errors import AccyError, BufferLost
@@ -34,6 +36,8 @@ __all__ = [
     "ScalarSpec",
     "Session",
     "Status",
+    "TenantQuotas",
+    "TenantStatus",
     "resolve_target",
 ]
 
@@ -46,6 +50,8 @@ _HOMES = {
     "Reattachment": "accy._models",
     "ScalarSpec": "accy._models",
     "Status": "accy._models",
+    "TenantQuotas": "accy._models",
+    "TenantStatus": "accy._models",
     "Buffer": "accy.client",
     "Client": "accy.client",
     "Launch": "accy.client",

@@ -415,6 +415,18 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             clients=len(self.state.clients),
             buffers=len(self.state.buffers),
             my_buffers=len(mine),
+            tenant="local",
+            tenants=[
+                pb.TenantStatus(
+                    name="local",
+                    clients=len(self.state.clients),
+                    buffers=len(self.state.buffers),
+                    quotas=pb.TenantQuotas(buffers=64),
+                    quota_refusals={"buffers": 1},
+                )
+            ],
+            quota_refusals=1,
+            restarts=self._instances - 1,
         )
 
 

@@ -198,7 +198,10 @@ def test_pipelines_and_status(client: Client) -> None:
     (info,) = client.pipelines()
     assert info.signature() == "x: f32[n] -> y: f32[n]; n: u32 1..1073741824"
     assert info.to_dict()["runtime_scalars"][0]["dtype"] == "u32"
-    assert client.pipeline("accy.kernel.device_scan", 1) is not None
+    scan = client.pipeline("accy.kernel.device_scan", 1)
+    assert (scan.target, scan.version) == ("accy.kernel.device_scan", 1)
+    assert scan == client.pipeline("accy.kernel.device_scan")  # version 0: the newest
+    assert [b.name for b in scan.operands] == ["x"] and scan.scalar("n").dtype == np.uint32
     with pytest.raises(errors.NotFound):
         client.pipeline("accy.kernel.device_scan", 7)
     client.empty(4, np.uint8)
