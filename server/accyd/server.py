@@ -28,6 +28,7 @@ import grpc
 import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
+from accy.protocol import UnsafeSocketFolder, is_default_socket, prepare_socket_folder
 from accyd.auth import TokenTable
 from accyd.backends.base import Backend
 from accyd.backends.select import make_backend
@@ -322,7 +323,15 @@ def _options(config: Config) -> list[tuple[str, int]]:
 
 
 def _prepare_socket(path: Path) -> None:
-    """Make the socket's folder (0700) and take over a stale socket file; refuse a live one."""
+    """Make the socket's folder (0700) and take over a stale socket file; refuse a live one.
+
+    The default socket's folder must be this user's alone (under /tmp anyone could make it).
+    """
+    if is_default_socket(path):
+        try:
+            prepare_socket_folder(path.parent)
+        except UnsafeSocketFolder as error:
+            raise Unavailable(str(error)) from error
     if not path.parent.exists():
         path.parent.mkdir(mode=0o700, parents=True)
     if not path.exists() and not path.is_symlink():

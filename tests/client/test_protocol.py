@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import grpc
 import numpy as np
+import pytest
 from google.rpc import error_details_pb2
 
-from accy import _dtypes, errors
+from accy import _dtypes, cli, errors
 from accy._link import names_client
+from accy.client import Client, resolve_target
 from accy.protocol import (
     CLIENT_UNKNOWN,
     DTYPES,
     ERROR_DOMAIN,
+    UnsafeSocketFolder,
+    check_socket_folder,
+    default_socket_path,
     dtype_named,
     dtype_of_numpy,
     dtype_of_wire,
@@ -97,3 +103,71 @@ def test_both_sides_share_one_dtype_table() -> None:
     assert dtype_of_wire(pb.DTYPE_UNSPECIFIED) is None
     assert dtype_of_numpy(np.dtype(np.float16)) is None
     assert [d.name for d in DTYPES if not d.scalar] == ["u8"]
+
+
+def _squat(folder: Path, mode: int = 0o777) -> Path:
+    folder.mkdir(parents=True)
+    folder.chmod(mode)
+    return folder
+
+
+def test_a_socket_folder_others_can_write_to_is_refused(tmp_path: Path) -> None:
+    check_socket_folder(tmp_path / "missing")  # nothing there: nothing listens either
+    mine = _squat(tmp_path / "mine", 0o700)
+    check_socket_folder(mine)
+    for mode in (0o777, 0o770, 0o1777):
+        folder = _squat(tmp_path / f"open-{mode:o}", mode)
+        with pytest.raises(UnsafeSocketFolder) as caught:
+            check_socket_folder(folder)
+        assert str(folder) in str(caught.value) and "others may write" in str(caught.value)
+        assert "Remove it" in str(caught.value)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    with pytest.raises(UnsafeSocketFolder, match="symbolic link"):
+        check_socket_folder(link)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_a_socket_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    folder = _squat(tmp_path / "theirs", 0o700)
+    os.chown(folder, 4242, -1)
+    with pytest.raises(UnsafeSocketFolder, match="belongs to uid 4242"):
+        check_socket_folder(folder)
+
+
+def test_the_default_socket_and_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ACCY_TARGET", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert default_socket_path() == Path(f"/tmp/accy-{os.getuid()}/accyd.sock")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    squatted = _squat(tmp_path / "accy")
+    with pytest.raises(UnsafeSocketFolder, match=str(squatted)):
+        resolve_target()
+    with pytest.raises(UnsafeSocketFolder):
+        Client()
+    assert cli.main(["status"]) == cli.EXIT_UNREACHABLE
+    err = capsys.readouterr().err
+    assert str(squatted) in err and "--target" in err
+    monkeypatch.setenv("ACCY_TARGET", "unix:/elsewhere/accyd.sock")  # chosen, not defaulted
+    assert resolve_target() == "unix:/elsewhere/accyd.sock"
+
+
+def test_the_daemon_refuses_a_squatted_default_folder(tmp_path: Path) -> None:
+    squatted = _squat(tmp_path / "accy")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    env.pop("ACCYD_LISTEN", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "accyd.cli", "serve", "--backend", "host", "--no-supervise"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert (
+        str(squatted) in done.stderr + done.stdout
+        and "others may write" in done.stderr + done.stdout
+    )
+    assert not (squatted / "accyd.sock").exists()
