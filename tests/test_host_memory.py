@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import DEFAULT_MEMORY_SHARE, HostBackend, physical_memory
 from accyd.errors import OutOfMemory
 from accyd.server import Server

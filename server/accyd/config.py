@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accy._paths import default_socket_path
+from accy.protocol import default_socket_path
 from accyd.backends.host import DEFAULT_MEMORY_SHARE, physical_memory
 from accyd.backends.select import BACKEND_CHOICES
 from accyd.core.tenants import DEFAULT_TENANT, Quotas

@@ -7,6 +7,8 @@ stable machine-readable string sent to clients in ``google.rpc.ErrorInfo``.
 
 from __future__ import annotations
 
+from accy.protocol import DEVICE_LOST
+
 __all__ = [
     "AccyError",
     "AlreadyExists",
@@ -101,7 +103,7 @@ class DeviceFault(AccyError):
     ``session`` names the session whose work faulted, where known.
     """
 
-    reason = "DEVICE_LOST"
+    reason = DEVICE_LOST
 
     def __init__(
         self, message: str, *, session: str | None = None, field: str | None = None

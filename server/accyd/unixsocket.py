@@ -20,6 +20,7 @@ import socket
 import stat
 from pathlib import Path
 
+from accy.protocol import UnsafeSocketFolder, is_default_socket, prepare_socket_folder
 from accyd.errors import Unavailable
 
 __all__ = ["SocketClaim"]
@@ -38,7 +39,16 @@ class SocketClaim:
         self._identity: tuple[int, int] | None = None
 
     def take(self) -> None:
-        """Lock the path for this daemon and clear a stale socket file; refuse a taken one."""
+        """Lock the path for this daemon and clear a stale socket file; refuse a taken one.
+
+        The default socket's folder must be this user's alone (under /tmp anyone could
+        make it first and listen in its place).
+        """
+        if is_default_socket(self.path):
+            try:
+                prepare_socket_folder(self.path.parent)
+            except UnsafeSocketFolder as error:
+                raise Unavailable(str(error)) from error
         if not self.path.parent.exists():
             self.path.parent.mkdir(mode=FOLDER_MODE, parents=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

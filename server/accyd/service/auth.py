@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
+from accy.protocol import AUTHORIZATION_METADATA as AUTHORIZATION_HEADER
 from accyd.auth import Principal, TokenTable
 from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
@@ -60,7 +61,6 @@ __all__ = [
     "scopes_of",
 ]
 
-AUTHORIZATION_HEADER = "authorization"
 OPEN_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol import DTYPES
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
@@ -23,25 +24,9 @@ __all__ = [
     "tensor_to_proto",
 ]
 
-_PAIRS: tuple[tuple[pb.DType, DType], ...] = (
-    (pb.DTYPE_F32, DType.F32),
-    (pb.DTYPE_F64, DType.F64),
-    (pb.DTYPE_I32, DType.I32),
-    (pb.DTYPE_U32, DType.U32),
-    (pb.DTYPE_I64, DType.I64),
-    (pb.DTYPE_U64, DType.U64),
-    (pb.DTYPE_U8, DType.U8),
-)
-_DTYPES: dict[int, DType] = dict(_PAIRS)
-_WIRE: dict[DType, pb.DType] = {dtype: wire for wire, dtype in _PAIRS}
-_SCALAR_KINDS: dict[str, DType] = {
-    "u32": DType.U32,
-    "i32": DType.I32,
-    "f32": DType.F32,
-    "f64": DType.F64,
-    "u64": DType.U64,
-    "i64": DType.I64,
-}
+_DTYPES: dict[int, DType] = {int(d.wire): DType(d.name) for d in DTYPES}
+_WIRE: dict[DType, pb.DType] = {DType(d.name): d.wire for d in DTYPES}
+_SCALAR_KINDS: dict[str, DType] = {d.name: DType(d.name) for d in DTYPES if d.scalar}
 
 
 def dtype_from_proto(value: int, field: str) -> DType | None:

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
+from accy.protocol import CLIENT_UNKNOWN, ERROR_DOMAIN
 from accyd.echo import bounded
 from accyd.errors import (
     AccyError,
@@ -35,9 +36,9 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["DOMAIN", "code_of", "refusal_fields", "to_rpc_status", "to_status"]
+__all__ = ["DOMAIN", "code_of", "reason_of", "refusal_fields", "to_rpc_status", "to_status"]
 
-DOMAIN = "accy.dev"
+DOMAIN = ERROR_DOMAIN
 
 _CODES: tuple[tuple[type[AccyError], grpc.StatusCode], ...] = (
     (DeviceFault, grpc.StatusCode.UNAVAILABLE),
@@ -71,7 +72,7 @@ def refusal_fields(error: AccyError) -> dict[str, object]:
     """What a log line says about a refused call: its code, reason, field and message."""
     return {
         "code": code_of(error).name,
-        "reason": error.reason,
+        "reason": reason_of(error),
         "field": None if error.field is None else bounded(error.field),
         "error": bounded(error.message),
     }
@@ -81,6 +82,14 @@ def _pack(message: Message) -> any_pb2.Any:
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed
+
+
+def reason_of(error: AccyError) -> str:
+    """The ``ErrorInfo.reason`` of a domain error: its class's, except that an unknown
+    client id is ``CLIENT_UNKNOWN``, on which clients attach again."""
+    if isinstance(error, NotFound) and error.field == "client_id":
+        return CLIENT_UNKNOWN
+    return error.reason
 
 
 def _details(error: AccyError, message: str, request_id: str) -> list[Message]:
@@ -93,7 +102,7 @@ def _details(error: AccyError, message: str, request_id: str) -> list[Message]:
     if isinstance(error, QuotaExceeded):
         metadata["quota"] = error.quota
     details: list[Message] = [
-        error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata),
+        error_details_pb2.ErrorInfo(reason=reason_of(error), domain=DOMAIN, metadata=metadata),
         error_details_pb2.RequestInfo(request_id=request_id),
     ]
     if field:

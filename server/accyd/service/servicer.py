@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.auth import Principal
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
