@@ -91,7 +91,7 @@ _INT_RANGES: dict[DType, tuple[int, int]] = {
 }
 
 _FLOAT_MAX: dict[DType, float] = {
-    d: float(np.finfo(n).max) for d, n in _NUMPY_DTYPES.items() if n.kind == "f"
+    d: float(np.finfo(n.name).max) for d, n in _NUMPY_DTYPES.items() if n.kind == "f"
 }
 
 
