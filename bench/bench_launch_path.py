@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from accy._table import markdown
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar

@@ -46,8 +46,8 @@ import numpy as np
 
 from accy import Client
 from accy._table import markdown
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accy.testing import free_port, running_daemon
 
 SCAN = "accy.kernel.device_scan"
@@ -212,7 +212,7 @@ class _LaunchRig:
             runtime_scalars={"n": pb.Scalar(u32=n)},
             wait=True,
         )
-        self.stub = launch_pb2_grpc.LaunchServiceStub(self.client._channel)
+        self.stub = launch_pb2_grpc.LaunchServiceStub(self.client._conn.channel)
         self.metadata = (("accy-client-id", self.client.client_id),)
 
     def launch(self) -> None:

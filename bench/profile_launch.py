@@ -33,8 +33,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accy import Client
 from accy._table import markdown
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accy.testing import running_daemon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

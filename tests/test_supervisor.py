@@ -30,7 +30,7 @@ def runs(tmp_path: Path) -> int:
 def test_restarts_after_device_lost_until_the_child_exits_cleanly(tmp_path: Path) -> None:
     command = child(tmp_path, f"sys.exit({EXIT_DEVICE_LOST} if count < 3 else 0)\n")
     supervisor = Supervisor(command, FAST)
-    assert supervisor.run(install_signal_handlers=False) == 0
+    assert supervisor.run() == 0
     assert runs(tmp_path) == 3
     assert supervisor.restarts == 2
 
@@ -38,14 +38,14 @@ def test_restarts_after_device_lost_until_the_child_exits_cleanly(tmp_path: Path
 def test_restarts_a_child_killed_by_a_signal(tmp_path: Path) -> None:
     command = child(tmp_path, "import os\nif count < 2: os.kill(os.getpid(), signal.SIGKILL)\n")
     supervisor = Supervisor(command, FAST)
-    assert supervisor.run(install_signal_handlers=False) == 0
+    assert supervisor.run() == 0
     assert runs(tmp_path) == 2
 
 
 def test_gives_up_after_too_many_restarts_in_the_window(tmp_path: Path) -> None:
     command = child(tmp_path, "sys.exit(3)\n")
     supervisor = Supervisor(command, FAST)
-    assert supervisor.run(install_signal_handlers=False) == 3
+    assert supervisor.run() == 3
     assert runs(tmp_path) == FAST.max_restarts + 1
 
 
@@ -60,7 +60,7 @@ def test_stop_passes_the_signal_and_does_not_restart(tmp_path: Path) -> None:
     timer = threading.Timer(0.0, lambda: (started.wait(5), time.sleep(0.3), supervisor.stop()))
     timer.start()
     began = time.monotonic()
-    assert supervisor.run(install_signal_handlers=False) == 0
+    assert supervisor.run() == 0
     assert time.monotonic() - began < 10
     assert runs(tmp_path) == 1
     assert supervisor.restarts == 0

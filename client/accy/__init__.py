@@ -1,15 +1,27 @@
-"""accy: the Python client of the accy GPU launch daemon."""
+"""accy: the Python client of the accy GPU launch daemon.
 
-from accy._models import (
-    Attachment,
-    BufferSpec,
-    PipelineInfo,
-    Reattachment,
-    ScalarSpec,
-    Status,
-)
-from accy.client import Buffer, Client, Launch, Session, resolve_target
-from accy.errors import AccyError, BufferLost
+The client's names load on first use, so ``accy.protocol`` (which the daemon
+imports too) comes without the client or gRPC.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accy._models import (
+        Attachment,
+        BufferSpec,
+        PipelineInfo,
+        Reattachment,
+        ScalarSpec,
+        Status,
+        TenantQuotas,
+        TenantStatus,
+    )
+    from accy.client import Buffer, Client, Launch, Session, resolve_target
+    from accy.errors import AccyError, BufferLost
 
 __all__ = [
     "AccyError",
@@ -24,5 +36,38 @@ __all__ = [
     "ScalarSpec",
     "Session",
     "Status",
+    "TenantQuotas",
+    "TenantStatus",
     "resolve_target",
 ]
+
+_HOMES = {
+    "AccyError": "accy.errors",
+    "BufferLost": "accy.errors",
+    "Attachment": "accy._models",
+    "BufferSpec": "accy._models",
+    "PipelineInfo": "accy._models",
+    "Reattachment": "accy._models",
+    "ScalarSpec": "accy._models",
+    "Status": "accy._models",
+    "TenantQuotas": "accy._models",
+    "TenantStatus": "accy._models",
+    "Buffer": "accy.client",
+    "Client": "accy.client",
+    "Launch": "accy.client",
+    "Session": "accy.client",
+    "resolve_target": "accy.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'accy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -11,7 +11,7 @@ import grpc
 from accy._models import Attachment
 from accy._rpc import Stub
 from accy.errors import AccyError, DeadlineExceeded, Unavailable
-from accy.launch.v1 import launch_pb2
+from accy.protocol.launch.v1 import launch_pb2
 
 if TYPE_CHECKING:
     from grpc import _CallIterator

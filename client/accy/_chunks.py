@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from accy.errors import DataLoss, FieldViolation, InvalidArgument
-from accy.launch.v1 import launch_pb2
+from accy.protocol.launch.v1 import launch_pb2
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import grpc
 
+from accy.protocol import AUTHORIZATION_METADATA
+
 __all__ = [
     "TOKEN_ENV",
     "PemSource",
@@ -31,7 +33,7 @@ def resolve_token(token: str | None) -> str | None:
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The ``authorization: Bearer`` metadata entry for ``token``; none without one."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
+    return ((AUTHORIZATION_METADATA, f"Bearer {token}"),) if token else ()
 
 
 def read_pem(source: PemSource, what: str) -> bytes:

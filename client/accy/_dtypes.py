@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from accy.errors import FieldViolation, InvalidArgument
-from accy.launch.v1 import launch_pb2
+from accy.protocol import DTYPES, dtype_named, dtype_of_numpy, dtype_of_wire
+from accy.protocol.launch.v1 import launch_pb2
 
 if TYPE_CHECKING:
     from accy._models import ScalarSpec
@@ -27,50 +27,32 @@ __all__ = [
 DTypeLike = np.dtype[Any] | type[np.generic] | str
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    wire: launch_pb2.DType
-    numpy: np.dtype[Any]
-    name: str
-
-
-_TABLE = (
-    _Entry(launch_pb2.DTYPE_F32, np.dtype(np.float32), "f32"),
-    _Entry(launch_pb2.DTYPE_F64, np.dtype(np.float64), "f64"),
-    _Entry(launch_pb2.DTYPE_I32, np.dtype(np.int32), "i32"),
-    _Entry(launch_pb2.DTYPE_U32, np.dtype(np.uint32), "u32"),
-    _Entry(launch_pb2.DTYPE_I64, np.dtype(np.int64), "i64"),
-    _Entry(launch_pb2.DTYPE_U64, np.dtype(np.uint64), "u64"),
-    _Entry(launch_pb2.DTYPE_U8, np.dtype(np.uint8), "u8"),
-)
-_BY_WIRE = {e.wire: e for e in _TABLE}
-_BY_NUMPY = {e.numpy: e for e in _TABLE}
-_SCALAR_FIELDS = frozenset(launch_pb2.DESCRIPTOR.message_types_by_name["Scalar"].fields_by_name)
-
-
 def to_numpy(dtype: DTypeLike) -> np.dtype[Any]:
     """``dtype`` as a little-endian numpy dtype, accepting accy names such as ``"f32"``."""
     if isinstance(dtype, str):
-        for entry in _TABLE:
-            if entry.name == dtype:
-                return entry.numpy
+        named = dtype_named(dtype)
+        if named is not None:
+            return named.numpy
     resolved = np.dtype(dtype).newbyteorder("<")
-    if resolved not in _BY_NUMPY:
-        names = ", ".join(str(e.numpy) for e in _TABLE)
+    entry = dtype_of_numpy(resolved)
+    if entry is None:
+        names = ", ".join(str(e.numpy) for e in DTYPES)
         raise TypeError(f"numpy dtype {resolved} has no accy dtype; expected one of {names}")
-    return resolved
+    return entry.numpy
 
 
 def to_wire(dtype: DTypeLike | None) -> launch_pb2.DType:
     """The protocol enum for ``dtype`` (``DTYPE_UNSPECIFIED`` for ``None``)."""
     if dtype is None:
         return launch_pb2.DTYPE_UNSPECIFIED
-    return _BY_NUMPY[to_numpy(dtype)].wire
+    entry = dtype_of_numpy(to_numpy(dtype))
+    assert entry is not None  # to_numpy returns only accy dtypes
+    return entry.wire
 
 
 def from_wire(wire: launch_pb2.DType) -> np.dtype[Any] | None:
     """The numpy dtype for a protocol enum (``None`` for unspecified or unknown values)."""
-    entry = _BY_WIRE.get(wire)
+    entry = dtype_of_wire(wire)
     return entry.numpy if entry is not None else None
 
 
@@ -78,7 +60,9 @@ def name_of(dtype: np.dtype[Any] | None) -> str:
     """The accy name of a dtype (``"f32"``), as manifests and ``accy pipelines`` print it."""
     if dtype is None:
         return "unspecified"
-    return _BY_NUMPY[to_numpy(dtype)].name
+    entry = dtype_of_numpy(to_numpy(dtype))
+    assert entry is not None
+    return entry.name
 
 
 def _field(name: str) -> str:
@@ -102,7 +86,8 @@ def _scalar(field: str, value: float) -> launch_pb2.Scalar:
 def _pack(spec: ScalarSpec, value: object) -> launch_pb2.Scalar:
     dtype = spec.dtype
     name = name_of(dtype)
-    if name not in _SCALAR_FIELDS:
+    entry = dtype_named(name)
+    if entry is None or not entry.scalar:
         raise _bad(spec.name, f"the protocol has no {name} scalars")
     if isinstance(value, bool | np.bool_):
         raise _bad(spec.name, f"expected a number for {name}, got a boolean")

@@ -13,7 +13,7 @@ import grpc
 
 from accy._rpc import Stub
 from accy.errors import AccyError, Cancelled, DeadlineExceeded, Unavailable, from_rpc_status
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 if TYPE_CHECKING:
     from grpc import _CallIterator

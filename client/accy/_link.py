@@ -9,11 +9,9 @@ from accy._attach import AttachStream
 from accy._launches import LaunchStream
 from accy._models import Attachment
 from accy.errors import AccyError, NotFound, Unavailable
+from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST
 
 __all__ = ["DEVICE_LOST", "Link", "device_lost", "names_client"]
-
-DEVICE_LOST = "DEVICE_LOST"
-"""The ``ErrorInfo.reason`` of a call failed because the daemon's device faulted."""
 
 
 def device_lost(error: AccyError) -> bool:
@@ -23,9 +21,7 @@ def device_lost(error: AccyError) -> bool:
 
 def names_client(error: AccyError) -> bool:
     """Whether ``error`` says the daemon does not know this client (it restarted or detached it)."""
-    return isinstance(error, NotFound) and (
-        "client_id" in error.fields or error.metadata.get("field") == "client_id"
-    )
+    return isinstance(error, NotFound) and error.reason == CLIENT_UNKNOWN
 
 
 @dataclass(eq=False)

@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 
 from accy import _extent
 from accy._dtypes import from_wire, name_of
-from accy.launch.v1 import launch_pb2
+from accy.protocol.launch.v1 import launch_pb2
 
 __all__ = [
     "Attachment",
@@ -21,6 +21,8 @@ __all__ = [
     "Reattachment",
     "ScalarSpec",
     "Status",
+    "TenantQuotas",
+    "TenantStatus",
     "plain",
 ]
 
@@ -172,11 +174,53 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantQuotas:
+    """A tenant's limits; ``None``: no limit."""
+
+    memory_bytes: int | None = None
+    sessions: int | None = None
+    buffers: int | None = None
+    launches_in_flight: int | None = None
+
+    @classmethod
+    def from_proto(cls, quotas: launch_pb2.TenantQuotas) -> TenantQuotas:
+        return cls(**plain(quotas))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStatus:
+    """One tenant: what it holds now, its quotas, and its refusals by quota name."""
+
+    name: str
+    clients: int
+    memory_bytes: int
+    sessions: int
+    buffers: int
+    launches_in_flight: int
+    quotas: TenantQuotas
+    quota_refusals: Mapping[str, int]
+
+    @classmethod
+    def from_proto(cls, tenant: launch_pb2.TenantStatus) -> TenantStatus:
+        return cls(
+            name=tenant.name,
+            clients=tenant.clients,
+            memory_bytes=tenant.memory_bytes,
+            sessions=tenant.sessions,
+            buffers=tenant.buffers,
+            launches_in_flight=tenant.launches_in_flight,
+            quotas=TenantQuotas.from_proto(tenant.quotas),
+            quota_refusals=dict(tenant.quota_refusals),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """The daemon's state as this client may see it (``GetStatus``).
 
-    Fields the daemon sends that this client version does not name (a newer
-    daemon's counters, per-tenant tables) are kept in ``extra``, as plain values.
+    ``tenants`` holds the caller's tenant, or every tenant for a token with the
+    admin scope. Fields the daemon sends that this client version does not name
+    (a newer daemon's counters) are kept in ``extra``, as plain values.
     """
 
     instance_id: str
@@ -193,6 +237,15 @@ class Status:
     my_sessions: int
     my_buffers: int
     my_memory_in_use: int
+    tenant: str = ""
+    """The caller's tenant (from its token)."""
+    tenants: tuple[TenantStatus, ...] = ()
+    quota_refusals: int = 0
+    """Calls refused by a quota since this daemon process started, all tenants."""
+    restarts: int = 0
+    """Times the supervisor restarted the daemon process."""
+    device_faults: int = 0
+    """Sticky device faults among those restarts (this process's own included)."""
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -200,13 +253,15 @@ class Status:
         values = plain(response)
         named = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         extra = {k: v for k, v in values.items() if k not in named}
+        values["tenants"] = tuple(TenantStatus.from_proto(t) for t in response.tenants)
         return cls(**{k: values[k] for k in named}, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field the daemon sent: the named ones, then those in ``extra``."""
+        """Every field the daemon sent, as plain values: the named ones, then ``extra``."""
         named = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
         }
+        named["tenants"] = [dataclasses.asdict(t) for t in self.tenants]
         return {**named, **self.extra}
 
 

@@ -7,7 +7,7 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["SERVICE_NAME", "Stub", "channel_options"]
 

@@ -15,6 +15,8 @@ from google.rpc.error_details_pb2 import (  # type: ignore[import-untyped, unuse
 from google.rpc.status_pb2 import Status as RpcStatus  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
+from accy.protocol import ERROR_DOMAIN
+
 __all__ = [
     "DOMAIN",
     "Aborted",
@@ -22,6 +24,7 @@ __all__ = [
     "AlreadyExists",
     "BufferLost",
     "Cancelled",
+    "CertificateNotVerified",
     "DaemonUnreachable",
     "DataLoss",
     "DeadlineExceeded",
@@ -46,7 +49,7 @@ __all__ = [
     "with_hint",
 ]
 
-DOMAIN = "accy.dev"
+DOMAIN = ERROR_DOMAIN
 """The ``ErrorInfo.domain`` of every error the daemon raises."""
 
 
@@ -214,14 +217,31 @@ class Unavailable(AccyError):
 class DaemonUnreachable(Unavailable):
     """No daemon answered at ``target``: not running, wrong address, or no permission."""
 
-    def __init__(self, target: str, detail: str, hint: str | None = None) -> None:
+    def __init__(
+        self, target: str, detail: str, hint: str | None = None, *, message: str | None = None
+    ) -> None:
         super().__init__(
-            f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
-            "or point --target / ACCY_TARGET at a running one" + (f"; {hint}" if hint else ""),
+            message
+            or f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
+            "or give the address of a running one (the target, or ACCY_TARGET)"
+            + (f"; {hint}" if hint else ""),
             reason="UNREACHABLE",
         )
         self.target = target
         self.detail = detail
+
+
+class CertificateNotVerified(DaemonUnreachable):
+    """The daemon at ``target`` answered, but its TLS certificate did not verify."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(
+            target,
+            detail,
+            message=f"the TLS certificate of the daemon at {target} did not verify against the "
+            f"CA given ({detail}); give the CA that signed the daemon's certificate, and the "
+            "name the certificate carries where it is not the target's host",
+        )
 
 
 class DataLoss(AccyError):

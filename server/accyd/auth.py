@@ -1,17 +1,23 @@
 """Bearer tokens: the tokens file, hashed tokens, tenants, scopes and quotas (no grpc here).
 
 The operator's tokens file is TOML; it stores SHA-256 hashes of tokens, never
-the tokens themselves (``accyd hash-token`` prints one):
+the tokens themselves (``accyd hash-token`` prints one). Quotas belong to the
+tenant, one table each; a token names its tenant and its scopes:
 
-    [[token]]
-    tenant = "team-a"
-    sha256 = "9f86d08..."
-    scopes = ["launch"]            # launch | admin
-    [token.quotas]
+    [tenant.team-a]                # any quota left out: the daemon's default
     memory_bytes = 8589934592
     sessions = 16
     buffers = 256
     launches_in_flight = 64
+
+    [[token]]
+    tenant = "team-a"
+    sha256 = "9f86d08..."
+    scopes = ["launch"]            # launch | status | admin
+
+A ``[token.quotas]`` table (the older form) is still read, but every token of
+a tenant, and its ``[tenant.NAME]`` table, must give the same quotas: a file
+where they disagree is refused, naming both places.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from accyd.errors import CatalogError, PermissionDenied, Unauthenticated
 
 __all__ = ["SCOPES", "Principal", "TokenTable", "hash_token", "new_token"]
 
-SCOPES = frozenset({"launch", "admin"})
+SCOPES = frozenset({"launch", "status", "admin"})
+"""``launch``: every call of the launch service; ``status``: GetStatus alone, without
+attaching (monitoring); ``admin``: GetStatus of every tenant, and catalog changes."""
 
 
 def hash_token(token: str) -> str:
@@ -56,9 +64,11 @@ class Principal:
     scopes: frozenset[str]
     quotas: Quotas
 
-    def require(self, scope: str) -> None:
-        if scope not in self.scopes:
-            raise PermissionDenied(f"tenant {self.tenant!r} lacks the {scope!r} scope")
+    def require(self, scope: str, *also: str) -> None:
+        """Refuse a caller that holds none of the scopes given."""
+        if self.scopes.isdisjoint((scope, *also)):
+            wanted = " or ".join(repr(name) for name in (scope, *also))
+            raise PermissionDenied(f"tenant {self.tenant!r} lacks the {wanted} scope")
 
 
 class TokenTable:
@@ -68,6 +78,11 @@ class TokenTable:
         self._by_hash: dict[str, Principal] = {}
         for digest, principal in entries:
             self._by_hash[digest] = principal
+
+    @property
+    def tenant_quotas(self) -> dict[str, Quotas]:
+        """Each tenant's quotas, as the file gives them."""
+        return {p.tenant: p.quotas for p in self._by_hash.values()}
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -90,20 +105,46 @@ class TokenTable:
             raise CatalogError(f"{path}: cannot read: {error.strerror}") from None
         except tomllib.TOMLDecodeError as error:
             raise CatalogError(f"{path}: not valid TOML: {error}") from None
-        unknown = set(data) - {"token"}
+        unknown = set(data) - {"token", "tenant"}
         if unknown:
-            raise CatalogError(f"{path}: unknown tables {sorted(unknown)}; expected [[token]]")
+            raise CatalogError(
+                f"{path}: unknown tables {sorted(unknown)}; expected [tenant.NAME] and [[token]]"
+            )
         raw = data.get("token", [])
         if not isinstance(raw, list):
             raise CatalogError(f"{path}: 'token' must be an array of tables ([[token]])")
-        return cls(_entry(path, index, item) for index, item in enumerate(raw))
+        quotas = _tenant_tables(path, data.get("tenant", {}))
+        entries = [_entry(path, index, item, quotas) for index, item in enumerate(raw)]
+        return cls(
+            (digest, Principal(tenant, scopes, quotas[tenant][0] if tenant in quotas else Quotas()))
+            for digest, tenant, scopes in entries
+        )
 
 
-def _entry(path: Path, index: int, item: Any) -> tuple[str, Principal]:
-    where = f"{path}: token #{index + 1}"
+_Quotas = dict[str, tuple[Quotas, str]]
+"""Each tenant's quotas, and where in the file they were given."""
+
+
+def _tenant_tables(path: Path, raw: Any) -> _Quotas:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{path}: 'tenant' must hold one table per tenant ([tenant.NAME])")
+    found: _Quotas = {}
+    for name, table in raw.items():
+        where = f"[tenant.{name}]"
+
+        def fail(field: str, problem: str, where: str = where) -> CatalogError:
+            return CatalogError(f"{path}: {where}: field {field!r}: {problem}", field=field)
+
+        found[name] = (_quotas(table, fail, prefix=""), where)
+    return found
+
+
+def _entry(path: Path, index: int, item: Any, quotas: _Quotas) -> tuple[str, str, frozenset[str]]:
+    """One token: its hash, tenant and scopes; its quotas (if any) go into ``quotas``."""
+    where = f"token #{index + 1}"
 
     def fail(field: str, problem: str) -> CatalogError:
-        return CatalogError(f"{where}: field {field!r}: {problem}", field=field)
+        return CatalogError(f"{path}: {where}: field {field!r}: {problem}", field=field)
 
     if not isinstance(item, dict):
         raise fail("token", "must be a table")
@@ -119,9 +160,18 @@ def _entry(path: Path, index: int, item: Any) -> tuple[str, Principal]:
     scopes = item.get("scopes", ["launch"])
     if not isinstance(scopes, list) or not all(s in SCOPES for s in scopes):
         raise fail("scopes", f"must list scopes among {sorted(SCOPES)}")
-    return digest.lower(), Principal(
-        tenant, frozenset(scopes), _quotas(item.get("quotas", {}), fail)
-    )
+    if "quotas" in item:
+        own = _quotas(item["quotas"], fail)
+        known = quotas.get(tenant)
+        if known is None:
+            quotas[tenant] = (own, where)
+        elif known[0] != own:
+            raise fail(
+                "quotas",
+                f"tenant {tenant!r} has other quotas in {known[1]}; quotas belong to the "
+                f"tenant: give them once, in [tenant.{tenant}]",
+            )
+    return digest.lower(), tenant, frozenset(scopes)
 
 
 def _is_hex(text: str) -> bool:
@@ -132,15 +182,15 @@ def _is_hex(text: str) -> bool:
     return True
 
 
-def _quotas(raw: Any, fail: Any) -> Quotas:
+def _quotas(raw: Any, fail: Any, prefix: str = "quotas.") -> Quotas:
     if not isinstance(raw, Mapping):
-        raise fail("quotas", "must be a table")
+        raise fail(prefix.rstrip(".") or "tenant", "must be a table")
     names = {f.name for f in fields(Quotas)}
     values: dict[str, int] = {}
     for key, value in raw.items():
         if key not in names:
-            raise fail(f"quotas.{key}", f"is not a known quota ({', '.join(sorted(names))})")
+            raise fail(f"{prefix}{key}", f"is not a known quota ({', '.join(sorted(names))})")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise fail(f"quotas.{key}", "must be a non-negative integer")
+            raise fail(f"{prefix}{key}", "must be a non-negative integer")
         values[key] = value
     return Quotas(**values)

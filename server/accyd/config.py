@@ -4,74 +4,199 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accy._paths import default_socket_path
+from accy.protocol import default_socket_path
+from accyd.backends.host import DEFAULT_MEMORY_SHARE, physical_memory
+from accyd.backends.select import BACKEND_CHOICES
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
+from accyd.settings import (
+    CATALOG_SEPARATOR,
+    ENV_PREFIX,
+    Bound,
+    bool_text,
+    choice,
+    float_text,
+    from_environment,
+    int_text,
+    optional,
+    path,
+    seconds_from_us,
+    setting,
+    settings_of,
+    size,
+)
 
-__all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "Config"]
+__all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "QUOTAS", "SETTINGS", "Config", "memory_limit"]
 
-ENV_PREFIX = "ACCYD_"
+QUOTA_GROUP = "default quotas (clients without a token; tenants that leave one out)"
 CUDA_LOOP_SPIN_SECONDS = 500e-6
 """The event loop's polling on the CUDA backend unless set: docs/benchmarks.md has why."""
 MiB = 1 << 20
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def memory_limit(raw: str) -> int:
+    """A memory limit: a size (``8GiB``) or a share of physical memory (``50%``)."""
+    text = raw.strip()
+    if not text.endswith("%"):
+        return size(text)
+    share = float(text.removesuffix("%")) / 100
+    if not 0 < share <= 1:
+        raise ValueError("a share of physical memory is above 0% and at most 100%")
+    return int(physical_memory() * share)
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """What ``accyd serve`` runs with. Times are seconds, sizes bytes."""
+    """What ``accyd serve`` runs with. Times are seconds, sizes bytes.
 
-    listen: tuple[str, ...] = ()
-    """Addresses: ``unix:/path`` or ``host:port``; empty means the default Unix socket."""
-    backend: str = "auto"
-    devices: tuple[int, ...] = (0,)
-    catalog_dirs: tuple[Path, ...] = ()
-    builtin_catalog: bool = True
-    cache_dir: Path | None = None
-    log_format: str = "console"
-    log_level: str = "info"
-    insecure: bool = False
-    """Serve TCP without TLS and without tokens: only when the operator asks for it by name."""
-    tokens_file: Path | None = None
-    """The bearer tokens file (``accyd.auth``); with it every call needs a token."""
-    unix_trusted: bool = False
-    """With ``tokens_file``: calls on the Unix socket without a token are the default tenant."""
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    """With it, TCP clients must present a certificate this CA signed (mutual TLS)."""
-    metrics_port: int | None = None
-    """Prometheus metrics on this port (0 picks one); ``None``: not served."""
-    metrics_address: str = "127.0.0.1"
-    supervise: bool = True
-    """Run the server in a child process that is restarted after a device fault."""
-    restart_max: int = 10
-    restart_window_seconds: float = 300.0
-    heartbeat_seconds: float = 2.0
-    keepalive_seconds: float = 2.0
-    keepalive_timeout_seconds: float = 3.0
-    grace_seconds: float = 10.0
-    fault_grace_seconds: float = 0.5
-    max_message_bytes: int = 64 * MiB
-    read_chunk_bytes: int = 1 * MiB
-    blocking_threads: int = 32
-    launch_spin_seconds: float = 100e-6
+    Each field is a setting (``accyd.settings``): a flag of ``accyd serve``, an
+    ``ACCYD_<FIELD>`` environment variable and a default, declared here once.
+    """
+
+    listen: tuple[str, ...] = setting(
+        (), "unix:/path or host:port (repeatable)", str, metavar="ADDR", separator=",",
+        shown_default="a Unix socket in the per-user runtime folder",
+    )  # fmt: skip
+    backend: str = setting(
+        "auto",
+        "which backend runs kernels",
+        choice(*BACKEND_CHOICES),
+        metavar="|".join(BACKEND_CHOICES),
+    )
+    devices: tuple[int, ...] = setting(
+        (0,), "GPU ordinal (repeatable)", int_text, flag="--device", metavar="N", separator=","
+    )
+    catalog_dirs: tuple[Path, ...] = setting(
+        (), "a catalog folder of manifests and kernels (repeatable)", path, flag="--catalog",
+        metavar="DIR", separator=CATALOG_SEPARATOR,
+    )  # fmt: skip
+    builtin_catalog: bool = setting(
+        True, "serve only the --catalog folders", bool_text, flag="--no-builtin-catalog",
+        switch=True, switch_value=False,
+    )  # fmt: skip
+    cache_dir: Path | None = setting(None, "compiled kernel cache", optional(path), metavar="DIR")
+    log_format: str = setting(
+        "console", "json for machines", choice("console", "json"), metavar="console|json"
+    )
+    log_level: str = setting(
+        "info", "the least level logged", choice(*_LEVELS), metavar="|".join(_LEVELS)
+    )
+    grace_seconds: float = setting(
+        10.0, "drain time at shutdown; past it, the work not yet done is dropped",
+        float_text, flag="--grace", metavar="SECONDS",
+    )  # fmt: skip
+    launch_spin_seconds: float = setting(
+        100e-6, "poll a waited launch this long on the event loop before the driver calls "
+        "back (0: off); the environment takes seconds", float_text, flag="--launch-spin-us",
+        flag_parse=seconds_from_us, metavar="MICROSECONDS", shown_default="100 us",
+    )  # fmt: skip
     """How long a waited launch is polled on the event loop before the driver calls back.
 
     A short launch then answers without a round trip through the driver's
     thread; a longer one costs the loop at most this much. 0 turns it off."""
-    loop_spin_seconds: float | None = None
+    loop_spin_seconds: float | None = setting(
+        None, "poll for calls this long before the event loop sleeps: lower latency for CPU "
+        "time (auto: 500 us on cuda, off on host); the environment takes seconds",
+        optional(float_text, "auto"), flag="--loop-spin-us",
+        flag_parse=optional(seconds_from_us, "auto"), metavar="MICROSECONDS",
+        shown_default="auto",
+    )  # fmt: skip
     """How long the event loop polls before it sleeps (``accyd.spinloop``); ``None``: by
     backend, ``CUDA_LOOP_SPIN_SECONDS`` on CUDA (it takes about a fifth off a streamed
     launch's round trip) and off on the host, whose kernels need the CPU it would take."""
-    malloc_keep_bytes: int = 256 * MiB
+    host_memory_limit: int | None = setting(
+        None, "the most buffer memory the host backend hands out: bytes (8GiB) or a share "
+        "of physical memory (50%)", optional(memory_limit), metavar="SIZE",
+        shown_default=f"{DEFAULT_MEMORY_SHARE:.0%} of physical memory",
+    )  # fmt: skip
+    insecure: bool = setting(
+        False, "allow TCP without TLS and without tokens (trusted networks only)", bool_text,
+        group="security", switch=True,
+    )  # fmt: skip
+    """Serve TCP without TLS and without tokens: only when the operator asks for it by name."""
+    tokens_file: Path | None = setting(
+        None, "bearer tokens file (TOML: tenants with their quotas, token hashes with scopes); "
+        "with it every call needs 'authorization: Bearer <token>' (health and reflection "
+        "excepted); SIGHUP reloads it", optional(path), flag="--tokens", metavar="FILE",
+        group="security",
+    )  # fmt: skip
+    """The bearer tokens file (``accyd.auth``); with it every call needs a token."""
+    unix_trusted: bool = setting(
+        False, "with --tokens: calls on the Unix socket without a token are the default "
+        "tenant", bool_text, group="security", switch=True,
+    )  # fmt: skip
+    tls_cert: Path | None = setting(
+        None, "TLS certificate (TCP)", optional(path), metavar="PEM", group="security"
+    )
+    tls_key: Path | None = setting(
+        None, "TLS private key (TCP)", optional(path), metavar="PEM", group="security"
+    )
+    tls_client_ca: Path | None = setting(
+        None, "mutual TLS: TCP clients must present a certificate this CA signed",
+        optional(path), metavar="PEM", group="security",
+    )  # fmt: skip
+    """With it, TCP clients must present a certificate this CA signed (mutual TLS)."""
+    default_tenant: str = setting(
+        DEFAULT_TENANT, "the tenant of calls without a token", str, metavar="NAME",
+        group="security",
+    )  # fmt: skip
+    metrics_port: int | None = setting(
+        None, "serve Prometheus metrics at http://ADDR:PORT/metrics (0 picks a port)",
+        optional(int_text, "none"), metavar="PORT", group="operation",
+    )  # fmt: skip
+    """Prometheus metrics on this port (0 picks one); ``None``: not served."""
+    metrics_address: str = setting(
+        "127.0.0.1", "where metrics listen", str, metavar="ADDR", group="operation"
+    )
+    supervise: bool = setting(
+        True, "serve in this process, without restarts (for systemd or a container's restart "
+        "policy)", bool_text, flag="--no-supervise", switch=True, switch_value=False,
+        group="operation",
+    )  # fmt: skip
+    """Run the server in a child process that is restarted after a device fault."""
+    restart_max: int = setting(
+        10, "most restarts within the window", int_text, metavar="N", group="operation"
+    )
+    restart_window_seconds: float = setting(
+        300.0, "restart window", float_text, flag="--restart-window", metavar="SECONDS",
+        group="operation",
+    )  # fmt: skip
+    heartbeat_seconds: float = setting(
+        2.0, "Attach stream heartbeat period", float_text, metavar="SECONDS", group="tuning"
+    )
+    keepalive_seconds: float = setting(
+        2.0, "HTTP/2 keepalive ping period", float_text, metavar="SECONDS", group="tuning"
+    )
+    keepalive_timeout_seconds: float = setting(
+        3.0, "a connection whose keepalive ping is not answered this long is closed",
+        float_text, metavar="SECONDS", group="tuning",
+    )  # fmt: skip
+    fault_grace_seconds: float = setting(
+        0.5, "drain time after a device fault", float_text, flag="--fault-grace",
+        metavar="SECONDS", group="tuning",
+    )  # fmt: skip
+    max_message_bytes: int = setting(
+        64 * MiB, "largest gRPC message", size, metavar="BYTES", group="tuning"
+    )
+    read_chunk_bytes: int = setting(
+        1 * MiB, "chunk size of buffer reads", size, metavar="BYTES", group="tuning"
+    )
+    blocking_threads: int = setting(
+        32, "threads for blocking device work", int_text, metavar="N", group="tuning"
+    )
+    malloc_keep_bytes: int = setting(
+        256 * MiB, "freed memory the process keeps for reuse (0: glibc's defaults)", size,
+        metavar="BYTES", group="tuning",
+    )  # fmt: skip
     """Freed memory the process keeps for reuse rather than handing back (``accyd.memtune``);
     0 leaves glibc's adaptive defaults, which make every streamed chunk fault in new pages."""
-    default_tenant: str = DEFAULT_TENANT
     quotas: Quotas = field(default_factory=Quotas)
+    """The default quotas (``QUOTAS``: ``--quota-*`` and ``ACCYD_QUOTA_*``)."""
 
     @property
     def listen_addresses(self) -> tuple[str, ...]:
@@ -96,6 +221,8 @@ class Config:
             raise ValueError("launch_spin_seconds must be between 0 and 0.01")
         if self.loop_spin_seconds is not None and not 0 <= self.loop_spin_seconds <= 0.01:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
+        if self.host_memory_limit is not None and self.host_memory_limit <= 0:
+            raise ValueError("host_memory_limit must be positive")
         if self.malloc_keep_bytes < 0:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
@@ -153,16 +280,8 @@ class Config:
         ``quotas`` overrides single default quotas by name (``memory_bytes``...).
         """
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for item in dataclasses.fields(cls):
-            raw = env.get(ENV_PREFIX + item.name.upper())
-            if raw is not None and item.name in _PARSERS:
-                values[item.name] = _parse(item.name, raw, _PARSERS[item.name])
-        limits = {
-            q.name: _parse(f"QUOTA_{q.name}", raw, _optional_int)
-            for q in dataclasses.fields(Quotas)
-            if (raw := env.get(f"{ENV_PREFIX}QUOTA_{q.name.upper()}")) is not None
-        }
+        values = from_environment(SETTINGS, env)
+        limits = from_environment(QUOTAS, env)
         limits.update(quotas or {})
         if limits:
             values["quotas"] = Quotas(**limits)
@@ -170,68 +289,27 @@ class Config:
         return cls(**values).validate()
 
 
-def _parse(name: str, raw: str, parser: Callable[[str], Any]) -> Any:
-    try:
-        return parser(raw)
-    except ValueError as error:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {error}") from None
+@dataclass(frozen=True, slots=True)
+class _QuotaSettings:
+    """The default quotas as settings: ``--quota-memory``, ``ACCYD_QUOTA_MEMORY_BYTES``..."""
+
+    memory_bytes: int | None = setting(
+        None, "device memory", optional(size, "none"), flag="--quota-memory", metavar="BYTES",
+        group=QUOTA_GROUP,
+    )  # fmt: skip
+    sessions: int | None = setting(
+        None, "sessions", optional(int_text, "none"), flag="--quota-sessions", metavar="N",
+        group=QUOTA_GROUP,
+    )  # fmt: skip
+    buffers: int | None = setting(
+        None, "buffers", optional(int_text, "none"), flag="--quota-buffers", metavar="N",
+        group=QUOTA_GROUP,
+    )  # fmt: skip
+    launches_in_flight: int | None = setting(
+        None, "launches in flight", optional(int_text, "none"), flag="--quota-launches",
+        metavar="N", group=QUOTA_GROUP,
+    )  # fmt: skip
 
 
-def _bool(raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _list(raw: str, sep: str = ",") -> list[str]:
-    return [part.strip() for part in raw.split(sep) if part.strip()]
-
-
-def _optional_int(raw: str) -> int | None:
-    return None if raw.strip() in ("", "none") else int(raw)
-
-
-def _optional_float(raw: str) -> float | None:
-    return None if raw.strip() in ("", "auto") else float(raw)
-
-
-def _optional_path(raw: str) -> Path | None:
-    return Path(raw) if raw else None
-
-
-_PARSERS: dict[str, Callable[[str], Any]] = {
-    "listen": lambda raw: tuple(_list(raw)),
-    "backend": str,
-    "devices": lambda raw: tuple(int(part) for part in _list(raw)),
-    "catalog_dirs": lambda raw: tuple(Path(part) for part in _list(raw, os.pathsep)),
-    "builtin_catalog": _bool,
-    "cache_dir": _optional_path,
-    "log_format": str,
-    "log_level": str,
-    "insecure": _bool,
-    "tokens_file": _optional_path,
-    "unix_trusted": _bool,
-    "tls_cert": _optional_path,
-    "tls_key": _optional_path,
-    "tls_client_ca": _optional_path,
-    "metrics_port": _optional_int,
-    "metrics_address": str,
-    "supervise": _bool,
-    "restart_max": int,
-    "restart_window_seconds": float,
-    "heartbeat_seconds": float,
-    "keepalive_seconds": float,
-    "keepalive_timeout_seconds": float,
-    "grace_seconds": float,
-    "fault_grace_seconds": float,
-    "max_message_bytes": int,
-    "read_chunk_bytes": int,
-    "blocking_threads": int,
-    "launch_spin_seconds": float,
-    "loop_spin_seconds": _optional_float,
-    "malloc_keep_bytes": int,
-    "default_tenant": str,
-}
+SETTINGS: tuple[Bound, ...] = tuple(settings_of(Config))
+QUOTAS: tuple[Bound, ...] = tuple(settings_of(_QuotaSettings, "QUOTA_"))

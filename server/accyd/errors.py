@@ -7,6 +7,8 @@ stable machine-readable string sent to clients in ``google.rpc.ErrorInfo``.
 
 from __future__ import annotations
 
+from accy.protocol import DEVICE_LOST
+
 __all__ = [
     "AccyError",
     "AlreadyExists",
@@ -22,6 +24,7 @@ __all__ = [
     "PermissionDenied",
     "QuotaExceeded",
     "RuntimeUnavailable",
+    "ShuttingDown",
     "Unauthenticated",
     "Unavailable",
     "UnsupportedOperation",
@@ -100,7 +103,7 @@ class DeviceFault(AccyError):
     ``session`` names the session whose work faulted, where known.
     """
 
-    reason = "DEVICE_LOST"
+    reason = DEVICE_LOST
 
     def __init__(
         self, message: str, *, session: str | None = None, field: str | None = None
@@ -153,3 +156,9 @@ class Unavailable(AccyError):
     """The daemon cannot serve now (draining, or the device was lost)."""
 
     reason = "UNAVAILABLE"
+
+
+class ShuttingDown(Unavailable):
+    """A call the daemon ended because its stop's grace ran out before the call finished."""
+
+    reason = "SHUTTING_DOWN"

@@ -8,10 +8,22 @@ from typing import TextIO
 
 import structlog
 
-__all__ = ["bind", "configure_logging", "unbind"]
+from accyd.echo import MESSAGE_CHARS, bounded
+
+__all__ = ["bind", "bound_values", "configure_logging", "unbind"]
 
 bind = structlog.contextvars.bind_contextvars
 unbind = structlog.contextvars.reset_contextvars
+
+
+def bound_values(
+    logger: object, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Bound every text value of a log line: any of them may repeat what a client sent."""
+    for key, value in event.items():
+        if isinstance(value, str) and len(value) > MESSAGE_CHARS:
+            event[key] = bounded(value)
+    return event
 
 
 def configure_logging(
@@ -28,6 +40,7 @@ def configure_logging(
     )
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        bound_values,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),

@@ -2,9 +2,12 @@
 
 Shutdown is ordered: health NOT_SERVING, no new work, no new calls, the
 device work and calls in flight drained within the grace, Attach streams
-ended, every client's resources released, the backends closed. A device
+ended, every client's resources released, the backends closed. Calls still
+running when the grace ends are answered UNAVAILABLE (reason
+``SHUTTING_DOWN``); if the device is still busy then, its work not yet done
+is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device
 fault skips the release (the context is poisoned) and exits non-zero so the
-process is restarted.
+process is restarted. A failure before the server is ready is ``NeverReady``.
 
 Every call but health and reflection passes the auth interceptor
 (``accyd.service.auth``); TCP listeners serve TLS when a certificate is
@@ -17,8 +20,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
-import stat
 import threading
 from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,9 @@ from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
-from accyd.errors import AccyError, DeviceFault, Unavailable
+from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
+from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
+from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
 from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics
 from accyd.service.auth import Admitting, Authenticator, default_principal
@@ -42,16 +45,19 @@ from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
+from accyd.signals import capture_signals
 from accyd.spinloop import set_loop_spin
-from accyd.supervisor import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
-from accyd.supervisor import Lineage
+from accyd.unixsocket import SocketClaim
 
-__all__ = ["EXIT_DEVICE_FAULT", "Server", "serve"]
+__all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
 
-EXIT_FORCED = 1
 SUPERVISOR_POLL_SECONDS = 0.5
 
 log = structlog.get_logger("accyd.server")
+
+
+class NeverReady(Exception):
+    """The server failed before it served: its message says what to fix."""
 
 
 class Server:
@@ -76,7 +82,7 @@ class Server:
         self.metrics_port: int | None = None
         self._watching: asyncio.Task[None] | None = None
         self.exit_code = 0
-        self._sockets: list[Path] = []
+        self._claims: list[SocketClaim] = []
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self._stopped = False
@@ -88,7 +94,12 @@ class Server:
         tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
         credentials = server_credentials(config)
         backends = self._backends or {
-            device: make_backend(config.backend, device=device, cache_dir=config.cache_dir)
+            device: make_backend(
+                config.backend,
+                device=device,
+                cache_dir=config.cache_dir,
+                host_memory_limit=config.host_memory_limit,
+            )
             for device in config.devices
         }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
@@ -129,14 +140,15 @@ class Server:
             lineage=self.lineage,
         )
         self.health = Health([SERVICE_NAME])
-        authenticator = Authenticator(
+        self._authenticator = authenticator = Authenticator(
             tokens,
             default_principal(config.default_tenant, config.quotas),
             unix_trusted=config.unix_trusted,
             tenant_of_client=self._tenant_of_client,
         )
         self._grpc = grpc.aio.server(options=_options(config))
-        self.servicer.register(Admitting(self._grpc, authenticator))
+        self._admitting = Admitting(self._grpc, authenticator)
+        self.servicer.register(self._admitting)
         self.health.register(self._grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), self._grpc
@@ -147,6 +159,7 @@ class Server:
             if config.metrics_port is not None:
                 self.metrics_port = metrics.serve(config.metrics_port, config.metrics_address)
         except BaseException:
+            self._release_sockets()
             metrics.close()
             self._executor.shutdown(wait=False)
             if self._backends is None:
@@ -154,8 +167,8 @@ class Server:
                     backend.close()
             raise
         await self._grpc.start()
-        for path in self._sockets:
-            os.chmod(path, 0o660)
+        for claim in self._claims:
+            claim.bound()
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -199,10 +212,11 @@ class Server:
     def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> str:
         if address.startswith("unix:"):
             path = Path(address.removeprefix("unix:")).expanduser()
-            _prepare_socket(path)
+            claim = SocketClaim(path)
+            claim.take()
+            self._claims.append(claim)
             with _umask(0o117):
                 self._grpc.add_insecure_port(f"unix:{path}")
-            self._sockets.append(path)
             return f"unix:{path}"
         refusal = self.config.tcp_refusal(address)
         if refusal:
@@ -216,12 +230,34 @@ class Server:
         host = address.rsplit(":", 1)[0]
         return f"{host}:{port}"
 
+    def _release_sockets(self) -> None:
+        for claim in self._claims:
+            claim.release()
+
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
         self.metrics.device_faults.inc()
         self.exit_code = EXIT_DEVICE_FAULT
         asyncio.get_running_loop().create_task(self.health.set_serving(False))
         self.request_stop("device fault")
+
+    def reload_tokens(self) -> None:
+        """Read the tokens file again (SIGHUP); a file that does not load changes nothing.
+
+        Attached clients stay attached; each call is checked against the new
+        tokens, and a tenant's new quotas apply from its next Attach.
+        """
+        path = self.config.tokens_file
+        if path is None:
+            log.info("no tokens file to reload")
+            return
+        try:
+            tokens = TokenTable.load(path)
+        except AccyError as error:
+            log.error("tokens file not reloaded; the old tokens stay", error=str(error))
+            return
+        self._authenticator.replace_tokens(tokens)
+        log.info("tokens file reloaded", tokens=len(tokens), path=str(path))
 
     def request_stop(self, reason: str) -> None:
         """Begin the ordered shutdown (from the event loop's thread)."""
@@ -252,27 +288,39 @@ class Server:
         deadline = loop.time() + grace
         await self.health.set_serving(False)
         self.daemon.begin_drain()
-        stopping = asyncio.create_task(self._grpc.stop(grace))
+        # gRPC cancels what still runs a moment after the grace: by then this stop has
+        # answered those calls itself, saying why (SHUTTING_DOWN). A faulted one does not wait.
+        stopping = asyncio.create_task(
+            self._grpc.stop(grace if faulted else grace + ABANDON_SECONDS)
+        )
+        await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
+        self._release_sockets()
+        busy = False
         if not faulted:
-            idle = await self.calls.blocking(self.daemon.wait_idle, grace)
+            # Not on the device-work threads: waiting calls may hold every one of them.
+            idle = await asyncio.to_thread(self.daemon.wait_idle, grace)
             calls_done = await self.calls.wait_idle(deadline - loop.time())
-            log.info("drained", device_idle=idle, calls_done=calls_done)
+            busy = not idle
+            ended = 0 if calls_done else self._admitting.in_flight.end_all(_SHUTTING_DOWN)
+            log.info("drained", device_idle=idle, calls_done=calls_done, calls_ended=ended)
         self.servicer.close_attach_streams()
         # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
         # successor cannot start before it does), nor a drained one from stopping.
         await _within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
-        await _within(self.servicer.wait_detached(), STOP_SLACK_SECONDS, "client detach")
-        if not faulted:
+        abandon = faulted or busy  # what the device still runs is dropped with the process
+        detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
+        await _within(self.servicer.wait_detached(), detach_within, "client detach")
+        if not abandon:
             await self.calls.blocking(self.daemon.close)
-        self._executor.shutdown(wait=not faulted, cancel_futures=True)
-        for path in self._sockets:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        elif busy:
+            log.warning("device still busy after the grace; dropping its work", grace=grace)
+            self.exit_code = self.exit_code or EXIT_STOPPED_BUSY
+        self._executor.shutdown(wait=not abandon, cancel_futures=True)
         # The metrics server takes up to half a second to stop: not worth waiting for after
         # a device fault, since the process exits at once.
         closing = threading.Thread(target=self.metrics.close, name="accyd-metrics-close")
         closing.start()
-        if not faulted:
+        if not abandon:
             await asyncio.to_thread(closing.join)
         self._stopped = True
         log.info("accyd stopped", exit_code=self.exit_code)
@@ -280,6 +328,12 @@ class Server:
 
 STOP_SLACK_SECONDS = 5.0
 """How long past its grace a stop step may take before the server goes on without it."""
+ABANDON_SECONDS = 0.5
+"""How long a stop that drops the device's work gives the detaches (they wait for it)."""
+_SHUTTING_DOWN = ShuttingDown(
+    "the daemon is shutting down and its grace ran out before this call finished; "
+    "retry against its successor"
+)
 
 
 async def _within(step: Awaitable[object], seconds: float, what: str) -> None:
@@ -321,25 +375,6 @@ def _options(config: Config) -> list[tuple[str, int]]:
     ]
 
 
-def _prepare_socket(path: Path) -> None:
-    """Make the socket's folder (0700) and take over a stale socket file; refuse a live one."""
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
-    if not path.exists() and not path.is_symlink():
-        return
-    if not stat.S_ISSOCK(path.lstat().st_mode):
-        raise Unavailable(f"{path} exists and is no socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        path.unlink()  # nobody listens: a stale socket of a dead daemon
-    else:
-        raise Unavailable(f"another daemon already listens on {path}")
-    finally:
-        probe.close()
-
-
 @contextlib.contextmanager
 def _umask(mask: int) -> Iterator[None]:
     old = os.umask(mask)
@@ -350,23 +385,33 @@ def _umask(mask: int) -> Iterator[None]:
 
 
 async def serve(config: Config) -> int:
-    """Run a server until SIGTERM or SIGINT (a second one forces exit); returns the exit status."""
+    """Run a server until SIGTERM or SIGINT (a second one forces exit); returns the exit status.
+
+    SIGHUP reloads the tokens file. A failure before the server is ready is ``NeverReady``.
+    """
     server = Server(config)
     loop = asyncio.get_running_loop()
+
+    def force(signum: signal.Signals) -> None:
+        os._exit(EXIT_FORCED)
+
     # Under the supervisor a terminal's Ctrl-C or a service manager's SIGTERM reaches this
     # process twice (directly and passed on); the supervisor forces on a second signal itself.
-    supervised = server.supervised
-    signals_seen = 0
+    with capture_signals(
+        drain=lambda signum: server.request_stop(signum.name),
+        force=None if server.supervised else force,
+        reload=lambda signum: server.reload_tokens(),
+        loop=loop,
+    ):
+        try:
+            await server.start()
+        except Exception as error:
+            raise NeverReady(_why(error)) from error
+        return await server.wait()
 
-    def on_signal(signum: signal.Signals) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen > 1 and not supervised:
-            log.warning("second signal; exiting now", signal=signum.name)
-            os._exit(EXIT_FORCED)
-        server.request_stop(signum.name)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    await server.start()
-    return await server.wait()
+def _why(error: Exception) -> str:
+    """What a failure at start says to the operator (without a traceback)."""
+    if isinstance(error, AccyError | OSError | ValueError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"

@@ -2,10 +2,15 @@
 
 A sticky CUDA error poisons the process that owns the context, so recovery is a
 new process. The server exits with ``EXIT_DEVICE_LOST`` after a device fault;
-any non-zero exit or death by signal is restarted after a back-off that doubles
-from ``backoff_initial`` up to ``backoff_max``, until more than ``max_restarts``
-restarts fall within ``window_seconds``. SIGTERM and SIGINT are passed to the
-child and stop the restarting; the supervisor then exits with the child's code.
+any other non-zero exit or death by signal of a server that had served is
+restarted after a back-off that doubles from ``backoff_initial`` up to
+``backoff_max``, until more than ``max_restarts`` restarts fall within
+``window_seconds``. A server that never became ready (``EXIT_NEVER_READY``: a
+manifest typo, a busy port) would fail the same way again, and one that stopped
+because it was asked to (``EXIT_STOPPED_BUSY``) should stay stopped: neither is
+restarted. ``stop`` passes a signal to the child and ends the restarting;
+``kill`` forces the child; the caller installs the signal handlers
+(``accyd.signals``).
 Each child finds in its environment how many restarts and device faults came
 before it (``Lineage``), so its metrics can count them.
 """
@@ -18,50 +23,14 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 import structlog
 
-__all__ = ["EXIT_DEVICE_LOST", "Lineage", "RestartPolicy", "Supervisor"]
+from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY, EXIT_STOPPED_BUSY, Lineage
 
-EXIT_DEVICE_LOST = 75
-"""The server's exit code after a sticky device fault (EX_TEMPFAIL: try again)."""
-
-
-_PID_ENV = "ACCYD_SUPERVISOR_PID"
-_RESTARTS_ENV = "ACCYD_SUPERVISOR_RESTARTS"
-_DEVICE_FAULTS_ENV = "ACCYD_SUPERVISOR_DEVICE_FAULTS"
-
-
-@dataclass(frozen=True, slots=True)
-class Lineage:
-    """What came before this server process, as its supervisor tells it through the environment."""
-
-    supervisor_pid: int | None = None
-    restarts: int = 0
-    device_faults: int = 0
-
-    def environment(self) -> dict[str, str]:
-        return {
-            _PID_ENV: str(self.supervisor_pid or ""),
-            _RESTARTS_ENV: str(self.restarts),
-            _DEVICE_FAULTS_ENV: str(self.device_faults),
-        }
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Lineage:
-        """The lineage a supervisor passed down; an unsupervised process has none."""
-        env = os.environ if environ is None else environ
-        try:
-            return cls(
-                int(env[_PID_ENV]) if env.get(_PID_ENV) else None,
-                int(env.get(_RESTARTS_ENV) or 0),
-                int(env.get(_DEVICE_FAULTS_ENV) or 0),
-            )
-        except ValueError:
-            return cls()
+__all__ = ["EXIT_DEVICE_LOST", "RestartPolicy", "Supervisor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +60,8 @@ class Supervisor:
         self._on_start = on_start
         self._stop = threading.Event()
         self._child: subprocess.Popen[bytes] | None = None
+        self.forced = False
+        """Whether ``kill`` ended the child."""
         self._log = structlog.get_logger("accyd.supervisor")
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
@@ -100,14 +71,18 @@ class Supervisor:
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self._log.info("supervisor.signal", signal=signal.Signals(signum).name)
-        self.stop(signum)
+    def kill(self, signum: int = signal.SIGTERM) -> None:
+        """Stop restarting and kill the running child (a stop that must not wait)."""
+        self.forced = True
+        self.stop(signal.SIGKILL)
 
-    def run(self, *, install_signal_handlers: bool = True) -> int:
-        if install_signal_handlers:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(signum, self._handle)
+    def forward(self, signum: int) -> None:
+        """Pass ``signum`` (SIGHUP: reload) to the running child."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    def run(self) -> int:
         recent: deque[float] = deque()
         backoff = self.policy.backoff_initial
         while True:
@@ -128,7 +103,11 @@ class Supervisor:
                 self.device_faults += 1
             if self._stop.is_set() or code == 0:
                 self._log.info("supervisor.exit", code=code)
-                return 0 if code < 0 and self._stop.is_set() else code
+                return 0 if code < 0 and self._stop.is_set() and not self.forced else code
+            if code in (EXIT_NEVER_READY, EXIT_STOPPED_BUSY):
+                # Its own last log line says why; a restart would not help.
+                self._log.info("supervisor.exit", code=code, restarted=False)
+                return code
             now = time.monotonic()
             while recent and now - recent[0] > self.policy.window_seconds:
                 recent.popleft()

@@ -16,6 +16,7 @@ from accyd.catalog import ArtifactFormat, Scalar
 from accyd.catalog.model import FixedGeometry
 from accyd.errors import (
     DeviceFault,
+    FailedPrecondition,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -232,7 +233,8 @@ def test_a_failing_kernel_fails_its_stream_once_and_nothing_else(backend: HostBa
 def test_artifact_errors_are_runtime_unavailable(backend: HostBackend) -> None:
     with pytest.raises(RuntimeUnavailable, match=r"invalid syntax|expected"):
         backend.create_artifact(ArtifactRequest("f", ArtifactFormat.HOST_PY, 1, 0, "def f(:\n"))
-    with pytest.raises(RuntimeUnavailable, match="no function 'missing'"):
+    # A manifest naming no function: not retryable (UNAVAILABLE would be retried).
+    with pytest.raises(FailedPrecondition, match="entry 'missing' names no function"):
         kernel(backend, "missing")
     with pytest.raises(UnsupportedOperation, match="not cuda_cpp"):
         backend.create_artifact(ArtifactRequest("f", ArtifactFormat.CUDA_CPP, 1, 0, "__global__"))

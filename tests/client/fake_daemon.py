@@ -22,8 +22,8 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 
 SCAN = pb.PipelineInfo(
     target="accy.kernel.device_scan",
@@ -182,7 +182,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
                 context,
                 code_pb2.NOT_FOUND,
                 f"no attached client {ids[0] if ids else ''!r}",
-                "NOT_FOUND",
+                "CLIENT_UNKNOWN",
                 field="client_id",
             )
         return str(ids[0])
@@ -415,6 +415,18 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             clients=len(self.state.clients),
             buffers=len(self.state.buffers),
             my_buffers=len(mine),
+            tenant="local",
+            tenants=[
+                pb.TenantStatus(
+                    name="local",
+                    clients=len(self.state.clients),
+                    buffers=len(self.state.buffers),
+                    quotas=pb.TenantQuotas(buffers=64),
+                    quota_refusals={"buffers": 1},
+                )
+            ],
+            quota_refusals=1,
+            restarts=self._instances - 1,
         )
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from accy import _chunks
 from accy.errors import DataLoss, InvalidArgument
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 
 @settings(deadline=None)  # timing under a loaded machine is not the property

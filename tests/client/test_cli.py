@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from accy import cli, references
-from accy.launch.v1 import launch_pb2 as pb
+from accy import Client, TenantStatus, _cli_run, cli, references
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from tests.client.fake_daemon import FakeLaunchService
 
 
@@ -205,11 +208,64 @@ def test_progress_only_for_large_transfers_on_a_terminal() -> None:
         def isatty(self) -> bool:
             return True
 
-    assert cli._progress("upload x", 64 << 20, io.StringIO()) is None
-    assert cli._progress("upload x", 1 << 20, Terminal()) is None
+    assert _cli_run._progress("upload x", 64 << 20, io.StringIO()) is None
+    assert _cli_run._progress("upload x", 1 << 20, Terminal()) is None
     stream = Terminal()
-    report = cli._progress("upload x", 64 << 20, stream)
+    report = _cli_run._progress("upload x", 64 << 20, stream)
     assert report is not None
     report(1 << 20, 64 << 20)
     report(64 << 20, 64 << 20)
     assert stream.getvalue().endswith("upload x: 100% of 64.00 MiB\n")
+
+
+def test_status_does_not_count_the_command_itself(
+    fake: tuple[str, FakeLaunchService], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["--target", fake[0], "status", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["clients"] == 0 and shown["tenants"][0]["clients"] == 0
+    assert shown["tenants"][0]["quotas"]["buffers"] == 64
+
+
+def test_status_has_typed_tenants_quotas_and_restarts(
+    client: Client, fake: tuple[str, FakeLaunchService]
+) -> None:
+    fake[1].restart()
+    client.wait_attached(10)
+    status = client.status()
+    (tenant,) = status.tenants
+    assert isinstance(tenant, TenantStatus) and tenant.name == status.tenant == "local"
+    assert (tenant.clients, tenant.quotas.buffers, tenant.quotas.memory_bytes) == (1, 64, None)
+    assert tenant.quota_refusals == {"buffers": 1} and status.quota_refusals == 1
+    assert status.restarts == 1 and status.device_faults == 0
+    assert status.extra == {}
+
+
+def test_timeout_before_the_subcommand_is_kept(tmp_path: Path) -> None:
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # listens, never answers
+    path = tmp_path / "silent.sock"
+    silent.bind(str(path))
+    silent.listen()
+    try:
+        for argv in (["--timeout", "0.5", "health"], ["health", "--timeout", "0.5"]):
+            started = time.monotonic()
+            assert cli.main(["--target", f"unix:{path}", *argv]) == cli.EXIT_UNREACHABLE
+            assert time.monotonic() - started < 2.5, argv  # not the subcommand's default 3 s
+    finally:
+        silent.close()
+    args = cli.build_parser().parse_args(["--timeout", "9", "health"])
+    assert args.timeout == 9
+
+
+def test_check_without_a_reference_fails_and_says_so(
+    fake: tuple[str, FakeLaunchService],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delitem(references.REFERENCES, "accy.kernel.device_scan")
+    argv = ["--target", fake[0], "run", "accy.kernel.device_scan", "--n", "8", "--check"]
+    assert cli.main(argv) == cli.EXIT_CHECK_FAILED
+    captured = capsys.readouterr()
+    assert "no reference is known for accy.kernel.device_scan" in captured.err
+    assert "NOT CHECKED" in captured.out
+    assert cli.main([*argv[:-1], "--json"]) == 0  # without --check there is nothing to fail

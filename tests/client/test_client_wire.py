@@ -32,7 +32,7 @@ def test_attach_names_client_and_close_detaches(fake: tuple[str, FakeLaunchServi
 def test_heartbeats_keep_the_stream_alive(client: Client) -> None:
     time.sleep(0.2)
     assert client.attached
-    assert client._last.stream.heartbeats >= 1
+    assert client._conn.last.stream.heartbeats >= 1
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 4, (1 << 20) - 4, 1 << 20, (5 << 20) + 12])
@@ -198,7 +198,10 @@ def test_pipelines_and_status(client: Client) -> None:
     (info,) = client.pipelines()
     assert info.signature() == "x: f32[n] -> y: f32[n]; n: u32 1..1073741824"
     assert info.to_dict()["runtime_scalars"][0]["dtype"] == "u32"
-    assert client.pipeline("accy.kernel.device_scan", 1) is not None
+    scan = client.pipeline("accy.kernel.device_scan", 1)
+    assert (scan.target, scan.version) == ("accy.kernel.device_scan", 1)
+    assert scan == client.pipeline("accy.kernel.device_scan")  # version 0: the newest
+    assert [b.name for b in scan.operands] == ["x"] and scan.scalar("n").dtype == np.uint32
     with pytest.raises(errors.NotFound):
         client.pipeline("accy.kernel.device_scan", 7)
     client.empty(4, np.uint8)

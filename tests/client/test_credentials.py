@@ -73,7 +73,9 @@ def test_missing_token_says_what_to_pass(
     monkeypatch.delenv("ACCY_TOKEN", raising=False)
     with pytest.raises(errors.Unauthenticated) as caught:
         Client(guarded[0])
-    assert "--token" in str(caught.value) and "ACCY_TOKEN" in str(caught.value)
+    # The library says what to give in its own terms; flags are the CLI's to name.
+    assert "token=" in str(caught.value) and "ACCY_TOKEN" in str(caught.value)
+    assert "--" not in str(caught.value)
     with pytest.raises(errors.Unauthenticated, match="refused the token"):
         Client(guarded[0], token="wrong")
 
@@ -83,7 +85,8 @@ def test_permission_denied_says_what_to_pass(guarded: tuple[str, FakeLaunchServi
         session = client.load(SCAN)
         with pytest.raises(errors.PermissionDenied) as caught:
             session.launch([x], [x], n=4)
-    assert caught.value.reason == "PERMISSION_DENIED" and "--token" in str(caught.value)
+    assert caught.value.reason == "PERMISSION_DENIED" and "scopes" in str(caught.value)
+    assert "--" not in str(caught.value)
 
 
 def test_token_survives_a_reattach(guarded: tuple[str, FakeLaunchService]) -> None:
@@ -118,7 +121,44 @@ def test_tls_with_a_ca_file_or_bytes(certificates: Certificates) -> None:
             assert client.status().serving
         with pytest.raises(errors.DaemonUnreachable) as plain:
             Client(target, attach_timeout=5)
-        assert "--tls-ca" in str(plain.value)
+        assert "tls_ca=" in str(plain.value) and "--" not in str(plain.value)
+        # tls=True trusts the system's roots, which did not sign this test CA's certificate.
+        with pytest.raises(errors.CertificateNotVerified):
+            Client(target, tls=True, attach_timeout=5)
+    finally:
+        server.stop(grace=None)
+
+
+def test_a_wrong_ca_says_the_certificate_did_not_verify(
+    certificates: Certificates, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, service = _tls_double(certificates, mutual=False)
+    target = f"localhost:{service.port}"
+    other = write_certificates(tmp_path / "other")  # a CA that did not sign the daemon's
+    try:
+        with pytest.raises(errors.CertificateNotVerified) as caught:
+            Client(target, tls_ca=other.ca, attach_timeout=5)
+        assert "did not verify" in str(caught.value) and target in str(caught.value)
+        assert "no accy daemon answered" not in str(caught.value)
+        assert cli.main(["--target", target, "--tls-ca", str(other.ca), "status"]) == (
+            cli.EXIT_UNREACHABLE
+        )
+        err = capsys.readouterr().err
+        assert "did not verify" in err and "--tls-ca" in err
+    finally:
+        server.stop(grace=None)
+
+
+def test_the_cli_names_its_flags_where_the_library_does_not(
+    certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, service = _tls_double(certificates, mutual=False)
+    try:
+        assert cli.main(["--target", f"localhost:{service.port}", "status"]) == (
+            cli.EXIT_UNREACHABLE
+        )
+        err = capsys.readouterr().err
+        assert "--tls-ca" in err and "--target" in err
     finally:
         server.stop(grace=None)
 
@@ -150,7 +190,7 @@ def test_mutual_tls(certificates: Certificates, capsys: pytest.CaptureFixture[st
 
 def test_tls_options_are_checked(tmp_path: Path) -> None:
     assert channel_credentials() is None
-    assert channel_credentials(tls=True) is not None
+    assert isinstance(channel_credentials(tls=True), grpc.ChannelCredentials)  # see above
     with pytest.raises(ValueError, match="both"):
         channel_credentials(tls_cert=b"x")
     with pytest.raises(ValueError, match="cannot read the TLS CA file"):

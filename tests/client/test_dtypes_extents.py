@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from accy import _dtypes, _extent
 from accy._models import ScalarSpec
 from accy.errors import InvalidArgument
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 SPECS = (
     ScalarSpec("n", np.dtype(np.uint32), 1, 2**30),

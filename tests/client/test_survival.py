@@ -285,6 +285,6 @@ def test_close_while_reattaching_returns_promptly(fake: tuple[str, FakeLaunchSer
     started = time.monotonic()
     client.close()
     assert time.monotonic() - started < 3
-    assert not client._thread.is_alive()
+    assert not client._attacher.alive
     with pytest.raises(RuntimeError, match="closed"):
         client.status()

@@ -55,12 +55,12 @@ def test_bearer_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         target = daemon.unix_target
         with pytest.raises(errors.Unauthenticated) as missing:
             Client(target)
-        assert "--token" in str(missing.value) and "ACCY_TOKEN" in str(missing.value)
+        assert "token=" in str(missing.value) and "ACCY_TOKEN" in str(missing.value)
         with pytest.raises(errors.Unauthenticated, match="refused the token"):
             Client(target, token="not-a-token")
         with pytest.raises(errors.PermissionDenied) as scope:
             Client(target, token=ADMIN_ONLY_TOKEN)
-        assert "--token" in str(scope.value)
+        assert "scopes" in str(scope.value) and "--" not in str(scope.value)
 
         with Client(target, token=LAUNCH_TOKEN, reattach_timeout=120) as client:
             assert client.attachment.tenant == "team-a"
@@ -102,7 +102,7 @@ def test_tls(certificates: Certificates) -> None:
             _scan(client)
         with pytest.raises(errors.DaemonUnreachable) as plaintext:
             Client(daemon.tcp_target, attach_timeout=5)
-        assert "--tls-ca" in str(plaintext.value)
+        assert "tls_ca=" in str(plaintext.value)
         env = dict(os.environ, ACCY_TARGET=daemon.tcp_target)
         done = _accy("--tls-ca", str(certs.ca), "health", env=env)
         assert done.stdout.strip() == "SERVING", done.stderr

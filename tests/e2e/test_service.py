@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from accy import Client, errors, references
-from accy.client import Buffer
-from accy.launch.v1 import launch_pb2 as pb
+from accy._resources import new_buffer
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon
 from tests.e2e.workers import scan_round_trip
 
@@ -141,7 +141,7 @@ def test_threads_of_one_client_share_its_launch_stream(daemon: RunningDaemon) ->
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(chain, factors))
-        stream = client._last.launches  # one stream served every thread, and is still open
+        stream = client._conn.last.launches  # one stream served every thread, and is still open
         assert stream is not None and not stream.broken
     for row, got in zip(factors, results, strict=True):
         expected = np.zeros(n, np.float32)
@@ -162,7 +162,7 @@ def test_two_loads_of_one_pipeline_are_released_one_by_one(daemon: RunningDaemon
         second.close()
         assert client.status().my_sessions == 0
         with pytest.raises(errors.NotFound):
-            client._unary(client._stub.Release, pb.ReleaseRequest(session_id=first.id))
+            client._conn.unary(client._conn.stub.Release, pb.ReleaseRequest(session_id=first.id))
 
 
 def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
@@ -171,7 +171,11 @@ def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
         secret = alice.buffer(np.arange(16, dtype=np.float32))
         mine = bob.empty(16, "f32")
         # Bob holds Alice's ids through objects bound to his own client.
-        stolen = Buffer(bob, secret.id, secret.nbytes, secret.capacity, secret.dtype, 0)
+        link = bob._conn.last
+        assert link is not None
+        stolen = new_buffer(
+            bob._conn, link, secret.id, secret.nbytes, secret.capacity, secret.dtype, 0
+        )
         with pytest.raises(errors.NotFound):
             stolen.read()
         with pytest.raises(errors.NotFound):
@@ -184,18 +188,18 @@ def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
         # Alice's session id on Bob's calls: answered exactly as an unknown id.
         for method, request in [
             (
-                bob._stub.Launch,
+                bob._conn.stub.Launch,
                 pb.LaunchRequest(session_id=session.id, operands=[mine.id], results=[mine.id]),
             ),
             (
-                bob._stub.AllocateIntermediates,
+                bob._conn.stub.AllocateIntermediates,
                 pb.AllocateIntermediatesRequest(session_id=session.id),
             ),
-            (bob._stub.WaitLaunch, pb.WaitLaunchRequest(session_id=session.id)),
-            (bob._stub.Release, pb.ReleaseRequest(session_id=session.id)),
+            (bob._conn.stub.WaitLaunch, pb.WaitLaunchRequest(session_id=session.id)),
+            (bob._conn.stub.Release, pb.ReleaseRequest(session_id=session.id)),
         ]:
             with pytest.raises(errors.NotFound):
-                bob._unary(method, request)
+                bob._conn.unary(method, request)
         assert bob.status().my_buffers == 1 and bob.status().my_sessions == 1
         np.testing.assert_array_equal(secret.read(), np.arange(16, dtype=np.float32))
 
@@ -227,9 +231,8 @@ def test_detached_client_loses_its_buffers(daemon: RunningDaemon) -> None:
     with Client(daemon.unix_target) as watcher:
         before = watcher.status().buffers
         leaver = Client(daemon.unix_target)
-        leaver.empty(1 << 20, "u8")
-        leaver.load(SCAN)
-        assert watcher.status().buffers == before + 1
+        kept = (leaver.empty(1 << 20, "u8"), leaver.load(SCAN))  # held: not freed when dropped
+        assert watcher.status().buffers == before + 1 and not kept[0].closed
         leaver.close()
         deadline = time.monotonic() + 10
         while watcher.status().buffers != before and time.monotonic() < deadline:

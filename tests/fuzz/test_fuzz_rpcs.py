@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accy import Client, references
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon, serving
 from tests.service.harness import attach, details
 

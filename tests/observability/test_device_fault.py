@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
 from accyd.server import EXIT_DEVICE_FAULT
 from tests.security.harness import Caller

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
 from accyd.errors import LaunchArgumentMismatch
 from accyd.metrics import Metrics

@@ -9,8 +9,8 @@ from typing import Any
 
 import grpc
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.auth import hash_token, new_token
 from tests.service.harness import ServerThread, make_config
 

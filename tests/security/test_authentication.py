@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from tests.security.harness import Caller, TokenSpec, serving_with_tokens, write_tokens
 from tests.service.harness import ServerThread, details, field_of, rpc_error
 
@@ -127,7 +127,7 @@ def test_another_tenants_client_id_is_answered_as_an_unknown_one(
             lambda c: c.AllocateBuffer(pb.AllocateBufferRequest(byte_size=64)),
         ):
             theirs, nobodys = (
-                refused(partial(request_of, caller), grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+                refused(partial(request_of, caller), grpc.StatusCode.NOT_FOUND, "CLIENT_UNKNOWN")
                 for caller in (intruder, unknown)
             )
             same = (nobodys.details() or "").replace(str(unknown.client_id), str(owner.client_id))

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
 from tests.security.harness import Caller, TokenSpec, write_tokens
 from tests.service.harness import ServerThread, chunks, details, make_config, rpc_error

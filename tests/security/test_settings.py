@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from accyd.auth import hash_token, new_token
+from accyd.backends.host import physical_memory
 from accyd.cli import main, parser
-from accyd.config import Config
+from accyd.config import QUOTAS, SETTINGS, Config
 from accyd.core.tenants import Quotas
+from accyd.lineage import EXIT_NEVER_READY
+from accyd.settings import flag_values
 
 
 def test_environment_and_flags_set_tokens_tls_metrics_and_quotas(tmp_path: Path) -> None:
@@ -83,5 +86,63 @@ def test_an_unreadable_tls_key_stops_the_server_with_its_path(tmp_path: Path) ->
          "--tls-key", str(tmp_path / "missing.key")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 1
+    assert done.returncode == EXIT_NEVER_READY  # a restart would fail the same way
     assert "missing.key" in done.stderr
+
+
+def test_serve_help_names_every_setting_with_its_variable_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for bound in (*SETTINGS, *QUOTAS):
+        assert bound.flag in text
+        assert f"[env {bound.env}; default" in text
+    assert "--grace SECONDS drain time at shutdown" in text
+    assert "[env ACCYD_GRACE_SECONDS; default 10.0]" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "field", "value"),
+    [
+        (["--grace", "3"], {"ACCYD_GRACE_SECONDS": "3"}, "grace_seconds", 3.0),
+        (["--launch-spin-us", "50"], {"ACCYD_LAUNCH_SPIN_SECONDS": "0.00005"},
+         "launch_spin_seconds", 50e-6),
+        (["--listen", "unix:/a", "--listen", "unix:/b"], {"ACCYD_LISTEN": "unix:/a,unix:/b"},
+         "listen", ("unix:/a", "unix:/b")),
+        (["--no-supervise"], {"ACCYD_SUPERVISE": "false"}, "supervise", False),
+        (["--host-memory-limit", "2GiB"], {"ACCYD_HOST_MEMORY_LIMIT": "2GiB"},
+         "host_memory_limit", 2 << 30),
+        (["--keepalive-seconds", "7"], {"ACCYD_KEEPALIVE_SECONDS": "7"}, "keepalive_seconds", 7),
+    ],
+)  # fmt: skip
+def test_a_flag_and_its_variable_set_the_same_setting(
+    flags: list[str], env: dict[str, str], field: str, value: object
+) -> None:
+    args = parser().parse_args(["serve", *flags])
+    from_flags = Config.from_env({}, **flag_values(args, SETTINGS))
+    from_env = Config.from_env(env)
+    assert getattr(from_flags, field) == getattr(from_env, field) == value
+
+
+def test_a_flag_wins_over_its_variable() -> None:
+    args = parser().parse_args(["serve", "--grace", "1", "--quota-sessions", "2"])
+    env = {"ACCYD_GRACE_SECONDS": "9", "ACCYD_QUOTA_SESSIONS": "5", "ACCYD_QUOTA_BUFFERS": "4"}
+    config = Config.from_env(env, quotas=flag_values(args, QUOTAS), **flag_values(args, SETTINGS))
+    assert config.grace_seconds == 1.0
+    assert (config.quotas.sessions, config.quotas.buffers) == (2, 4)
+
+
+def test_a_bad_variable_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="ACCYD_GRACE_SECONDS='soon'"):
+        Config.from_env({"ACCYD_GRACE_SECONDS": "soon"})
+    with pytest.raises(ValueError, match=r"ACCYD_BACKEND='gpu'.*auto, cuda, host"):
+        Config.from_env({"ACCYD_BACKEND": "gpu"})
+
+
+def test_the_host_memory_limit_takes_a_share_of_physical_memory() -> None:
+    config = Config.from_env({"ACCYD_HOST_MEMORY_LIMIT": "25%"})
+    assert config.host_memory_limit == physical_memory() // 4
+    with pytest.raises(ValueError, match="share"):
+        Config.from_env({"ACCYD_HOST_MEMORY_LIMIT": "150%"})

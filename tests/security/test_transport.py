@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.config import Config
 from tests.security.certs import Authority, Issued
 from tests.security.harness import Caller, TokenSpec, write_tokens

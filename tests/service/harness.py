@@ -14,8 +14,8 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import HostBackend
 from accyd.catalog import Catalog, load_catalog
 from accyd.config import Config

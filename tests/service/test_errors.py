@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.core.tenants import Quotas
 from tests.service.harness import (
     Attached,

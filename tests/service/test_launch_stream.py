@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from tests.service.harness import Attached, ServerThread, attach, rpc_error, status_details
 from tests.service.test_rpcs import download, upload
 

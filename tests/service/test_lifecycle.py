@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd import server as server_module
 from tests.service.harness import ServerThread, attach, chunks, make_config
 

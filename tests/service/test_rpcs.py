@@ -10,7 +10,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped, unused-ign
     reflection_pb2_grpc,
 )
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from tests.service.harness import Attached, ServerThread, chunks
 
 N = 70000

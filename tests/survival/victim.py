@@ -26,8 +26,8 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 
 SCAN, SAXPY = "accy.kernel.device_scan", "accy.kernel.saxpy"
 BIG = 16 << 20

@@ -8,6 +8,7 @@ same results as the CUDA kernels of the same contract.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Sequence
 from types import CodeType
@@ -34,6 +35,7 @@ from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
     DeviceFault,
+    FailedPrecondition,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -41,9 +43,17 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["HostBackend"]
+__all__ = ["DEFAULT_MEMORY_SHARE", "HostBackend", "physical_memory"]
 
 HostKernel = Callable[..., None]
+
+DEFAULT_MEMORY_SHARE = 0.5
+"""The share of physical memory the host backend hands out unless told another limit."""
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class HostBackend:
@@ -53,7 +63,8 @@ class HostBackend:
     ``destroy``. Each stream is a worker thread that runs its work in order;
     ``stream=None`` is a default stream the backend owns. ``close()`` stops
     every worker and drops every buffer, kernel, stream and event still held.
-    ``memory_limit`` (bytes) makes allocations past it fail with ``OutOfMemory``.
+    Allocations past ``memory_limit`` bytes (default: ``DEFAULT_MEMORY_SHARE`` of
+    physical memory) fail with ``OutOfMemory`` before any memory is touched.
 
     A kernel that raises ``DeviceFault`` poisons the backend as a sticky CUDA
     error poisons a context: every later call but the freeing ones raises
@@ -69,7 +80,9 @@ class HostBackend:
         self._events: dict[int, Event] = {}
         self._modules: dict[str, dict[str, Any]] = {}
         self._in_use = 0
-        self._memory_limit = memory_limit
+        self._memory_limit = (
+            int(physical_memory() * DEFAULT_MEMORY_SHARE) if memory_limit is None else memory_limit
+        )
         self._default: Stream | None = None
         self._fault: DeviceFault | None = None
         self._closed = False
@@ -115,10 +128,11 @@ class HostBackend:
         if byte_size <= 0:
             raise LaunchArgumentMismatch(f"a buffer needs at least 1 byte, not {byte_size}")
         with self._lock:
-            if self._memory_limit is not None and self._in_use + byte_size > self._memory_limit:
+            if self._in_use + byte_size > self._memory_limit:
                 raise OutOfMemory(
-                    f"host backend: {byte_size} bytes more would pass the limit of "
-                    f"{self._memory_limit} ({self._in_use} in use)"
+                    f"host backend: {byte_size} bytes more would pass its memory limit of "
+                    f"{self._memory_limit} bytes ({self._in_use} in use); free buffers, or "
+                    "start the daemon with a larger --host-memory-limit"
                 )
             self._in_use += byte_size
         try:
@@ -176,7 +190,11 @@ class HostBackend:
                 self._modules[digest] = namespace
         function = namespace.get(artifact.kernel_name)
         if not callable(function):
-            raise RuntimeUnavailable(f"{artifact.origin}: no function {artifact.kernel_name!r}")
+            raise FailedPrecondition(
+                f"{artifact.origin}: entry {artifact.kernel_name!r} names no function of the "
+                "kernel's code; fix the catalog's manifest",
+                field="entry",
+            )
         kernel = LoadedKernel(self._take_id(), artifact.kernel_name, function)
         with self._lock:
             self._kernels[kernel.id] = kernel

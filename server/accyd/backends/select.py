@@ -22,14 +22,22 @@ def cuda_present() -> bool:
     return cuda_available()
 
 
-def make_backend(kind: str = "auto", *, device: int = 0, cache_dir: Path | None = None) -> Backend:
-    """Make the backend ``kind`` names; ``auto`` never fails for want of a GPU."""
+def make_backend(
+    kind: str = "auto",
+    *,
+    device: int = 0,
+    cache_dir: Path | None = None,
+    host_memory_limit: int | None = None,
+) -> Backend:
+    """Make the backend ``kind`` names; ``auto`` never fails for want of a GPU.
+
+    ``host_memory_limit``: the host backend's limit (``None``: its default share)."""
     if kind not in BACKEND_CHOICES:
         raise UnsupportedOperation(
             f"unknown backend {kind!r}; choose one of {', '.join(BACKEND_CHOICES)}"
         )
     if kind == "host" or (kind == "auto" and not cuda_present()):
-        return HostBackend()
+        return HostBackend(memory_limit=host_memory_limit)
     if not cuda_present():
         raise UnsupportedOperation(
             "the cuda backend needs an NVIDIA GPU, its driver and cuda-bindings "

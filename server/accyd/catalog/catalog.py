@@ -8,6 +8,7 @@ from pathlib import Path
 
 from accyd.catalog.manifest import read_manifest
 from accyd.catalog.model import ArtifactFormat, KernelEntry, Pipeline, Registry
+from accyd.echo import clip
 from accyd.errors import CatalogError, InvalidArtifact, NotFound
 
 __all__ = ["BUILTIN_CATALOG", "Catalog", "load_catalog"]
@@ -68,7 +69,7 @@ class Catalog:
             versions = [p for (t, _), p in self._pipelines.items() if t == target]
             pipeline = max(versions, key=lambda p: p.version) if versions else None
         if pipeline is None:
-            which = f"{target} v{version}" if version else target
+            which = f"{clip(target)} v{version}" if version else clip(target)
             raise NotFound(f"no pipeline {which} in the catalog", field="target")
         return pipeline
 

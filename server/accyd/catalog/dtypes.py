@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from accy.protocol import dtype_named
 from accyd.errors import LaunchArgumentMismatch
 
 __all__ = ["DType", "Scalar"]
@@ -46,8 +47,8 @@ class DType(enum.Enum):
 
     @classmethod
     def from_numpy(cls, dtype: np.dtype[np.generic]) -> DType:
-        for member, name in _NUMPY.items():
-            if np.dtype(name) == dtype:
+        for member, numpy in _NUMPY_DTYPES.items():
+            if numpy == dtype:
                 return member
         raise ValueError(f"numpy dtype {dtype} has no accy dtype")
 
@@ -66,23 +67,31 @@ class DType(enum.Enum):
         fvalue = float(value)
         if not math.isfinite(fvalue):
             raise LaunchArgumentMismatch(f"{self.value} scalar must be finite, got {fvalue}")
+        largest = _FLOAT_MAX[self]
+        if abs(fvalue) > largest:
+            # Packed as this type it would become inf, and a kernel would run on it.
+            raise LaunchArgumentMismatch(
+                f"{fvalue!r} does not fit {self.value} (largest magnitude {largest:.7g})"
+            )
         return fvalue
 
 
-_NUMPY: dict[DType, str] = {
-    DType.F32: "float32",
-    DType.F64: "float64",
-    DType.I32: "int32",
-    DType.U32: "uint32",
-    DType.I64: "int64",
-    DType.U64: "uint64",
-    DType.U8: "uint8",
-}
-_NUMPY_DTYPES: dict[DType, np.dtype[np.generic]] = {d: np.dtype(n) for d, n in _NUMPY.items()}
+def _numpy(dtype: DType) -> np.dtype[np.generic]:
+    entry = dtype_named(dtype.value)
+    if entry is None:
+        raise AssertionError(f"the protocol has no element type {dtype.value}")
+    return entry.numpy
+
+
+_NUMPY_DTYPES: dict[DType, np.dtype[np.generic]] = {d: _numpy(d) for d in DType}
 _INT_RANGES: dict[DType, tuple[int, int]] = {
-    d: (int(np.iinfo(n).min), int(np.iinfo(n).max))
-    for d, n in _NUMPY.items()
-    if np.dtype(n).kind in "iu"
+    d: (int(np.iinfo(n.name).min), int(np.iinfo(n.name).max))
+    for d, n in _NUMPY_DTYPES.items()
+    if n.kind in "iu"
+}
+
+_FLOAT_MAX: dict[DType, float] = {
+    d: float(np.finfo(n.name).max) for d, n in _NUMPY_DTYPES.items() if n.kind == "f"
 }
 
 

@@ -7,6 +7,7 @@ documented in ``docs/catalog.md``.
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -149,15 +150,19 @@ def _read_kernel(path: Path, index: int, raw: Any) -> KernelEntry:
         raise where.error("buffers", "must be 0 or more")
     scalar_names, scalar_dtypes = _scalar_list(where, table)
     launch = _geometry(where, table, scalar_names)
+    entry_name = where.get(table, "entry", str)
+    payload = _payload(where, table, fmt)
+    if fmt is ArtifactFormat.HOST_PY:
+        _check_host_entry(where, entry_name, payload)
     return KernelEntry(
         target=target,
         version=version,
         format=fmt,
-        entry_name=where.get(table, "entry", str),
+        entry_name=entry_name,
         argument_count=buffers + len(scalar_dtypes),
         runtime_scalar_argument_count=len(scalar_dtypes),
         launch=launch,
-        payload=_payload(where, table, fmt),
+        payload=payload,
         scalar_dtypes=scalar_dtypes,
         shared_memory_bytes=where.optional(table, "shared_memory_bytes", int, 0),
         required_dtypes=tuple(
@@ -222,6 +227,37 @@ def _dim3(
     while len(dims) < 3:
         dims.append(item(key, 1))
     return (dims[0], dims[1], dims[2])
+
+
+def _check_host_entry(where: _Where, entry: str, payload: str | bytes) -> None:
+    """Refuse a host_py kernel whose code does not define its entry (found now, not at load)."""
+    source = payload.decode() if isinstance(payload, bytes) else payload
+    try:
+        module = ast.parse(source)
+    except SyntaxError as error:
+        raise where.error(
+            "code", f"is not valid Python: line {error.lineno}: {error.msg}"
+        ) from None
+    if entry not in _top_level_names(module):
+        raise where.error(
+            "entry",
+            f"the code defines no function {entry!r}; name one of its functions "
+            f"(def {entry}(grid, block, buffers, scalars): ...)",
+        )
+
+
+def _top_level_names(module: ast.Module) -> set[str]:
+    """The names a module binds at its top level: functions, assignments, imports."""
+    names: set[str] = set()
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
 
 
 def _payload(where: _Where, table: Mapping[str, Any], fmt: ArtifactFormat) -> str | bytes:

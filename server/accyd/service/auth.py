@@ -12,7 +12,9 @@ of every service, the open ones too):
   call needs a valid token (``UNAUTHENTICATED`` otherwise), except calls on the
   Unix socket that carry none when the operator trusts it (``--unix-trusted``).
 - Every call of the launch service needs the ``launch`` scope
-  (``PERMISSION_DENIED`` otherwise); ``admin`` is for catalog changes.
+  (``PERMISSION_DENIED`` otherwise), but GetStatus, which also takes
+  ``status`` (monitoring, without attaching) or ``admin`` (every tenant's
+  numbers; catalog changes).
 - A client id (``accy-client-id``) attached under another tenant is answered
   exactly as an unknown one: ``NOT_FOUND``.
 - The health and reflection services need no token, so that container
@@ -23,17 +25,19 @@ The handler finds the principal with ``current_principal()``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import structlog
 
+from accy.protocol import AUTHORIZATION_METADATA as AUTHORIZATION_HEADER
 from accyd.auth import Principal, TokenTable
 from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
@@ -47,14 +51,16 @@ __all__ = [
     "AUTHORIZATION_HEADER",
     "LAUNCH_SCOPE",
     "OPEN_SERVICES",
+    "STATUS_SCOPE",
     "Admitting",
     "AuthInterceptor",
     "Authenticator",
+    "InFlight",
     "current_principal",
     "default_principal",
+    "scopes_of",
 ]
 
-AUTHORIZATION_HEADER = "authorization"
 OPEN_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",
@@ -64,7 +70,18 @@ OPEN_SERVICES = frozenset(
 )
 """Services callable without a token."""
 LAUNCH_SCOPE = "launch"
+STATUS_SCOPE = "status"
 ADMIN_SCOPE = "admin"
+_METHOD_SCOPES: dict[str, tuple[str, ...]] = {
+    "GetStatus": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
+}
+"""The scopes that admit a call of each method (any one of them); others need ``launch``."""
+
+
+def scopes_of(method: str) -> tuple[str, ...]:
+    """The scopes that admit a call of ``method`` (``/package.Service/Name`` or ``Name``)."""
+    return _METHOD_SCOPES.get(method.rsplit("/", 1)[-1], (LAUNCH_SCOPE,))
+
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "accy_principal", default=None
@@ -109,6 +126,11 @@ class Authenticator:
         self._tenant_of_client = tenant_of_client
         self._merged: dict[Principal, Principal] = {}
 
+    def replace_tokens(self, tokens: TokenTable) -> None:
+        """Check calls against ``tokens`` from now on (a reloaded tokens file)."""
+        self.tokens = tokens
+        self._merged = {}
+
     def principal(self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str]) -> Principal:
         """The caller: the default principal, or the token's (``Unauthenticated`` if invalid).
 
@@ -127,11 +149,11 @@ class Authenticator:
         return merged
 
     def check(
-        self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str], scope: str
+        self, metadata: Sequence[tuple[str, Any]], peer: Callable[[], str], *scopes: str
     ) -> Principal:
-        """The caller, if it may make a call that needs ``scope`` with the client id it names."""
+        """The caller, if it holds one of ``scopes`` and may use the client id it names."""
         principal = self.principal(metadata, peer)
-        principal.require(scope)
+        principal.require(*scopes)
         for key, value in metadata:
             if key == CLIENT_ID_HEADER and isinstance(value, str):
                 tenant = self._tenant_of_client(value)
@@ -182,7 +204,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     async def _admit(self, method: str, context: Context) -> None:
         try:
             principal = self.authenticator.check(
-                tuple(context.invocation_metadata() or ()), context.peer, LAUNCH_SCOPE
+                tuple(context.invocation_metadata() or ()), context.peer, *scopes_of(method)
             )
         except AccyError as error:
             request_id = new_request_id()
@@ -194,16 +216,64 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         bind(tenant=principal.tenant)
 
 
+class InFlight:
+    """The admitted calls running now (Attach streams aside), so a stop can end them.
+
+    ``end_all`` cancels each; its wrapper then answers the caller with the
+    given error (UNAVAILABLE, reason ``SHUTTING_DOWN``) instead of a bare
+    cancellation.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.ending: AccyError | None = None
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
+
+    def end_all(self, error: AccyError) -> int:
+        """Answer every call in flight with ``error``; returns how many there were."""
+        self.ending = error
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
+
+    async def ended(self, context: Context) -> None:
+        """Abort a cancelled call with the stop's error; re-raise a plain cancellation."""
+        if self.ending is None:
+            raise asyncio.CancelledError
+        request_id = new_request_id()
+        log_failure("call", self.ending, request_id=request_id)
+        status = to_status(self.ending, request_id)
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+UNTRACKED = frozenset({"Attach"})
+"""Calls a stop ends by itself (``close_attach_streams``), not through ``InFlight``."""
+
+
 class Admitting:
     """Registers a service's handlers on ``server``, each wrapped to admit its calls first.
 
     It stands in for the server in a generated ``add_*Servicer_to_server`` call.
     Services registered on the server directly (health, reflection) stay open.
+    Every call it admits is in ``in_flight`` while it runs.
     """
 
     def __init__(self, server: grpc.aio.Server, authenticator: Authenticator) -> None:
         self._server = server
         self._interceptor = AuthInterceptor(authenticator)
+        self.in_flight = InFlight()
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         """Ignored: the same handlers come again, by name, to the call below."""
@@ -216,6 +286,7 @@ class Admitting:
             name: _wrap(
                 handler,
                 functools.partial(interceptor._admit, f"/{service}/{name}"),
+                None if name in UNTRACKED else self.in_flight,
             )
             for name, handler in handlers.items()
         }
@@ -226,7 +297,9 @@ class Admitting:
 
 
 def _wrap(
-    handler: _Handler[_Req, _Resp], admit: Callable[[Context], Awaitable[None]]
+    handler: _Handler[_Req, _Resp],
+    admit: Callable[[Context], Awaitable[None]],
+    in_flight: InFlight | None = None,
 ) -> _Handler[_Req, _Resp]:
     """The same handler, with ``admit`` awaited before its behavior."""
     kinds = (
@@ -239,15 +312,17 @@ def _wrap(
         inner: _Behavior | None = getattr(handler, name)
         if inner is not None:
             return make(
-                _admitted(inner, admit),
+                _admitted(inner, admit, in_flight),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
     return handler
 
 
-def _admitted(inner: _Behavior, admit: Callable[[Context], Awaitable[None]]) -> _Behavior:
-    """A coroutine behavior that admits the call, then runs ``inner``.
+def _admitted(
+    inner: _Behavior, admit: Callable[[Context], Awaitable[None]], in_flight: InFlight | None
+) -> _Behavior:
+    """A coroutine behavior that admits the call, then runs ``inner`` (in ``in_flight``).
 
     A streaming ``inner`` is driven here and its items written with
     ``context.write``, so it is always closed in the call's own task (its
@@ -258,14 +333,30 @@ def _admitted(inner: _Behavior, admit: Callable[[Context], Awaitable[None]]) -> 
 
         async def streaming(request: Any, context: Context) -> None:
             await admit(context)
-            async with contextlib.aclosing(inner(request, context)) as items:
-                async for item in items:
-                    await context.write(item)
+            with _tracked(in_flight):
+                try:
+                    async with contextlib.aclosing(inner(request, context)) as items:
+                        async for item in items:
+                            await context.write(item)
+                except asyncio.CancelledError:
+                    if in_flight is None:
+                        raise
+                    await in_flight.ended(context)
 
         return streaming
 
     async def unary(request: Any, context: Context) -> Any:
         await admit(context)
-        return await inner(request, context)
+        with _tracked(in_flight):
+            try:
+                return await inner(request, context)
+            except asyncio.CancelledError:
+                if in_flight is None:
+                    raise
+                await in_flight.ended(context)
 
     return unary
+
+
+def _tracked(in_flight: InFlight | None) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext() if in_flight is None else in_flight.track()

@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 import grpc
 import structlog
 
+from accy.protocol import CLIENT_ID_METADATA as CLIENT_ID_HEADER
 from accyd.core.ids import new_request_id
 from accyd.errors import AccyError, InvalidRequest
 from accyd.logs import bind, unbind
@@ -38,7 +39,6 @@ __all__ = [
     "unary",
 ]
 
-CLIENT_ID_HEADER = "accy-client-id"
 MAX_ID_LENGTH = 256
 LONG_LIVED = frozenset({"Attach", "LaunchStream"})
 """Calls that last as long as their client: not counted as in flight (a stream's launches are)."""

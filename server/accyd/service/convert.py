@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol import DTYPES
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
 from accyd.core.daemon import DaemonStatus, TenantStatus, Tensor
+from accyd.echo import clip
 from accyd.errors import InvalidRequest, LaunchArgumentMismatch
 
 __all__ = [
@@ -22,25 +24,9 @@ __all__ = [
     "tensor_to_proto",
 ]
 
-_PAIRS: tuple[tuple[pb.DType, DType], ...] = (
-    (pb.DTYPE_F32, DType.F32),
-    (pb.DTYPE_F64, DType.F64),
-    (pb.DTYPE_I32, DType.I32),
-    (pb.DTYPE_U32, DType.U32),
-    (pb.DTYPE_I64, DType.I64),
-    (pb.DTYPE_U64, DType.U64),
-    (pb.DTYPE_U8, DType.U8),
-)
-_DTYPES: dict[int, DType] = dict(_PAIRS)
-_WIRE: dict[DType, pb.DType] = {dtype: wire for wire, dtype in _PAIRS}
-_SCALAR_KINDS: dict[str, DType] = {
-    "u32": DType.U32,
-    "i32": DType.I32,
-    "f32": DType.F32,
-    "f64": DType.F64,
-    "u64": DType.U64,
-    "i64": DType.I64,
-}
+_DTYPES: dict[int, DType] = {int(d.wire): DType(d.name) for d in DTYPES}
+_WIRE: dict[DType, pb.DType] = {DType(d.name): d.wire for d in DTYPES}
+_SCALAR_KINDS: dict[str, DType] = {d.name: DType(d.name) for d in DTYPES if d.scalar}
 
 
 def dtype_from_proto(value: int, field: str) -> DType | None:
@@ -65,7 +51,7 @@ def format_from_proto(value: str) -> ArtifactFormat | None:
     except ValueError:
         names = ", ".join(f.value for f in ArtifactFormat)
         raise InvalidRequest(
-            f"unknown format {value!r}; formats are {names}", field="format"
+            f"unknown format {clip(value)!r}; formats are {names}", field="format"
         ) from None
 
 
@@ -75,14 +61,16 @@ def scalars_from_proto(
     """Typed scalars by name; an empty or out-of-range value is refused naming its field."""
     result = {}
     for name, message in scalars.items():
-        where = f"{field}.{name}"
+        where = f"{field}.{clip(name)}"
         kind = message.WhichOneof("value")
         if kind is None:
-            raise InvalidRequest(f"runtime scalar {name!r} has no value", field=where)
+            raise InvalidRequest(f"runtime scalar {clip(name)!r} has no value", field=where)
         try:
             result[name] = Scalar(_SCALAR_KINDS[kind], getattr(message, kind))
         except LaunchArgumentMismatch as error:
-            raise LaunchArgumentMismatch(f"runtime scalar {name!r}: {error}", field=where) from None
+            raise LaunchArgumentMismatch(
+                f"runtime scalar {clip(name)!r}: {error}", field=where
+            ) from None
     return result
 
 

@@ -4,6 +4,7 @@
 metadata such as the session or quota; ``BadRequest`` names the field at fault;
 ``QuotaFailure`` names the quota; ``RequestInfo`` carries the request id. An
 error that is no domain error is ``INTERNAL`` and says only the request id.
+Messages and fields are bounded (``accyd.echo``): they may repeat client text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
+from accy.protocol import CLIENT_UNKNOWN, ERROR_DOMAIN
+from accyd.echo import bounded
 from accyd.errors import (
     AccyError,
     AlreadyExists,
@@ -33,9 +36,9 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["DOMAIN", "code_of", "refusal_fields", "to_rpc_status", "to_status"]
+__all__ = ["DOMAIN", "code_of", "reason_of", "refusal_fields", "to_rpc_status", "to_status"]
 
-DOMAIN = "accy.dev"
+DOMAIN = ERROR_DOMAIN
 
 _CODES: tuple[tuple[type[AccyError], grpc.StatusCode], ...] = (
     (DeviceFault, grpc.StatusCode.UNAVAILABLE),
@@ -69,9 +72,9 @@ def refusal_fields(error: AccyError) -> dict[str, object]:
     """What a log line says about a refused call: its code, reason, field and message."""
     return {
         "code": code_of(error).name,
-        "reason": error.reason,
-        "field": error.field,
-        "error": error.message,
+        "reason": reason_of(error),
+        "field": None if error.field is None else bounded(error.field),
+        "error": bounded(error.message),
     }
 
 
@@ -81,27 +84,32 @@ def _pack(message: Message) -> any_pb2.Any:
     return packed
 
 
-def _details(error: AccyError, request_id: str) -> list[Message]:
+def reason_of(error: AccyError) -> str:
+    """The ``ErrorInfo.reason`` of a domain error: its class's, except that an unknown
+    client id is ``CLIENT_UNKNOWN``, on which clients attach again."""
+    if isinstance(error, NotFound) and error.field == "client_id":
+        return CLIENT_UNKNOWN
+    return error.reason
+
+
+def _details(error: AccyError, message: str, request_id: str) -> list[Message]:
     metadata = {"request_id": request_id}
-    if error.field:
-        metadata["field"] = error.field
+    field = bounded(error.field) if error.field else None
+    if field:
+        metadata["field"] = field
     if isinstance(error, DeviceFault) and error.session:
         metadata["session"] = error.session
     if isinstance(error, QuotaExceeded):
         metadata["quota"] = error.quota
     details: list[Message] = [
-        error_details_pb2.ErrorInfo(reason=error.reason, domain=DOMAIN, metadata=metadata),
+        error_details_pb2.ErrorInfo(reason=reason_of(error), domain=DOMAIN, metadata=metadata),
         error_details_pb2.RequestInfo(request_id=request_id),
     ]
-    if error.field:
-        violation = error_details_pb2.BadRequest.FieldViolation(
-            field=error.field, description=error.message
-        )
+    if field:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=field, description=message)
         details.append(error_details_pb2.BadRequest(field_violations=[violation]))
     if isinstance(error, QuotaExceeded):
-        quota = error_details_pb2.QuotaFailure.Violation(
-            subject=error.quota, description=error.message
-        )
+        quota = error_details_pb2.QuotaFailure.Violation(subject=error.quota, description=message)
         details.append(error_details_pb2.QuotaFailure(violations=[quota]))
     return details
 
@@ -109,7 +117,10 @@ def _details(error: AccyError, request_id: str) -> list[Message]:
 def to_rpc_status(error: BaseException, request_id: str) -> status_pb2.Status:
     """The ``google.rpc.Status`` of a failure; internals of a non-domain error are not sent."""
     if isinstance(error, AccyError):
-        code, message, details = code_of(error), error.message, _details(error, request_id)
+        # Messages may echo what a client sent: bounded, so an error never outgrows the
+        # metadata limit (the client would get that complaint instead of the error).
+        code, message = code_of(error), bounded(error.message)
+        details = _details(error, message, request_id)
     else:
         code = grpc.StatusCode.INTERNAL
         message = f"internal error; the daemon's log has it under request {request_id}"

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon, LaunchTicket, WouldBlock
 from accyd.core.ids import new_request_id
 from accyd.logs import bind

@@ -18,12 +18,13 @@ from collections.abc import AsyncIterator
 import grpc
 import structlog
 
-from accy.launch.v1 import launch_pb2 as pb
-from accy.launch.v1 import launch_pb2_grpc
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.auth import Principal
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import InvalidRequest
+from accyd.lineage import Lineage
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
@@ -32,7 +33,6 @@ from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, tex
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
 from accyd.service.launches import Launcher
 from accyd.service.tasks import TaskSet
-from accyd.supervisor import Lineage
 
 __all__ = ["SERVICE_NAME", "LaunchServicer"]
 

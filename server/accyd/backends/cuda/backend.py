@@ -31,6 +31,7 @@ from accyd.backends.cuda.graphs import GraphLaunch
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
+    FailedPrecondition,
     InvalidArtifact,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -487,7 +488,8 @@ class CudaBackend:
         try:
             function = self._check(
                 cu.cuModuleGetFunction(module, artifact.kernel_name.encode()),
-                f"cuModuleGetFunction({artifact.kernel_name!r}) in {artifact.origin}",
+                f"entry {artifact.kernel_name!r} (cuModuleGetFunction) in {artifact.origin}",
+                FailedPrecondition,  # the manifest names no kernel of its code: not retryable
             )
         except BaseException:
             cu.cuModuleUnload(module)

@@ -1,0 +1,381 @@
+"""A client's connection: its channel, the current link, and every call's dispatch.
+
+Errors are translated here, once: a failed call raises its typed ``AccyError``
+``from`` the gRPC error. A call made while the client reattaches waits for the
+next link, within its own timeout.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from accy._link import Link, device_lost, names_client
+from accy._rpc import Stub, channel_options
+from accy.errors import (
+    AccyError,
+    CertificateNotVerified,
+    DaemonUnreachable,
+    DeadlineExceeded,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+    from_rpc_error,
+    with_hint,
+)
+
+__all__ = ["UNSET", "Connection", "Sessions", "open_channel"]
+
+log = logging.getLogger("accy")
+
+_T = TypeVar("_T")
+UNSET: Any = object()
+"""A timeout argument not given: the connection's default applies."""
+
+LOSS_GRACE = 1.0
+"""How long a call that found no daemon waits to learn whether its link was lost (the daemon
+went away, so the call waits for the next one) or the daemon is merely out of reach."""
+
+
+def open_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    *,
+    server_name: str | None = None,
+) -> grpc.Channel:
+    """A channel to ``target`` (already resolved): TLS when ``credentials`` are given.
+
+    ``server_name`` is the name to check the daemon's certificate against,
+    where it differs from the target's host.
+    """
+    options: list[tuple[str, Any]] = list(channel_options())
+    if credentials is None:
+        return grpc.insecure_channel(target, options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, credentials, options)
+
+
+class Sessions:
+    """The open sessions, as the functions that load each again on a new link.
+
+    Each is held weakly (a ``WeakMethod``): a session dropped unreleased is not
+    restored. A function returns whether the session now works on the link.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._movers: dict[int, weakref.WeakMethod[Callable[[Link], bool]]] = {}
+
+    def add(self, mover: Callable[[Link], bool]) -> int:
+        """Register a bound method that moves one session to a link; returns its key."""
+        with self._lock:
+            key = next(self._keys)
+            self._movers[key] = weakref.WeakMethod(mover)
+        return key
+
+    def discard(self, key: int) -> None:
+        with self._lock:
+            self._movers.pop(key, None)
+
+    def restore(self, link: Link) -> tuple[int, int]:
+        """Load every open session again on ``link``; returns (restored, lost)."""
+        with self._lock:
+            movers = [ref() for ref in self._movers.values()]
+        restored = lost = 0
+        for mover in movers:
+            if mover is None:
+                continue
+            if mover(link):
+                restored += 1
+            else:
+                lost += 1
+        return restored, lost
+
+
+def _tls_refused(detail: str) -> bool:
+    """Whether a connection failure's detail says the TLS handshake failed."""
+    lowered = detail.lower()
+    return "certificate_verify_failed" in lowered or "handshake failed" in lowered
+
+
+class Connection:
+    """The channel to one daemon address and the link (attachment) calls go out on.
+
+    Resources (sessions, buffers) hold the connection, not the client, and make
+    their calls through ``call``, ``stream_in`` and ``stream_out``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        *,
+        server_name: str | None,
+        auth: tuple[tuple[str, str], ...],
+        has_token: bool,
+        timeout: float | None,
+        chunk_size: int,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.chunk_size = chunk_size
+        self.auth = auth
+        self.secure = credentials is not None
+        self._has_token = has_token
+        self.channel = open_channel(target, credentials, server_name=server_name)
+        self.stub = Stub(self.channel)
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self.closed = False
+        self.link: Link | None = None
+        """The link calls go out on; ``None`` while the client reattaches."""
+        self.last: Link | None = None
+        """The latest link, lost or not."""
+        self.broken: AccyError | None = None
+        """Why the client stopped reattaching: every call raises it."""
+        self.sessions = Sessions()
+        self._later: collections.deque[Callable[[], object]] = collections.deque()
+        self._cleaner: threading.Thread | None = None
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def translate(self, error: grpc.RpcError) -> AccyError:
+        """The typed error of a failed call, with what to do about it where the client knows."""
+        return self.hint(from_rpc_error(error))
+
+    def hint(self, failure: AccyError) -> AccyError:
+        """``failure``, made specific: an unreachable daemon, a token refused, a TLS mismatch."""
+        if isinstance(failure, Unavailable) and failure.reason is None:
+            if self.secure and _tls_refused(failure.message):
+                return CertificateNotVerified(self.target, failure.message)
+            hint = None
+            if not (self.target.startswith("unix:") or self.secure):
+                hint = "if it serves TLS, connect with TLS (tls_ca=, or tls=True for system roots)"
+            return DaemonUnreachable(self.target, failure.message, hint)
+        if isinstance(failure, Unauthenticated):
+            if self._has_token:
+                return with_hint(failure, "the daemon refused the token given")
+            return with_hint(
+                failure, "this daemon wants a bearer token: give token= or set ACCY_TOKEN"
+            )
+        if isinstance(failure, PermissionDenied):
+            return with_hint(failure, "the token's scopes do not allow this call")
+        return failure
+
+    def judged(self, failure: AccyError, link: Link) -> AccyError:
+        """``failure``, after losing ``link`` if it shows the link gone."""
+        if device_lost(failure) or names_client(failure):
+            self.lose(link, failure)
+        return failure
+
+    # -- the link -------------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"the client of {self.target} is closed")
+
+    def publish(self, link: Link) -> None:
+        """Make ``link`` the one calls go out on (under ``cond``, which callers hold)."""
+        self.last = self.link = link
+        self.cond.notify_all()
+
+    def lose(self, link: Link, error: AccyError) -> None:
+        """``link`` is gone (``error`` says why): calls wait for the next one from now on."""
+        with self.cond:
+            link.lose(error, time.monotonic())
+            if self.link is link:
+                self.link = None
+            self.cond.notify_all()
+        link.stream.cancel()
+        link.close_launches()
+
+    def give_up(self, error: AccyError) -> None:
+        """Stop waiting for a link: every call from now on raises ``error``."""
+        with self.cond:
+            self.broken = error
+            self.cond.notify_all()
+
+    def current_link(self, deadline: float | None = None) -> Link:
+        """The link to call on: the current one, else wait while the client attaches again
+        (until ``deadline``, a ``time.monotonic()`` value; ``None``: as long as it takes)."""
+        link = self.link
+        if link is not None:
+            return link
+        with self.cond:
+            while True:
+                self.check_open()
+                if self.link is not None:
+                    return self.link
+                if self.broken is not None:
+                    raise self.broken.with_traceback(None)
+                left = 1.0 if deadline is None else min(deadline - time.monotonic(), 1.0)
+                if left <= 0:
+                    raise DeadlineExceeded(
+                        f"the client was attaching again to {self.target} and the call's "
+                        "time ran out first"
+                    )
+                self.cond.wait(left)
+
+    def _lost_soon(self, link: Link, deadline: float | None) -> bool:
+        """Wait (briefly) for the attach thread to find ``link`` lost; whether it was."""
+        until = time.monotonic() + LOSS_GRACE
+        if deadline is not None:
+            until = min(until, deadline)
+        with self.cond:
+            while link.lost is None and not self.closed:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return link.lost is not None
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def timeout_of(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is UNSET else timeout
+
+    def call(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[Any, _T],
+        request: Any,
+        timeout: float | None = UNSET,
+        *,
+        link: Link | None = None,
+    ) -> tuple[_T, Link]:
+        """Call one unary RPC on ``link`` (default: the current one); see ``dispatch``."""
+
+        def send(message: Any, use: Link, left: float | None) -> _T:
+            return method(message, metadata=use.metadata, timeout=left)
+
+        return self.dispatch(request, send, self.timeout_of(timeout), link, transport=True)
+
+    def unary(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[Any, _T],
+        request: Any,
+        timeout: float | None = UNSET,
+    ) -> _T:
+        """Call one unary RPC on the current link; returns its answer."""
+        return self.call(method, request, timeout)[0]
+
+    def dispatch(
+        self,
+        request: Any,
+        send: Callable[[Any, Link, float | None], _T],
+        timeout: float | None,
+        link: Link | None,
+        *,
+        transport: bool,
+    ) -> tuple[_T, Link]:
+        """Send ``request`` on ``link`` (default: the current one); errors come back typed.
+
+        ``request`` is a message, or a function of the link that builds it (ids
+        differ between links). On the current link, a request the daemon refused
+        because it no longer knew this client did nothing: it is sent once more
+        once the client attached again. With ``transport``, so is one that found
+        no daemon because the daemon went away (its link is lost), for as long as
+        the call's timeout lasts.
+        """
+        self.check_open()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unknown_retried = False
+        left = timeout  # the first try has it all; a second, what is left of it
+        while True:
+            use = link or self.current_link(deadline)
+            message = request(use) if callable(request) else request
+            cause: BaseException
+            try:
+                return send(message, use, left), use
+            except grpc.RpcError as error:
+                failure, cause = self.judged(self.translate(error), use), error
+            except AccyError as error:  # refused in-band: a LaunchStream answer
+                failure, cause = self.judged(error, use), error
+            if link is None:
+                gone = transport and isinstance(failure, DaemonUnreachable)
+                again = names_client(failure) and not unknown_retried
+                if again or (gone and self._lost_soon(use, deadline)):
+                    unknown_retried |= again
+                    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    continue
+            if failure is cause:
+                raise failure
+            raise failure from cause
+
+    def later(self, work: Callable[[], object]) -> None:
+        """Run ``work`` soon on a background thread, ignoring its errors (for cleanups that
+        must not block or raise where they are noticed, such as in a finalizer)."""
+        with self.cond:
+            if self.closed:
+                return
+            self._later.append(work)
+            if self._cleaner is None or not self._cleaner.is_alive():
+                self._cleaner = threading.Thread(
+                    target=self._clean, name="accy-cleanup", daemon=True
+                )
+                self._cleaner.start()
+
+    def _clean(self) -> None:
+        while True:
+            with self.cond:
+                if not self._later or self.closed:
+                    self._later.clear()
+                    self._cleaner = None
+                    return
+                work = self._later.popleft()
+            try:
+                work()
+            except Exception as error:  # best effort: the daemon frees it all on detach
+                log.debug("a background cleanup failed: %s", error)
+
+    def stream_in(
+        self,
+        method: grpc.StreamUnaryMultiCallable[Any, _T],
+        requests: Iterator[Any],
+        timeout: float | None,
+        link: Link,
+    ) -> _T:
+        """A client-streaming call on ``link`` (a buffer's writes)."""
+        self.check_open()
+        try:
+            return method(requests, metadata=link.metadata, timeout=timeout)
+        except grpc.RpcError as error:
+            raise self.judged(self.translate(error), link) from error
+
+    def stream_out(
+        self,
+        method: grpc.UnaryStreamMultiCallable[Any, _T],
+        request: Any,
+        timeout: float | None,
+        link: Link,
+    ) -> Iterator[_T]:
+        """A server-streaming call on ``link`` (a buffer's reads), cancelled when left."""
+        self.check_open()
+        call = method(request, metadata=link.metadata, timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as error:
+            raise self.judged(self.translate(error), link) from error
+        finally:
+            call.cancel()
+
+    def close(self) -> None:
+        """Stop everything: end the current link and close the channel."""
+        self.stopping.set()
+        with self.cond:
+            self.closed = True
+            link = self.last
+            self.cond.notify_all()
+        if link is not None:
+            link.stream.cancel()
+            link.close_launches(now=True)
+        self.channel.close()

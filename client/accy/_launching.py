@@ -1,0 +1,106 @@
+"""The launch path: a launch goes out on its link's LaunchStream and comes back as a Launch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from accy._connection import UNSET, Connection
+from accy._launches import LaunchStream
+from accy._link import Link, device_lost
+from accy.errors import AccyError
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+if TYPE_CHECKING:
+    from accy._sessions import Session
+
+__all__ = ["Launch", "launch_on", "launches_of", "new_launch"]
+
+
+def launches_of(conn: Connection, link: Link) -> LaunchStream:
+    """``link``'s LaunchStream, opened (again) if need be."""
+    with conn.cond:
+        conn.check_open()
+        stream = link.launches
+        if stream is None or stream.broken:
+            stream = link.launches = LaunchStream(
+                conn.stub, link.metadata, conn.translate, conn.hint
+            )
+        return stream
+
+
+def launch_on(
+    conn: Connection, request: Callable[[Link], pb.LaunchRequest], timeout: float | None
+) -> tuple[pb.LaunchResponse, Link]:
+    """One launch on the current link's LaunchStream (as ``Connection.call`` makes a unary
+    call). A launch that met a broken connection is not sent again: it may have run."""
+
+    def send(message: pb.LaunchRequest, use: Link, left: float | None) -> pb.LaunchResponse:
+        return launches_of(conn, use).launch(message, left)
+
+    return conn.dispatch(request, send, conn.timeout_of(timeout), None, transport=False)
+
+
+def new_launch(
+    session: Session, conn: Connection, response: pb.LaunchResponse, link: Link
+) -> Launch:
+    """The ``Launch`` the daemon answered on ``link`` (for ``Session`` only)."""
+    launch = object.__new__(Launch)
+    launch.session = session
+    launch._conn = conn
+    launch._link = link
+    launch._session_id = session.id
+    launch.id = response.launch_id
+    launch.completed = response.completed
+    launch.enqueue_seconds = response.enqueue_seconds
+    launch.elapsed_seconds = response.elapsed_seconds
+    return launch
+
+
+class Launch:
+    """One launch of a session: done already if it was waited for, else ``wait()`` for it.
+
+    Launches are made by ``Session.launch``.
+    """
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("a Launch is made by Session.launch()")
+
+    session: Session
+    id: str
+    completed: bool
+    enqueue_seconds: float
+    elapsed_seconds: float
+    _conn: Connection
+    _link: Link
+    _session_id: str
+
+    def __repr__(self) -> str:
+        state = "completed" if self.completed else "enqueued"
+        return f"<accy.Launch {self.id} of {self._session_id} {state}>"
+
+    def wait(self, timeout: float | None = UNSET) -> Launch:
+        """Block until this launch finished on the device; returns ``self``.
+
+        A launch that the daemon lost when it restarted raises ``Unavailable``
+        (reason ``DEVICE_LOST`` after a device fault, ``session`` naming the culprit).
+        """
+        if self.completed:
+            return self
+        link = self._link
+        if link.lost is None:
+            conn = self._conn
+            try:
+                conn.call(
+                    conn.stub.WaitLaunch,
+                    pb.WaitLaunchRequest(session_id=self._session_id, launch_id=self.id),
+                    timeout,
+                    link=link,
+                )
+            except AccyError as error:
+                if link.lost is None or device_lost(error):
+                    raise
+            else:
+                self.completed = True
+                return self
+        raise link.lost_error(f"launch {self.id} of session {self._session_id}")

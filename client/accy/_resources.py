@@ -1,0 +1,247 @@
+"""What a client owns on the daemon, as objects: the ``Resource`` base and ``Buffer``.
+
+Each resource is made by its owner only (a buffer by ``Client.buffer`` or
+``Client.empty``), closes idempotently, and carries a safety net: one dropped
+without being closed is freed in the background once Python collects it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from accy import _chunks, _dtypes
+from accy._chunks import Progress
+from accy._connection import UNSET, Connection
+from accy._dtypes import DTypeLike
+from accy._link import Link, device_lost
+from accy.errors import AccyError, BufferLost, FieldViolation, InvalidArgument
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["Buffer", "Resource", "buffer_ids", "new_buffer"]
+
+
+class Resource:
+    """Idempotent, thread-safe ``close()`` and context-manager support.
+
+    ``_arm`` sets the safety net: ``dropped`` runs (without the object) if the
+    object is collected while open; ``close()`` disarms it and runs ``_close``.
+    """
+
+    _finalizer: weakref.finalize[Any, Any] | None = None
+
+    def _arm(self, dropped: Callable[..., object], *args: object) -> None:
+        self._finalizer = weakref.finalize(self, dropped, *args)
+        self._finalizer.atexit = False  # at exit the daemon frees it all when we detach
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free what this object holds on the daemon; later calls do nothing."""
+        finalizer = self._finalizer
+        if finalizer is None or finalizer.detach() is None:
+            return  # closed already (or by another thread right now)
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._finalizer is None or not self._finalizer.alive
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _free_dropped(conn: Connection, link: Link, buffer_id: str) -> None:
+    """The safety net of a buffer collected unfreed: free it in the background."""
+    if conn.closed or link.lost is not None:
+        return
+    request = pb.FreeBufferRequest(buffer_id=buffer_id)
+    conn.later(lambda: conn.call(conn.stub.FreeBuffer, request, link=link))
+
+
+def new_buffer(
+    conn: Connection,
+    link: Link,
+    buffer_id: str,
+    nbytes: int,
+    capacity: int,
+    dtype: np.dtype[Any] | None,
+    device: int,
+) -> Buffer:
+    """The ``Buffer`` for an allocation the daemon made on ``link`` (for ``Client`` only)."""
+    buffer = object.__new__(Buffer)
+    buffer._conn = conn
+    buffer._link = link
+    buffer.id = buffer_id
+    buffer.nbytes = nbytes
+    buffer.capacity = capacity
+    buffer.dtype = dtype
+    buffer.device = device
+    link.buffers.add(buffer)
+    buffer._arm(_free_dropped, conn, link, buffer_id)
+    return buffer
+
+
+class Buffer(Resource):
+    """A device buffer owned by this client: write and read in streamed chunks, then free.
+
+    A buffer lives on one daemon instance: once the client lost it (the daemon
+    restarted), ``lost`` is true and every use raises ``BufferLost``. Buffers
+    are made by ``Client.buffer`` and ``Client.empty``.
+    """
+
+    id: str
+    nbytes: int
+    capacity: int
+    dtype: np.dtype[Any] | None
+    device: int
+    _conn: Connection
+    _link: Link
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("a Buffer is made by Client.buffer() or Client.empty()")
+
+    def __repr__(self) -> str:
+        dtype = _dtypes.name_of(self.dtype)
+        state = " freed" if self.closed else " lost" if self.lost else ""
+        return f"<accy.Buffer {self.id} {self.nbytes} bytes {dtype}{state}>"
+
+    @property
+    def lost(self) -> bool:
+        """Whether the daemon that held this buffer is gone (its data with it)."""
+        return self._link.lost is not None
+
+    @property
+    def size(self) -> int:
+        """Elements of ``dtype`` the buffer holds (bytes when it has no dtype)."""
+        return self.nbytes // (self.dtype.itemsize if self.dtype is not None else 1)
+
+    def on(self, link: Link) -> str:
+        """This buffer's id for a call on ``link``; ``BufferLost`` if the buffer is not there."""
+        if self.closed:
+            raise InvalidArgument(
+                f"buffer {self.id} was freed; make a new one",
+                reason="BUFFER_FREED",
+                field_violations=[FieldViolation("buffer_id", "the buffer was freed")],
+            )
+        mine = self._link
+        if mine.lost is not None:
+            raise BufferLost(self.id, mine.lost, session=mine.fault_session)
+        if mine is not link and link.lost is None:
+            raise BufferLost(self.id, "the client attached again", session=None)
+        return self.id
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Link]:
+        """The link to transfer on; a failure because that link went is ``BufferLost``."""
+        link = self._link
+        self.on(link)
+        try:
+            yield link
+        except AccyError as error:
+            if link.lost is None or device_lost(error):
+                raise
+            raise BufferLost(self.id, link.lost, session=link.fault_session) from error
+
+    def _range(self, offset: int, size: int) -> None:
+        if offset < 0 or size < 0 or offset + size > self.nbytes:
+            why = f"bytes {offset}..{offset + size} are outside 0..{self.nbytes}"
+            raise InvalidArgument(
+                f"buffer {self.id}: {why}", field_violations=[FieldViolation("offset", why)]
+            )
+
+    def write(
+        self,
+        array: np.ndarray[Any, Any] | Sequence[Any],
+        offset: int = 0,
+        *,
+        chunk_size: int | None = None,
+        progress: Progress | None = None,
+        timeout: float | None = UNSET,
+    ) -> int:
+        """Upload ``array`` at byte ``offset`` in chunks; returns the bytes written.
+
+        An ndarray must have the buffer's dtype (no silent conversion); a plain
+        sequence is converted to it.
+        """
+        data = array if isinstance(array, np.ndarray) else np.asarray(array, dtype=self.dtype)
+        kind = _dtypes.to_numpy(data.dtype)
+        if self.dtype is not None and kind != self.dtype:
+            why = f"is {data.dtype}, the buffer holds {_dtypes.name_of(self.dtype)}"
+            raise InvalidArgument(
+                f"buffer {self.id}: data {why}", field_violations=[FieldViolation("data", why)]
+            )
+        raw = _chunks.as_bytes(data, kind)
+        self._range(offset, len(raw))
+        conn = self._conn
+        size = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
+        chunks = _chunks.write_chunks(self.id, raw, offset, size, progress)
+        with self._using() as link:
+            response = conn.stream_in(conn.stub.WriteBuffer, chunks, conn.timeout_of(timeout), link)
+        return response.bytes_written
+
+    def read(
+        self,
+        dtype: DTypeLike | None = None,
+        count: int | None = None,
+        *,
+        offset: int = 0,
+        chunk_size: int | None = None,
+        progress: Progress | None = None,
+        timeout: float | None = UNSET,
+    ) -> np.ndarray[Any, Any]:
+        """Download ``count`` elements (default: to the end) from byte ``offset``, in chunks."""
+        kind = _dtypes.to_numpy(dtype) if dtype is not None else self.dtype
+        kind = kind if kind is not None else np.dtype(np.uint8)
+        if count is None:
+            count = max(self.nbytes - offset, 0) // kind.itemsize
+        size = count * kind.itemsize
+        self._range(offset, size)
+        self.on(self._link)
+        if size == 0:
+            return np.empty(0, dtype=kind)
+        conn = self._conn
+        request = pb.ReadBufferRequest(
+            buffer_id=self.id,
+            offset=offset,
+            size=size,
+            chunk_size=_chunks.check_chunk_size(chunk_size or conn.chunk_size),
+        )
+        with self._using() as link:
+            chunks = conn.stream_out(conn.stub.ReadBuffer, request, conn.timeout_of(timeout), link)
+            return _chunks.gather(chunks, offset, size, progress).view(kind)
+
+    def free(self) -> None:
+        """Free the buffer on the daemon; later calls, and calls on a lost buffer, do nothing."""
+        self.close()
+
+    def _close(self) -> None:
+        link = self._link
+        link.buffers.discard(self)
+        conn = self._conn
+        if conn.closed or link.lost is not None:
+            return
+        try:
+            conn.call(conn.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id), link=link)
+        except AccyError:
+            if link.lost is None:
+                raise
+
+
+def buffer_ids(buffers: Sequence[Buffer | str], link: Link) -> list[str]:
+    """The ids of ``buffers`` (or ids given as such) for a call on ``link``."""
+    return [b if isinstance(b, str) else b.on(link) for b in buffers]

@@ -1,0 +1,252 @@
+"""``Session``: a loaded pipeline on the daemon, launched many times, then released."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from accy import _dtypes
+from accy._connection import UNSET, Connection
+from accy._launching import Launch, launch_on, new_launch
+from accy._link import Link
+from accy._models import PipelineInfo
+from accy._resources import Buffer, Resource, buffer_ids
+from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["Session", "new_session"]
+
+_PACKED_KEPT = 64
+"""Distinct sets of scalar values a session keeps packed for its next launches."""
+
+
+def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) -> None:
+    """The safety net of a session collected unreleased: release it in the background."""
+    conn.sessions.discard(key)
+    session_id, link = state[0]
+    if conn.closed or link.lost is not None:
+        return
+    request = pb.ReleaseRequest(session_id=session_id)
+    conn.later(lambda: conn.call(conn.stub.Release, request, link=link))
+
+
+def new_session(
+    conn: Connection, response: pb.LoadPipelineResponse, link: Link, device: int
+) -> Session:
+    """The ``Session`` for a load the daemon answered on ``link`` (for ``Client`` only)."""
+    session = object.__new__(Session)
+    session._conn = conn
+    session._lock = threading.RLock()
+    session.device = device
+    session._scratch = None
+    session._failure = None
+    session._unwaited = None
+    session._packed = {}
+    session._where = []
+    session._take(response, link)
+    session._key = conn.sessions.add(session._move)
+    session._arm(_release_dropped, conn, session._key, session._where)
+    return session
+
+
+class Session(Resource):
+    """A loaded pipeline with its own stream on the daemon: launch it many times, then release.
+
+    When the client attaches to a restarted daemon, the session is loaded
+    again (its scratch too) and keeps working under a new ``id``; if that
+    fails, its calls raise ``SessionLost``. Sessions are made by ``Client.load``;
+    a released one raises ``FailedPrecondition`` (reason ``SESSION_RELEASED``).
+    """
+
+    device: int
+    created: bool
+    format: str
+    info: PipelineInfo
+    _conn: Connection
+    _lock: threading.RLock
+    _id: str
+    _link: Link
+    _key: int
+    _scratch: dict[str, float] | None
+    _failure: AccyError | None
+    _unwaited: Link | None
+    _packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]]
+    _where: list[tuple[str, Link]]
+    """``[(id, link)]``: where the session is now, shared with its safety net."""
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("a Session is made by Client.load()")
+
+    def _take(self, response: pb.LoadPipelineResponse, link: Link) -> None:
+        self._id = response.session_id
+        self._link = link
+        self._where[:] = [(self._id, link)]
+        self.created = response.created
+        self.format = response.format
+        self.info = PipelineInfo.from_proto(response.pipeline)
+
+    @property
+    def id(self) -> str:
+        """The session's id on the daemon (a new one after the client reattached)."""
+        return self._id
+
+    def __repr__(self) -> str:
+        state = " released" if self.closed else " lost" if self._failure else ""
+        info = self.info
+        return f"<accy.Session {self.id} {info.target} v{info.version} {self.format}{state}>"
+
+    def _move(self, link: Link) -> bool:
+        """Load the session again on ``link`` (with its scratch); whether that worked.
+
+        ``Unavailable`` (that daemon is going away too) propagates; any other
+        refusal leaves the session lost, and its calls raise ``SessionLost``.
+        """
+        with self._lock:
+            if self.closed:
+                return True
+            if self._link is link or self._failure is not None:
+                return self._failure is None
+            old_id, why = self._id, self._link.lost or "the client attached again"
+            conn = self._conn
+            try:
+                response, _ = conn.call(
+                    conn.stub.LoadPipeline,
+                    pb.LoadPipelineRequest(
+                        target=self.info.target,
+                        version=self.info.version,
+                        format=self.format,
+                        device=self.device,
+                    ),
+                    link=link,
+                )
+                if self._scratch is not None:
+                    conn.call(
+                        conn.stub.AllocateIntermediates,
+                        pb.AllocateIntermediatesRequest(
+                            session_id=response.session_id,
+                            runtime_scalars=self._scalars(self._scratch),
+                        ),
+                        link=link,
+                    )
+            except Unavailable:
+                raise
+            except AccyError as error:
+                if link.lost is not None:
+                    raise
+                self._failure = SessionLost(old_id, self.info.target, why, error)
+                return False
+            self._take(response, link)
+            return True
+
+    def _on(self, link: Link) -> str:
+        """This session's id for a call on ``link``, loading it there first if need be."""
+        if self.closed:
+            raise FailedPrecondition(
+                f"session {self._id} ({self.info.target}) was released; load the pipeline "
+                "again to use it",
+                reason="SESSION_RELEASED",
+            )
+        if self._link is not link:
+            self._move(link)
+        if self._failure is not None:
+            raise self._failure.with_traceback(None)
+        return self._id
+
+    def _scalars(self, values: Mapping[str, object]) -> dict[str, pb.Scalar]:
+        """The scalars typed for the wire; the same values again reuse the same messages."""
+        key = tuple((name, type(value), value) for name, value in values.items())
+        try:
+            packed = self._packed.get(key)
+        except TypeError:  # an unhashable value: packing says what is wrong with it
+            return _dtypes.pack_scalars(self.info.runtime_scalars, values)
+        if packed is None:
+            packed = _dtypes.pack_scalars(self.info.runtime_scalars, values)
+            if len(self._packed) >= _PACKED_KEPT:
+                self._packed.clear()
+            self._packed[key] = packed
+        return packed
+
+    def allocate_intermediates(self, **scalars: float) -> int:
+        """Allocate the session's scratch once for these scalars; returns its size in bytes.
+
+        The scalars are remembered: a reloaded session gets the same scratch.
+        """
+        self._on(self._link)  # a released session says so before anything else
+        packed = self._scalars(scalars)
+        conn = self._conn
+        response = conn.unary(
+            conn.stub.AllocateIntermediates,
+            lambda link: pb.AllocateIntermediatesRequest(
+                session_id=self._on(link), runtime_scalars=packed
+            ),
+        )
+        with self._lock:
+            self._scratch = dict(scalars)
+        return response.byte_size
+
+    def launch(
+        self,
+        operands: Sequence[Buffer | str] = (),
+        results: Sequence[Buffer | str] = (),
+        wait: bool = True,
+        *,
+        timeout: float | None = UNSET,
+        **scalars: float,
+    ) -> Launch:
+        """Enqueue the pipeline on this session's stream; with ``wait``, return once it finished.
+
+        A buffer of a daemon that restarted raises ``BufferLost``; a launch the
+        daemon lost its device over raises ``Unavailable`` with reason
+        ``DEVICE_LOST`` and ``session`` naming the session that faulted.
+        """
+        packed = self._scalars(scalars)
+
+        def request(link: Link) -> pb.LaunchRequest:
+            return pb.LaunchRequest(
+                session_id=self._on(link),
+                operands=buffer_ids(operands, link),
+                results=buffer_ids(results, link),
+                runtime_scalars=packed,
+                wait=wait,
+            )
+
+        response, link = launch_on(self._conn, request, timeout)
+        if not wait:
+            self._unwaited = link
+        return new_launch(self, self._conn, response, link)
+
+    def wait(self, timeout: float | None = UNSET) -> None:
+        """Wait for every launch of this session so far.
+
+        Launches that the daemon lost when it restarted raise ``Unavailable`` (once).
+        """
+        pending = self._unwaited
+        if pending is not None and pending.lost is not None:
+            self._unwaited = None
+            raise pending.lost_error(f"work enqueued on session {self.id}")
+        conn = self._conn
+        conn.unary(
+            conn.stub.WaitLaunch,
+            lambda link: pb.WaitLaunchRequest(session_id=self._on(link)),
+            timeout,
+        )
+        if self._unwaited is pending:
+            self._unwaited = None
+
+    def release(self) -> None:
+        """Let this load go (idempotent); the last one waits for the session's work, then
+        frees its pool, scratch and stream."""
+        self.close()
+
+    def _close(self) -> None:
+        conn = self._conn
+        conn.sessions.discard(self._key)
+        with self._lock:
+            link = self._link
+        if conn.closed or link.lost is not None or self._failure is not None:
+            return
+        try:
+            conn.call(conn.stub.Release, pb.ReleaseRequest(session_id=self._id), link=link)
+        except AccyError:
+            if link.lost is None:
+                raise
