@@ -77,7 +77,7 @@ class PreparedLaunches:
         prepared.launch(request.stream)
 
     def clear(self) -> None:
-        """Drop every prepared launch (a graph still running finishes first: CUDA frees it after)."""
+        """Drop every prepared launch (a running graph finishes first: CUDA frees it after)."""
         for prepared in self._prepared.values():
             prepared.close()
         self._prepared.clear()
