@@ -16,7 +16,7 @@ from _sharing_kernel import COUNT, PIPELINE, SYNC_EVERY, max_error
 from bench_service import _channel, _percentiles, _StreamEcho, _timed
 
 from accy import Client
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 
 SCAN = "accy.kernel.device_scan"
 BLOCKS = 10

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.lineage import EXIT_NEVER_READY, EXIT_STOPPED_BUSY
 from accyd.signals import capture_signals
 from tests.service.harness import attach, details

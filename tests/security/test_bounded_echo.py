@@ -12,7 +12,7 @@ import grpc
 import pytest
 import structlog
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.echo import clip
 from accyd.errors import LaunchArgumentMismatch
 from accyd.logs import bound_values

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.auth import TokenTable, hash_token, new_token
 from accyd.core.tenants import Quotas
 from accyd.errors import CatalogError

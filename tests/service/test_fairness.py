@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from accy.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
 from tests.security.harness import Caller, TokenSpec, write_tokens
 from tests.service.harness import ServerThread, chunks, make_config
