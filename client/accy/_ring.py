@@ -17,7 +17,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,9 +192,15 @@ class Ring:
         if self.done <= seq:
             self._await(lambda: self.done > seq, timeout, TimeoutError)
 
-    def _await(self, ready: object, timeout: float, error: type[Exception]) -> None:
-        check = ready  # a callable; typed loosely to keep the hot path lean
-        assert callable(check)
+    def _await(self, ready: Callable[[], bool], timeout: float, error: type[Exception]) -> None:
+        try:
+            self._await_open(ready, timeout, error)
+        except ValueError:  # the mapping was closed under this wait
+            raise RingClosed("the ring was closed") from None
+
+    def _await_open(
+        self, check: Callable[[], bool], timeout: float, error: type[Exception]
+    ) -> None:
         deadline = time.monotonic() + timeout
         spin_until = time.monotonic() + self.spin_seconds
         while not check():

@@ -163,8 +163,15 @@ class ServerRing:
             else:
                 raise InvalidRequest(f"unknown record kind {kind}", field="kind")
         except AccyError as error:
-            self._refuse(seq, error)
+            self._refuse(seq, error, self._named(kind, handle))
         self._flights.append(_Flight(seq + 1, None, None, False))
+
+    def _named(self, kind: int, handle: int) -> str:
+        """What a refused record was, for its message: "launch of session ..." and so on."""
+        if kind == layout.Kind.LAUNCH:
+            binding = self._sessions.get(handle)
+            return f"launch of session {binding.session_id}" if binding else "launch"
+        return "binding" if kind != layout.Kind.UNBIND else "unbinding"
 
     def _bind(self, kind: int, handle: int, object_id: str) -> None:
         if handle in self._sessions or handle in self._buffers:
@@ -247,11 +254,11 @@ class ServerRing:
 
     # Errors ---------------------------------------------------------------------------
 
-    def _refuse(self, seq: int, error: AccyError) -> None:
+    def _refuse(self, seq: int, error: AccyError, what: str = "record") -> None:
         if isinstance(error, DeviceFault):
             self.broken = True
         field = (error.field or "").encode()[: layout.FIELD_BYTES]
-        message = error.message.encode()[: layout.MESSAGE_BYTES]
+        message = f"{what}: {error.message}".encode()[: layout.MESSAGE_BYTES]
         at = layout.ERROR_BASE + (self._errors % layout.error_slots()) * layout.ERROR_SIZE
         layout.ERROR_ENTRY.pack_into(
             self.memory.map, at, seq, error.reason.encode()[:32], field, len(message)
