@@ -20,6 +20,7 @@ from accyd.backends.cuda.backend import CudaBackend
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat, FixedGeometry
 from accyd.errors import (
+    FailedPrecondition,
     InvalidArtifact,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -407,9 +408,10 @@ def test_ptx_and_cubin_formats(backend: CudaBackend) -> None:
         backend.create_artifact(request("x", "", ArtifactFormat.HOST_PY, (1, 0)))
 
 
-def test_missing_symbol_is_runtime_unavailable(backend: CudaBackend) -> None:
+def test_missing_symbol_is_a_failed_precondition(backend: CudaBackend) -> None:
+    # Not UNAVAILABLE, which clients retry: the catalog names a function the module lacks.
     artifact = backend.create_artifact(request("accy_no_such_kernel", counts=(1, 0)))
-    with pytest.raises(RuntimeUnavailable, match="accy_no_such_kernel"):
+    with pytest.raises(FailedPrecondition, match="accy_no_such_kernel"):
         backend.load_artifact(artifact)
 
 
