@@ -37,9 +37,12 @@ def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, L
     """The current link and its ring (opened on first use), or ``None`` for gRPC launches."""
     left = conn.timeout_of(timeout)
     link = conn.current_link(None if left is None else time.monotonic() + left)
-    socket_path = ring_wanted(conn.target)
-    if socket_path is None or link.ring_tried:
+    if link.ring_tried:
         return link.ring, link
+    socket_path = ring_wanted(conn.target)
+    if socket_path is None:
+        link.ring_tried = True
+        return None, link
     with _opening:
         if not link.ring_tried:
             link.ring = open_ring(

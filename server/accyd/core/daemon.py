@@ -31,6 +31,7 @@ from accyd.core.executor import (
 from accyd.core.holdings import CatalogView, WouldBlock
 from accyd.core.ids import CLIENT, INSTANCE, new_id
 from accyd.core.launching import Launching, LaunchTicket
+from accyd.core.marks import MarkWatch
 from accyd.core.run import run
 from accyd.core.sessions import order_scalars
 from accyd.core.status import DaemonStatus, TenantStatus
@@ -149,6 +150,21 @@ class Daemon(Launching):
         """``NotFound`` unless the client owns the buffer."""
         with self._lock:
             self._clients.get(client_id).buffer(buffer_id)
+
+    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None:
+        """A hold on the end of the session's newest launch (``None``: none in flight)."""
+        with self._lock:
+            try:
+                session = self._session(client_id, session_id)[1]
+            except AccyError:
+                return None
+            mark = session.pending(None)
+            if mark is None:
+                return None
+            try:
+                return MarkWatch(mark, session.stream)
+            finally:
+                mark.release()
 
     def touch(self, client_id: str) -> None:
         """The client is alive: a ring's records count as calls for liveness."""

@@ -65,6 +65,8 @@ class RingCore(Protocol):
 
     def reap(self, client_id: str, session_id: str) -> None: ...
 
+    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None: ...
+
     def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]: ...
 
     def check_buffer(self, client_id: str, buffer_id: str) -> None: ...
@@ -81,11 +83,13 @@ class _SessionBinding:
 
 @dataclass(slots=True)
 class _Flight:
+    """One batch of records: over once the newest launch of each session it used is."""
+
     end: int
-    """``done`` may pass to this once the entry is over."""
-    watch: MarkWatch | None
-    session_id: str | None
-    must_wait: bool
+    """``done`` may pass to this once the batch is over."""
+    watches: list[MarkWatch]
+    reap: set[str]
+    """Sessions whose launches ran on scratch of their own: freed once the batch is over."""
 
 
 class ServerRing:
@@ -129,16 +133,27 @@ class ServerRing:
         if not 0 < ahead <= self.memory.slot_count:
             self._break(f"head {head} is not within one ring of the tail {self._tail}")
             return 0
-        taken = 0
-        while taken < min(ahead, limit):
-            self._one(self._tail)
-            self._tail += 1
-            taken += 1
+        taken = min(ahead, limit)
+        sessions: set[str] = set()
+        reap: set[str] = set()
+        for seq in range(self._tail, self._tail + taken):
+            launched = self._one(seq)
+            if launched is not None:
+                sessions.add(launched[0])
+                if launched[1]:
+                    reap.add(launched[0])
+        self._tail += taken
+        # One watch per session and batch: its launches run in order on its stream, so
+        # the newest one's end is the end of them all. Published after the launches are
+        # enqueued, so a client that sees the tail move may call over gRPC in their order.
+        watches = [w for s in sessions if (w := self._core.newest_launch(self.client_id, s))]
+        self._flights.append(_Flight(self._tail, watches, reap))
         self.memory.set_u64(layout.TAIL, self._tail)
         self._core.touch(self.client_id)
         return taken
 
-    def _one(self, seq: int) -> None:
+    def _one(self, seq: int) -> tuple[str, bool] | None:
+        """Take one record; for a launch enqueued, its session and whether it must be reaped."""
         raw = self.memory.record(seq)
         (got, kind, _flags, handle, n_ops, n_res, n_scalars, *rest) = layout.RECORD.unpack_from(raw)
         handles, values = rest[: layout.MAX_BUFFERS], rest[layout.MAX_BUFFERS]
@@ -151,10 +166,9 @@ class ServerRing:
                         f"{n_ops} operands and {n_res} results exceed {layout.MAX_BUFFERS}",
                         field="buffers",
                     )
-                self._launch(
-                    seq, handle, handles[:n_ops], handles[n_ops : n_ops + n_res], n_scalars, values
+                return self._launch(
+                    handle, handles[:n_ops], handles[n_ops : n_ops + n_res], n_scalars, values
                 )
-                return
             if kind in (layout.Kind.BIND_SESSION, layout.Kind.BIND_BUFFER):
                 self._bind(kind, handle, _id_of(raw))
             elif kind == layout.Kind.UNBIND:
@@ -164,7 +178,7 @@ class ServerRing:
                 raise InvalidRequest(f"unknown record kind {kind}", field="kind")
         except AccyError as error:
             self._refuse(seq, error, self._named(kind, handle))
-        self._flights.append(_Flight(seq + 1, None, None, False))
+        return None
 
     def _named(self, kind: int, handle: int) -> str:
         """What a refused record was, for its message: "launch of session ..." and so on."""
@@ -193,13 +207,12 @@ class ServerRing:
 
     def _launch(
         self,
-        seq: int,
         handle: int,
         operands: Sequence[int],
         results: Sequence[int],
         n_scalars: int,
         values: bytes,
-    ) -> None:
+    ) -> tuple[str, bool]:
         binding = self._sessions.get(handle)
         if binding is None:
             raise NotFound(f"no session bound to handle {handle}", field="session")
@@ -219,9 +232,8 @@ class ServerRing:
             [self._buffer(h, "operands", i) for i, h in enumerate(operands)],
             [self._buffer(h, "results", i) for i, h in enumerate(results)],
             scalars,
-            watch=True,
         )
-        self._flights.append(_Flight(seq + 1, ticket.watch, binding.session_id, ticket.must_wait))
+        return binding.session_id, ticket.must_wait
 
     def _buffer(self, handle: int, role: str, index: int) -> str:
         buffer_id = self._buffers.get(handle)
@@ -237,12 +249,12 @@ class ServerRing:
         flights = self._flights
         while flights:
             flight = flights[0]
-            if flight.watch is not None:
-                if not flight.watch.done():
-                    break
-                flight.watch.close()
-            if flight.must_wait and flight.session_id is not None:
-                self._core.reap(self.client_id, flight.session_id)
+            if not all(watch.done() for watch in flight.watches):
+                break
+            for watch in flight.watches:
+                watch.close()
+            for session_id in flight.reap:
+                self._core.reap(self.client_id, session_id)
             flights.popleft()
             self._done = flight.end
             moved = True
@@ -286,8 +298,8 @@ class ServerRing:
     def close(self) -> None:
         """Let every mark go and unmap; the client's own mapping stays valid for it."""
         for flight in self._flights:
-            if flight.watch is not None:
-                flight.watch.close()
+            for watch in flight.watches:
+                watch.close()
         self._flights.clear()
         self.memory.close()
 
