@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from accy._connection import UNSET, Connection
 from accy._launches import LaunchStream
 from accy._link import Link, device_lost
+from accy._ring import RingClosed
 from accy._ring_path import RingPath, open_ring, ring_wanted
-from accy.errors import AccyError
+from accy.errors import AccyError, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 if TYPE_CHECKING:
@@ -22,6 +24,7 @@ __all__ = [
     "launch_on",
     "launches_of",
     "new_launch",
+    "ring_errors",
     "ring_launch",
     "ring_of",
     "ring_timeout",
@@ -48,9 +51,30 @@ def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, L
             link.ring = open_ring(
                 lambda request: conn.call(conn.stub.OpenRing, request, left, link=link)[0],
                 socket_path,
+                lambda: link.lost is not None,
             )
             link.ring_tried = True
     return link.ring, link
+
+
+@contextlib.contextmanager
+def ring_errors(conn: Connection, link: Link, what: str) -> Iterator[None]:
+    """Errors of ring work, judged as a call's are (a device fault loses the link); a ring
+    closed under ``what`` raises why: the link's loss, else that it closed."""
+    try:
+        yield
+    except AccyError as error:
+        judged = conn.judged(error, link)
+        if judged is error:
+            raise
+        raise judged from error
+    except RingClosed as error:
+        if link.lost is not None:
+            raise link.lost_error(what) from error
+        raise Unavailable(
+            f"{what}: the daemon closed this client's ring ({error}); launch it again",
+            reason="RING_CLOSED",
+        ) from error
 
 
 def ring_timeout(conn: Connection, timeout: float | None) -> float:
@@ -149,7 +173,9 @@ class Launch:
         if self.completed:
             return self
         if self._ring is not None:
-            self._ring.wait(self._seq, ring_timeout(self._conn, timeout))
+            what = f"launch {self.id} of session {self._session_id}"
+            with ring_errors(self._conn, self._link, what):
+                self._ring.wait(self._seq, ring_timeout(self._conn, timeout))
             self.completed = True
             return self
         link = self._link

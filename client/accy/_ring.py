@@ -44,6 +44,8 @@ class RingError:
     reason: str
     field: str
     message: str
+    session: str = ""
+    """For ``DEVICE_LOST``: the session whose work faulted."""
 
 
 class Ring:
@@ -73,6 +75,8 @@ class Ring:
         self._errors_seen = 0
         self._next_handle = 1
         self.spin_seconds = 100e-6
+        self.abandoned: Callable[[], bool] | None = None
+        """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
         self._closed = False
 
     @classmethod
@@ -184,15 +188,15 @@ class Ring:
     def flush(self, timeout: float) -> None:
         """Wait until the daemon has taken every record published (checked and enqueued)."""
         head = self._head
-        if self.taken < head:
-            self._await(lambda: self.taken >= head, timeout, TimeoutError)
+        self._await(lambda: self.taken >= head, timeout, TimeoutError)
 
     def wait(self, seq: int, timeout: float) -> None:
         """Wait until record ``seq`` (and every one before it) finished or was refused."""
-        if self.done <= seq:
-            self._await(lambda: self.done > seq, timeout, TimeoutError)
+        self._await(lambda: self.done > seq, timeout, TimeoutError)
 
     def _await(self, ready: Callable[[], bool], timeout: float, error: type[Exception]) -> None:
+        if self._closed:
+            raise RingClosed("the ring was closed")
         try:
             self._await_open(ready, timeout, error)
         except ValueError:  # the mapping was closed under this wait
@@ -211,6 +215,8 @@ class Ring:
                 raise error(f"the ring did not move within {timeout:g} s")
             if now < spin_until:
                 continue
+            if self.abandoned is not None and self.abandoned():
+                raise RingClosed("the daemon went away")
             self._halves[layout.CLIENT_WAITS >> 2] = 1
             try:
                 if not check():
@@ -227,12 +233,14 @@ class Ring:
 
     def errors(self) -> list[RingError]:
         """Errors written since the last call (the oldest may be lost if more than fit)."""
+        if self._closed:
+            raise RingClosed("the ring was closed")
         written = int(self._words[layout.ERRORS >> 3])
         first = max(self._errors_seen, written - self._error_slots)
         found = []
         for index in range(first, written):
             at = layout.ERROR_BASE + (index % self._error_slots) * layout.ERROR_SIZE
-            seq, reason, field, length = layout.ERROR_ENTRY.unpack_from(self._map, at)
+            seq, reason, field, session, length = layout.ERROR_ENTRY.unpack_from(self._map, at)
             start = at + layout.ERROR_ENTRY.size
             message = self._map[start : start + min(length, layout.MESSAGE_BYTES)]
             found.append(
@@ -241,6 +249,7 @@ class Ring:
                     reason.rstrip(b"\0").decode("ascii", "replace"),
                     field.rstrip(b"\0").decode("utf-8", "replace"),
                     message.decode("utf-8", "replace"),
+                    session.rstrip(b"\0").decode("ascii", "replace"),
                 )
             )
         self._errors_seen = written

@@ -53,14 +53,20 @@ def ring_wanted(target: str) -> Path | None:
 
 
 def open_ring(
-    call: Callable[[pb.OpenRingRequest], pb.OpenRingResponse], socket_path: Path
+    call: Callable[[pb.OpenRingRequest], pb.OpenRingResponse],
+    socket_path: Path,
+    abandoned: Callable[[], bool],
 ) -> RingPath | None:
-    """A ring for the link ``call`` goes out on; ``None`` where the daemon offers none."""
+    """A ring for the link ``call`` goes out on; ``None`` where the daemon offers none.
+
+    ``abandoned`` says when that link is lost, so no wait outlives the daemon.
+    """
     try:
         offer = call(pb.OpenRingRequest())
         ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
     except (AccyError, OSError, RingClosed):
         return None
+    ring.abandoned = abandoned
     return RingPath(ring)
 
 
@@ -148,15 +154,20 @@ class RingPath:
         """Wait for record ``seq`` (every record so far if ``None``); raise what failed."""
         with self.lock:
             target = self.ring.head - 1 if seq is None else seq
-        if target >= 0:
-            self.ring.wait(target, timeout)
+        try:
+            if target >= 0:
+                self.ring.wait(target, timeout)
+        except RingClosed:
+            with self.lock:  # what the daemon wrote before it closed the ring comes first
+                self._raise_failed()
+            raise
         with self.lock:
             self._raise_failed()
 
     def settle(self, timeout: float | None) -> None:
         """Before a call over gRPC: every record published is checked and enqueued, so the
         call is ordered after them (a closed ring has nothing left to order after)."""
-        with contextlib.suppress(RingClosed, TimeoutError):
+        with contextlib.suppress(RingClosed, TimeoutError, ValueError):
             self.ring.flush(10.0 if timeout is None else timeout)
 
     def _raise_failed(self) -> None:
@@ -176,4 +187,5 @@ def _error(error: RingError) -> AccyError:
     message = f"ring record {error.seq} was refused: {error.message}"
     cls = error_class(_CODES.get(error.reason, grpc.StatusCode.UNKNOWN))
     violations = [FieldViolation(error.field, error.message)] if error.field else []
-    return cls(message, reason=error.reason, field_violations=violations)
+    metadata = {"session": error.session} if error.session else {}
+    return cls(message, reason=error.reason, metadata=metadata, field_violations=violations)

@@ -7,7 +7,15 @@ from collections.abc import Mapping, Sequence
 
 from accy import _dtypes
 from accy._connection import UNSET, Connection
-from accy._launching import Launch, launch_on, new_launch, ring_launch, ring_of, ring_timeout
+from accy._launching import (
+    Launch,
+    launch_on,
+    new_launch,
+    ring_errors,
+    ring_launch,
+    ring_of,
+    ring_timeout,
+)
 from accy._link import Link
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
@@ -233,15 +241,16 @@ class Session(Resource):
     ) -> Launch:
         """One launch as a record on the link's ring (no call); see ``launch``."""
         specs = [(spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars]
-        seq = ring.launch(
-            self._on(link),
-            specs,
-            scalars,
-            buffer_ids(operands, link),
-            buffer_ids(results, link),
-            wait=wait,
-            timeout=ring_timeout(self._conn, timeout),
-        )
+        with ring_errors(self._conn, link, f"a launch of session {self.id}"):
+            seq = ring.launch(
+                self._on(link),
+                specs,
+                scalars,
+                buffer_ids(operands, link),
+                buffer_ids(results, link),
+                wait=wait,
+                timeout=ring_timeout(self._conn, timeout),
+            )
         self._ring = ring
         return ring_launch(self, self._conn, link, ring, seq, wait)
 
@@ -252,7 +261,8 @@ class Session(Resource):
         """
         ring = self._ring
         if ring is not None and self._link.ring is ring:
-            ring.wait(None, ring_timeout(self._conn, timeout))
+            with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):
+                ring.wait(None, ring_timeout(self._conn, timeout))
             if self._unwaited is None:
                 return
         pending = self._unwaited

@@ -32,8 +32,9 @@ A record (``SLOT_SIZE`` bytes)::
     148 id length u8, id bytes (BIND_*: the session or buffer id the handle stands for)
 
 An error entry (``ERROR_SIZE`` bytes): seq u64, reason (32 bytes, the domain error's
-reason as gRPC's ErrorInfo carries it, NUL-padded), field (``FIELD_BYTES``),
-message length u16, message bytes (UTF-8, cut to ``MESSAGE_BYTES``).
+reason as gRPC's ErrorInfo carries it, NUL-padded), field (``FIELD_BYTES``), the
+session a device fault names (48 bytes), message length u16, message bytes
+(UTF-8, cut to ``MESSAGE_BYTES``).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED = (
 ERROR_BASE = 512
 ERROR_SIZE = 384
 FIELD_BYTES = 64
-MESSAGE_BYTES = ERROR_SIZE - 106
+MESSAGE_BYTES = ERROR_SIZE - 154
 HEADER_SIZE = 16384
 """Room for (HEADER_SIZE - ERROR_BASE) // ERROR_SIZE error entries, and page-aligned records."""
 
@@ -99,8 +100,8 @@ ID_OFFSET = RECORD_BYTES = 148
 MAX_ID_BYTES = SLOT_SIZE - ID_OFFSET - 1
 RECORD = struct.Struct("<QHHIBBBx16I64s")
 """seq, kind, flags, handle, operand/result/scalar counts, buffer handles, scalar bytes."""
-ERROR_ENTRY = struct.Struct("<Q32s64sH")
-"""seq, reason, field, message length; the message follows."""
+ERROR_ENTRY = struct.Struct("<Q32s64s48sH")
+"""seq, reason, field, the session a device fault names, message length; the message follows."""
 
 NOTIFY = 1
 TICKET_BYTES = 32

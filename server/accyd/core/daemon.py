@@ -166,6 +166,12 @@ class Daemon(Launching):
             finally:
                 mark.release()
 
+    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None:
+        """Raise what a finished launch of the session failed with; a device fault is
+        noted (the daemon stops serving) as every other front door's wait notes it."""
+        with self._state.guard(session_id):
+            watch.outcome()
+
     def touch(self, client_id: str) -> None:
         """The client is alive: a ring's records count as calls for liveness."""
         client = self._clients.find(client_id)

@@ -95,6 +95,12 @@ class MarkWatch:
         except AccyError:
             return True
 
+    def outcome(self) -> None:
+        """Raise what the launch failed with, if it failed (call once ``done()``)."""
+        mark = self._mark
+        if mark is not None:
+            mark.wait()
+
     def notify(self, callback: Callable[[], None]) -> bool:
         """Have ``callback`` called (from another thread) once the stream's work so far is done.
 

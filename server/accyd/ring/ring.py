@@ -67,6 +67,8 @@ class RingCore(Protocol):
 
     def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None: ...
 
+    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None: ...
+
     def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]: ...
 
     def check_buffer(self, client_id: str, buffer_id: str) -> None: ...
@@ -87,7 +89,8 @@ class _Flight:
 
     end: int
     """``done`` may pass to this once the batch is over."""
-    watches: list[MarkWatch]
+    watches: list[tuple[str, MarkWatch]]
+    """Each session's newest launch in the batch."""
     reap: set[str]
     """Sessions whose launches ran on scratch of their own: freed once the batch is over."""
 
@@ -146,7 +149,7 @@ class ServerRing:
         # One watch per session and batch: its launches run in order on its stream, so
         # the newest one's end is the end of them all. Published after the launches are
         # enqueued, so a client that sees the tail move may call over gRPC in their order.
-        watches = [w for s in sessions if (w := self._core.newest_launch(self.client_id, s))]
+        watches = [(s, w) for s in sessions if (w := self._core.newest_launch(self.client_id, s))]
         self._flights.append(_Flight(self._tail, watches, reap))
         self.memory.set_u64(layout.TAIL, self._tail)
         self._core.touch(self.client_id)
@@ -249,10 +252,15 @@ class ServerRing:
         flights = self._flights
         while flights:
             flight = flights[0]
-            if not all(watch.done() for watch in flight.watches):
+            if not all(watch.done() for _, watch in flight.watches):
                 break
-            for watch in flight.watches:
-                watch.close()
+            for session_id, watch in flight.watches:
+                try:
+                    self._core.launch_outcome(session_id, watch)
+                except AccyError as error:  # the batch's launches failed on the device
+                    self._refuse(flight.end - 1, error, f"launch of session {session_id}")
+                finally:
+                    watch.close()
             for session_id in flight.reap:
                 self._core.reap(self.client_id, session_id)
             flights.popleft()
@@ -272,8 +280,9 @@ class ServerRing:
         field = (error.field or "").encode()[: layout.FIELD_BYTES]
         message = f"{what}: {error.message}".encode()[: layout.MESSAGE_BYTES]
         at = layout.ERROR_BASE + (self._errors % layout.error_slots()) * layout.ERROR_SIZE
+        session = (error.session or "").encode()[:48] if isinstance(error, DeviceFault) else b""
         layout.ERROR_ENTRY.pack_into(
-            self.memory.map, at, seq, error.reason.encode()[:32], field, len(message)
+            self.memory.map, at, seq, error.reason.encode()[:32], field, session, len(message)
         )
         start = at + layout.ERROR_ENTRY.size
         self.memory.map[start : start + len(message)] = message
@@ -298,7 +307,7 @@ class ServerRing:
     def close(self) -> None:
         """Let every mark go and unmap; the client's own mapping stays valid for it."""
         for flight in self._flights:
-            for watch in flight.watches:
+            for _, watch in flight.watches:
                 watch.close()
         self._flights.clear()
         self.memory.close()
