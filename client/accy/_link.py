@@ -58,8 +58,8 @@ class Link:
         Launches still waiting on a lost link raise why the link went; ``now``
         (the client is closing) cancels them at once.
         """
-        if self.ring is not None and (now or self.lost is not None):
-            self.ring.close()
+        if self.ring is not None and now:  # a lost link's ring stays readable: its
+            self.ring.close()  # error entries say why its last work failed
         if self.launches is None:
             return
         if now or self.lost is None:

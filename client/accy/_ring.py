@@ -96,6 +96,11 @@ class Ring:
     # Publishing ---------------------------------------------------------------------
 
     @property
+    def closed(self) -> bool:
+        """This side's mapping is closed (not: the daemon closed the ring)."""
+        return self._closed
+
+    @property
     def head(self) -> int:
         """The seq the next record gets."""
         return self._head

@@ -14,6 +14,8 @@ import contextlib
 import os
 import struct
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -41,6 +43,9 @@ _CODES = {
     "RUNTIME_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
 }
 """The status code each domain reason is answered with over gRPC, for ring errors."""
+
+ENTRY_GRACE_SECONDS = 0.5
+"""How long a wait whose daemon went away still looks for the daemon's word on its work."""
 
 _PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "u8": "B7x"}
 
@@ -75,6 +80,8 @@ class RingPath:
 
     def __init__(self, ring: Ring) -> None:
         self.ring = ring
+        # A lost link's ring is kept (its error entries) until nothing holds its link.
+        weakref.finalize(self, ring.close)
         self.lock = threading.Lock()
         self._sessions: dict[str, tuple[int, struct.Struct, tuple[str, ...]]] = {}
         self._buffers: dict[str, int] = {}
@@ -158,8 +165,15 @@ class RingPath:
             if target >= 0:
                 self.ring.wait(target, timeout)
         except RingClosed:
-            with self.lock:  # what the daemon wrote before it closed the ring comes first
-                self._raise_failed()
+            # What the daemon wrote about this work says more than its going away: a fault
+            # stops the daemon while its submitter writes the entry, so give that a moment.
+            deadline = time.monotonic() + ENTRY_GRACE_SECONDS
+            while time.monotonic() < deadline and not self.ring.closed:
+                with self.lock:
+                    self._raise_failed()
+                    if target < self.ring.done:
+                        return
+                time.sleep(0.01)
             raise
         with self.lock:
             self._raise_failed()

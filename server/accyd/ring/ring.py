@@ -11,6 +11,7 @@ once it finished on the device or was refused.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -256,9 +257,7 @@ class ServerRing:
                 break
             for session_id, watch in flight.watches:
                 try:
-                    self._core.launch_outcome(session_id, watch)
-                except AccyError as error:  # the batch's launches failed on the device
-                    self._refuse(flight.end - 1, error, f"launch of session {session_id}")
+                    self._outcome(flight.end - 1, session_id, watch)
                 finally:
                     watch.close()
             for session_id in flight.reap:
@@ -271,6 +270,22 @@ class ServerRing:
             if self.memory.u32(layout.CLIENT_WAITS):
                 self.memory.wake_client()
         return moved
+
+    def _outcome(self, seq: int, session_id: str, watch: MarkWatch) -> None:
+        """Write what a finished batch failed with, if anything, then have the core note it.
+
+        The entry goes first: noting a device fault stops the daemon, and a client that
+        hears of the stop before it reads the entry would not learn which session faulted.
+        """
+        what = f"launch of session {session_id}"
+        try:
+            watch.outcome()
+        except DeviceFault as fault:
+            self._refuse(seq, DeviceFault(fault.message, session=fault.session or session_id), what)
+            with contextlib.suppress(AccyError):
+                self._core.launch_outcome(session_id, watch)  # latches the fault
+        except AccyError as error:
+            self._refuse(seq, error, what)
 
     # Errors ---------------------------------------------------------------------------
 
