@@ -191,8 +191,10 @@ if [[ -f $stand_in ]]; then
 fi
 
 # --- clients through the socket's group -------------------------------------------------
+# Clients as the compose file's: read-only, the socket folder mounted read-only.
 run_client() {
-  quiet podman run --rm --network none --ipc host --pid host -v "$volume:/run/accy" "$@"
+  quiet podman run --rm --network none --ipc host --pid host --read-only \
+    -v "$volume:/run/accy:ro" "$@"
 }
 if ! compose --podman-run-args=--ipc=host up -d client >"$log/client.log" 2>&1; then
   cat "$log/client.log"
