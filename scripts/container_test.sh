@@ -234,7 +234,10 @@ say "ok: client ran device_scan --check again after the restart"
 compose stop >"$log/stop.log" 2>&1 || { cat "$log/stop.log"; fail "podman-compose stop"; }
 expect "daemon exit status after stop" "$(inspect "$daemon" '{{.State.Status}} {{.State.ExitCode}}')" \
   "exited 0"
-podman logs "$daemon" 2>&1 | grep -q 'accyd stopped' || fail "no 'accyd stopped' in the daemon's log"
+if ! podman logs "$daemon" 2>&1 | grep -q 'accyd stopped'; then
+  podman logs --tail 15 "$daemon" 2>&1
+  fail "no 'accyd stopped' in the daemon's log"
+fi
 say "ok: the daemon drained and stopped"
 
 banner "PASSED in $((SECONDS - started)) s: build ${build_s} s ($cached cached steps), image $((size / 1000000)) MB"
