@@ -292,6 +292,8 @@ class Connection:
         left = timeout  # the first try has it all; a second, what is left of it
         while True:
             use = link or self.current_link(deadline)
+            if use.ring is not None:  # calls see every launch published on the ring
+                use.ring.settle(timeout)
             message = request(use) if callable(request) else request
             cause: BaseException
             try:

@@ -2,19 +2,102 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from accy._connection import UNSET, Connection
 from accy._launches import LaunchStream
 from accy._link import Link, device_lost
-from accy.errors import AccyError
+from accy._ring import RingClosed
+from accy._ring_path import RingPath, open_ring, ring_wanted
+from accy.errors import AccyError, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 if TYPE_CHECKING:
     from accy._sessions import Session
 
-__all__ = ["Launch", "launch_on", "launches_of", "new_launch"]
+__all__ = [
+    "Launch",
+    "launch_on",
+    "launches_of",
+    "new_launch",
+    "ring_errors",
+    "ring_launch",
+    "ring_of",
+    "ring_timeout",
+]
+
+RING_WAIT_CAP = 3600.0
+"""A ring wait with no timeout still looks up this often (the daemon may have gone)."""
+
+_opening = threading.Lock()
+
+
+def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, Link]:
+    """The current link and its ring (opened on first use), or ``None`` for gRPC launches."""
+    left = conn.timeout_of(timeout)
+    link = conn.current_link(None if left is None else time.monotonic() + left)
+    if link.ring_tried:
+        return link.ring, link
+    socket_path = ring_wanted(conn.target)
+    if socket_path is None:
+        link.ring_tried = True
+        return None, link
+    with _opening:
+        if not link.ring_tried:
+            link.ring = open_ring(
+                lambda request: conn.call(conn.stub.OpenRing, request, left, link=link)[0],
+                socket_path,
+                lambda: link.lost is not None,
+            )
+            link.ring_tried = True
+    return link.ring, link
+
+
+@contextlib.contextmanager
+def ring_errors(conn: Connection, link: Link, what: str) -> Iterator[None]:
+    """Errors of ring work, judged as a call's are (a device fault loses the link); a ring
+    closed under ``what`` raises why: the link's loss, else that it closed."""
+    try:
+        yield
+    except AccyError as error:
+        judged = conn.judged(error, link)
+        if judged is error:
+            raise
+        raise judged from error
+    except RingClosed as error:
+        if link.lost is not None:
+            raise link.lost_error(what) from error
+        raise Unavailable(
+            f"{what}: the daemon closed this client's ring ({error}); launch it again",
+            reason="RING_CLOSED",
+        ) from error
+
+
+def ring_timeout(conn: Connection, timeout: float | None) -> float:
+    left = conn.timeout_of(timeout)
+    return RING_WAIT_CAP if left is None else left
+
+
+def ring_launch(
+    session: Session, conn: Connection, link: Link, ring: RingPath, seq: int, waited: bool
+) -> Launch:
+    """The ``Launch`` of ring record ``seq`` (for ``Session`` only)."""
+    launch = object.__new__(Launch)
+    launch.session = session
+    launch._conn = conn
+    launch._link = link
+    launch._session_id = session.id
+    launch.id = f"ring-{seq}"
+    launch.completed = waited
+    launch.enqueue_seconds = 0.0
+    launch.elapsed_seconds = 0.0
+    launch._ring = ring
+    launch._seq = seq
+    return launch
 
 
 def launches_of(conn: Connection, link: Link) -> LaunchStream:
@@ -74,6 +157,8 @@ class Launch:
     _conn: Connection
     _link: Link
     _session_id: str
+    _ring: RingPath | None = None
+    _seq: int = 0
 
     def __repr__(self) -> str:
         state = "completed" if self.completed else "enqueued"
@@ -86,6 +171,12 @@ class Launch:
         (reason ``DEVICE_LOST`` after a device fault, ``session`` naming the culprit).
         """
         if self.completed:
+            return self
+        if self._ring is not None:
+            what = f"launch {self.id} of session {self._session_id}"
+            with ring_errors(self._conn, self._link, what):
+                self._ring.wait(self._seq, ring_timeout(self._conn, timeout))
+            self.completed = True
             return self
         link = self._link
         if link.lost is None:

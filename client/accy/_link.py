@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from accy._attach import AttachStream
 from accy._launches import LaunchStream
 from accy._models import Attachment
 from accy.errors import AccyError, NotFound, Unavailable
 from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST
+
+if TYPE_CHECKING:
+    from accy._ring_path import RingPath
 
 __all__ = ["DEVICE_LOST", "Link", "device_lost", "names_client"]
 
@@ -44,6 +48,9 @@ class Link:
     buffers: weakref.WeakSet[object] = field(default_factory=weakref.WeakSet)
     launches: LaunchStream | None = None
     """The link's LaunchStream, opened by the first launch on it."""
+    ring: RingPath | None = None
+    """The link's same-host ring, opened by the first launch on a local daemon."""
+    ring_tried: bool = False
 
     def close_launches(self, *, now: bool = False) -> None:
         """End the link's LaunchStream: at once, or once lost, after answers on their way.
@@ -51,6 +58,8 @@ class Link:
         Launches still waiting on a lost link raise why the link went; ``now``
         (the client is closing) cancels them at once.
         """
+        if self.ring is not None and now:  # a lost link's ring stays readable: its
+            self.ring.close()  # error entries say why its last work failed
         if self.launches is None:
             return
         if now or self.lost is None:

@@ -82,3 +82,4 @@ class Stub:
         self.FreeBuffer = uu("FreeBuffer", pb.FreeBufferRequest, pb.FreeBufferResponse)
         self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
         self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)
+        self.OpenRing = uu("OpenRing", pb.OpenRingRequest, pb.OpenRingResponse)

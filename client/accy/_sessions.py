@@ -7,10 +7,19 @@ from collections.abc import Mapping, Sequence
 
 from accy import _dtypes
 from accy._connection import UNSET, Connection
-from accy._launching import Launch, launch_on, new_launch
+from accy._launching import (
+    Launch,
+    launch_on,
+    new_launch,
+    ring_errors,
+    ring_launch,
+    ring_of,
+    ring_timeout,
+)
 from accy._link import Link
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
+from accy._ring_path import RingPath
 from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -71,6 +80,8 @@ class Session(Resource):
     _failure: AccyError | None
     _unwaited: Link | None
     _packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]]
+    _ring: RingPath | None = None
+    """The ring this session launched on last, if any: ``wait`` waits there too."""
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
 
@@ -200,6 +211,9 @@ class Session(Resource):
         ``DEVICE_LOST`` and ``session`` naming the session that faulted.
         """
         packed = self._scalars(scalars)
+        ring, link = ring_of(self._conn, timeout)
+        if ring is not None:
+            return self._launch_on_ring(ring, link, operands, results, wait, timeout, scalars)
 
         def request(link: Link) -> pb.LaunchRequest:
             return pb.LaunchRequest(
@@ -215,11 +229,42 @@ class Session(Resource):
             self._unwaited = link
         return new_launch(self, self._conn, response, link)
 
+    def _launch_on_ring(
+        self,
+        ring: RingPath,
+        link: Link,
+        operands: Sequence[Buffer | str],
+        results: Sequence[Buffer | str],
+        wait: bool,
+        timeout: float | None,
+        scalars: dict[str, float],
+    ) -> Launch:
+        """One launch as a record on the link's ring (no call); see ``launch``."""
+        specs = [(spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars]
+        with ring_errors(self._conn, link, f"a launch of session {self.id}"):
+            seq = ring.launch(
+                self._on(link),
+                specs,
+                scalars,
+                buffer_ids(operands, link),
+                buffer_ids(results, link),
+                wait=wait,
+                timeout=ring_timeout(self._conn, timeout),
+            )
+        self._ring = ring
+        return ring_launch(self, self._conn, link, ring, seq, wait)
+
     def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far.
 
         Launches that the daemon lost when it restarted raise ``Unavailable`` (once).
         """
+        ring = self._ring
+        if ring is not None and self._link.ring is ring:
+            with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):
+                ring.wait(None, ring_timeout(self._conn, timeout))
+            if self._unwaited is None:
+                return
         pending = self._unwaited
         if pending is not None and pending.lost is not None:
             self._unwaited = None

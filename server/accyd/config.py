@@ -126,6 +126,10 @@ class Config:
         group="security",
     )  # fmt: skip
     """The bearer tokens file (``accyd.auth``); with it every call needs a token."""
+    no_rings: bool = setting(
+        False, "hand out no same-host submission rings: local clients launch over gRPC",
+        bool_text, switch=True,
+    )  # fmt: skip
     unix_trusted: bool = setting(
         False, "with --tokens: calls on the Unix socket without a token are the default "
         "tenant", bool_text, group="security", switch=True,

@@ -40,6 +40,7 @@ from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
 from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics
+from accyd.ring import RingDoor
 from accyd.service.auth import Admitting, Authenticator, default_principal
 from accyd.service.calls import CallTracker
 from accyd.service.health import Health
@@ -139,6 +140,7 @@ class Server:
             metrics=metrics,
             lineage=self.lineage,
         )
+        self.rings: RingDoor | None = None
         self.health = Health([SERVICE_NAME])
         self._authenticator = authenticator = Authenticator(
             tokens,
@@ -169,6 +171,10 @@ class Server:
         await self._grpc.start()
         for claim in self._claims:
             claim.bound()
+        if self._claims and not config.no_rings:
+            # Beside the first Unix socket, with its mode: who may call may take a ring.
+            self.rings = self.servicer.rings = RingDoor(self.daemon, self._claims[0].path)
+            self.rings.start()
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -310,6 +316,8 @@ class Server:
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await _within(self.servicer.wait_detached(), detach_within, "client detach")
+        if self.rings is not None:
+            await asyncio.to_thread(self.rings.close)
         if not abandon:
             await self.calls.blocking(self.daemon.close)
         elif busy:

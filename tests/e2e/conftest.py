@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from accy.protocol.ring import RING_ENV
 from accy.testing import RunningDaemon, running_daemon
 
 
@@ -17,10 +18,15 @@ def daemon() -> Iterator[RunningDaemon]:
         assert running.process.poll() is None, f"accyd died during the tests:\n{running.log_text()}"
 
 
-@pytest.fixture(params=["unix", "tcp"])
-def target(request: pytest.FixtureRequest, daemon: RunningDaemon) -> str:
-    """Each transport the daemon serves."""
+@pytest.fixture(params=["ring", "unix", "tcp"])
+def target(
+    request: pytest.FixtureRequest, daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """Each way in: launches on the same-host ring, gRPC on the Unix socket, gRPC on TCP."""
+    if request.param == "ring":
+        return daemon.unix_target
     if request.param == "unix":
+        monkeypatch.setenv(RING_ENV, "0")
         return daemon.unix_target
     assert daemon.tcp_target is not None
     return daemon.tcp_target

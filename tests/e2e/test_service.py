@@ -121,13 +121,14 @@ def test_one_session_applies_launches_in_order(daemon: RunningDaemon) -> None:
     assert not np.allclose(shuffled, expected, rtol=1e-3)  # the test can tell orders apart
 
 
-def test_threads_of_one_client_share_its_launch_stream(daemon: RunningDaemon) -> None:
-    """8 threads launch over the client's one stream, each its own chain; each chain is right."""
+def test_threads_of_one_client_share_its_launch_stream(target: str) -> None:
+    """8 threads launch over the client's one stream (or ring), each its own chain; each chain
+    is right."""
     n, steps = 2048, 25
     rng = np.random.default_rng(11)
     factors = rng.uniform(-1.2, 1.2, (8, steps)).astype(np.float32)
 
-    with Client(daemon.unix_target) as client, client.load(SAXPY) as session:
+    with Client(target) as client, client.load(SAXPY) as session:
 
         def chain(row: np.ndarray) -> np.ndarray:
             acc, ones = (
@@ -141,8 +142,12 @@ def test_threads_of_one_client_share_its_launch_stream(daemon: RunningDaemon) ->
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(chain, factors))
-        stream = client._conn.last.launches  # one stream served every thread, and is still open
-        assert stream is not None and not stream.broken
+        link = client._conn.last
+        assert link is not None
+        if link.ring is None:  # one stream served every thread, and is still open
+            assert link.launches is not None and not link.launches.broken
+        else:
+            assert link.launches is None  # the ring carried every launch
     for row, got in zip(factors, results, strict=True):
         expected = np.zeros(n, np.float32)
         for a in row:

@@ -8,6 +8,7 @@ unique within their backend, which the executor uses to tell buffers apart.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ __all__ = [
     "Event",
     "LaunchRequest",
     "LoadedKernel",
+    "PreparedLaunch",
+    "SequentialLaunch",
     "Stream",
 ]
 
@@ -137,6 +140,38 @@ class LaunchRequest:
     diagnostic_id: str | None = None
 
 
+class PreparedLaunch(Protocol):
+    """Launches checked and packed once, replayed many times: a CUDA graph on the device.
+
+    Made by ``Backend.prepare``; its owner closes it before freeing any buffer
+    its requests named.
+    """
+
+    def launch(self, stream: Stream | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SequentialLaunch:
+    """A prepared launch for a backend without graphs: its requests one after another."""
+
+    def __init__(self, backend: Backend, requests: Sequence[LaunchRequest]) -> None:
+        self._backend = backend
+        self._requests = tuple(requests)
+        self._on: tuple[Stream | None, tuple[LaunchRequest, ...]] = (None, ())
+
+    def launch(self, stream: Stream | None) -> None:
+        on, requests = self._on
+        if on is not stream or not requests:
+            requests = tuple(dataclasses.replace(r, stream=stream) for r in self._requests)
+            self._on = (stream, requests)
+        for request in requests:
+            self._backend.launch(request)
+
+    def close(self) -> None:
+        self._on = (None, ())
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Allocate, compile, load, launch, copy and synchronize on one device.
@@ -180,6 +215,10 @@ class Backend(Protocol):
     def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel: ...
 
     def launch(self, request: LaunchRequest) -> None: ...
+
+    def prepare(self, requests: Sequence[LaunchRequest]) -> PreparedLaunch:
+        """Check and pack ``requests`` once (in order, on one stream) for many launches."""
+        ...
 
     def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
         """Free a buffer or unload a kernel. The caller ensures no queued work uses it."""

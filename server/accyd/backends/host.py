@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import CodeType
 from typing import Any
 
@@ -26,6 +26,8 @@ from accyd.backends.base import (
     Event,
     LaunchRequest,
     LoadedKernel,
+    PreparedLaunch,
+    SequentialLaunch,
     Stream,
 )
 from accyd.backends.host_streams import Fence, Worker, call_quietly
@@ -219,6 +221,9 @@ class HostBackend:
                     self._streams.pop(default.id).stop()
                     default = self._default
         return default
+
+    def prepare(self, requests: Sequence[LaunchRequest]) -> PreparedLaunch:
+        return SequentialLaunch(self, requests)
 
     def launch(self, request: LaunchRequest) -> None:
         self._alive()

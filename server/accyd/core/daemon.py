@@ -18,7 +18,7 @@ import structlog
 
 from accyd.backends.base import Backend
 from accyd.catalog.dtypes import Scalar
-from accyd.catalog.model import ArtifactFormat, Pipeline
+from accyd.catalog.model import ArtifactFormat, Pipeline, ScalarSpec
 from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, Ledger
 from accyd.core.arguments import Tensor
 from accyd.core.buffers import Transfer
@@ -31,6 +31,7 @@ from accyd.core.executor import (
 from accyd.core.holdings import CatalogView, WouldBlock
 from accyd.core.ids import CLIENT, INSTANCE, new_id
 from accyd.core.launching import Launching, LaunchTicket
+from accyd.core.marks import MarkWatch
 from accyd.core.run import run
 from accyd.core.sessions import order_scalars
 from accyd.core.status import DaemonStatus, TenantStatus
@@ -139,6 +140,43 @@ class Daemon(Launching):
 
     def backend_formats(self) -> tuple[ArtifactFormat, ...]:
         return tuple(f for f in ArtifactFormat if f in self.backend.formats)
+
+    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
+        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
+        with self._lock:
+            return self._session(client_id, session_id)[1].pipeline.runtime_scalars
+
+    def check_buffer(self, client_id: str, buffer_id: str) -> None:
+        """``NotFound`` unless the client owns the buffer."""
+        with self._lock:
+            self._clients.get(client_id).buffer(buffer_id)
+
+    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None:
+        """A hold on the end of the session's newest launch (``None``: none in flight)."""
+        with self._lock:
+            try:
+                session = self._session(client_id, session_id)[1]
+            except AccyError:
+                return None
+            mark = session.pending(None)
+            if mark is None:
+                return None
+            try:
+                return MarkWatch(mark, session.stream)
+            finally:
+                mark.release()
+
+    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None:
+        """Raise what a finished launch of the session failed with; a device fault is
+        noted (the daemon stops serving) as every other front door's wait notes it."""
+        with self._state.guard(session_id):
+            watch.outcome()
+
+    def touch(self, client_id: str) -> None:
+        """The client is alive: a ring's records count as calls for liveness."""
+        client = self._clients.find(client_id)
+        if client is not None:
+            client.last_seen = time.monotonic()
 
     def pipeline_of(self, client_id: str, session_id: str) -> str:
         """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""

@@ -42,6 +42,8 @@ __all__ = [
     "PipelineLaunch",
     "PoolEntry",
     "allocate_intermediates",
+    "check_intermediates",
+    "check_pool",
     "intermediate_byte_sizes",
     "launch_pipeline",
     "load_pipeline_artifacts",
@@ -271,11 +273,11 @@ def launch_pipeline(
         )
     pool = request.artifacts
     if pool is not None:
-        _check_pool(pool, request)
+        check_pool(pool, request)
 
     owned: Intermediates | None = None
     if request.intermediates is not None:
-        _check_intermediates(request, plan, request.intermediates)
+        check_intermediates(request, plan, request.intermediates)
         intermediates: Sequence[DeviceBuffer] = request.intermediates
     else:
         owned = allocate_intermediates(backend, pipeline, request.runtime_scalars)
@@ -364,7 +366,7 @@ def _resolve(
     )
 
 
-def _check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
+def check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
     pipeline = request.pipeline
     if pool.closed:
         raise LaunchArgumentMismatch("the artifact pool is closed", field="artifacts")
@@ -381,7 +383,7 @@ def _check_pool(pool: ArtifactPool, request: PipelineLaunch) -> None:
             )
 
 
-def _check_intermediates(
+def check_intermediates(
     request: PipelineLaunch, plan: LaunchPlan, provided: Sequence[DeviceBuffer]
 ) -> None:
     pipeline = request.pipeline

@@ -85,6 +85,22 @@ class MarkWatch:
         except AccyError:
             return True
 
+    def done(self) -> bool:
+        """Whether the launch is over (a failed one counts: the full wait reports it)."""
+        mark = self._mark
+        if mark is None:
+            return True
+        try:
+            return mark.done()
+        except AccyError:
+            return True
+
+    def outcome(self) -> None:
+        """Raise what the launch failed with, if it failed (call once ``done()``)."""
+        mark = self._mark
+        if mark is not None:
+            mark.wait()
+
     def notify(self, callback: Callable[[], None]) -> bool:
         """Have ``callback`` called (from another thread) once the stream's work so far is done.
 

@@ -29,6 +29,7 @@ from accyd.core.executor import (
 )
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
+from accyd.core.prepared import PreparedLaunches
 from accyd.errors import (
     AccyError,
     FailedPrecondition,
@@ -110,6 +111,8 @@ class Session:
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()
+        self.prepared = PreparedLaunches(backend)
+        """Launches checked and packed once (CUDA graphs), replayed for the same arguments."""
         self._completed = 0
         """Every launch with a sequence number up to this one has finished."""
 
@@ -137,6 +140,7 @@ class Session:
     def scratch(self, value: Intermediates | None) -> None:
         self._scratch = value
         self._scratch_fits = None
+        self.prepared.clear()  # they name the old scratch
 
     @property
     def needs_scratch(self) -> bool:
@@ -208,7 +212,14 @@ class Session:
             diagnostic_id=self.id,
         )
         try:
-            launch_pipeline(self.backend, request, plan)
+            if (
+                plan is not None
+                and transient is None
+                and (scratch is not None or not self.needs_scratch)
+            ):
+                self.prepared.launch(request, plan)
+            else:
+                launch_pipeline(self.backend, request, plan)
         except _CHECKS:
             if transient is not None:
                 transient.close()
@@ -275,6 +286,7 @@ class Session:
 
     def close(self) -> None:
         """Free the pool, the scratch and the stream; the caller waited and drained first."""
+        self.prepared.clear()
         self.pool.close()
         if self.scratch is not None:
             self.scratch.close()

@@ -23,10 +23,11 @@ from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.auth import Principal
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
-from accyd.errors import InvalidRequest
+from accyd.errors import FailedPrecondition, InvalidRequest
 from accyd.lineage import Lineage
 from accyd.logs import bind
 from accyd.metrics import Metrics
+from accyd.ring import RingDoor
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
@@ -57,8 +58,11 @@ class LaunchServicer:
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
+        rings: RingDoor | None = None,
     ) -> None:
         self.daemon = daemon
+        self.rings = rings
+        """The same-host ring door, where the daemon serves a Unix socket."""
         self.calls = calls
         self.metrics = metrics or Metrics()
         """Launch and WaitLaunch report to ``metrics.observe_launch``."""
@@ -122,6 +126,8 @@ class LaunchServicer:
 
     async def _detach(self, client_id: str) -> None:
         try:
+            if self.rings is not None:  # no record of its is taken after this
+                await self.calls.blocking(self.rings.close_client, client_id)
             await self.daemon.detach_async(client_id)
         except Exception:
             log.exception("detach failed", client_id=client_id)
@@ -360,6 +366,23 @@ class LaunchServicer:
         return pb.RunResponse(
             results=[convert.tensor_to_proto(result) for result in results],
             elapsed_seconds=time.perf_counter() - call.started,
+        )
+
+    @unary
+    async def OpenRing(self, request: pb.OpenRingRequest, call: Call) -> pb.OpenRingResponse:
+        client_id = call.need_client()
+        self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
+        if self.rings is None:
+            raise FailedPrecondition(
+                "this daemon serves no Unix socket, so it hands out no rings: launch over gRPC",
+                field="slots",
+            )
+        offer = self.rings.offer(client_id, request.slots)
+        return pb.OpenRingResponse(
+            ring_id=offer.ring_id,
+            ticket=offer.ticket,
+            handoff_name=offer.handoff_name,
+            slots=offer.slots,
         )
 
     @unary

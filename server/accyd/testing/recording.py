@@ -8,7 +8,7 @@ by every kind of object, as in the seed. It runs no kernel and holds no memory.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from accyd.backends.base import (
@@ -20,6 +20,8 @@ from accyd.backends.base import (
     Event,
     LaunchRequest,
     LoadedKernel,
+    PreparedLaunch,
+    SequentialLaunch,
     Stream,
 )
 from accyd.catalog.dtypes import DType
@@ -131,6 +133,9 @@ class RecordingBackend:
         self.load_count += 1
         self._live[kernel.id] = kernel
         return kernel
+
+    def prepare(self, requests: Sequence[LaunchRequest]) -> PreparedLaunch:
+        return SequentialLaunch(self, requests)
 
     def launch(self, request: LaunchRequest) -> None:
         if (

@@ -22,10 +22,12 @@ from accyd.backends.base import (
     Event,
     LaunchRequest,
     LoadedKernel,
+    PreparedLaunch,
     Stream,
 )
 from accyd.backends.cuda.compile_cache import CompileCache, KernelImage
 from accyd.backends.cuda.driver import DEVICE_FAULTS, ErrorCheck, check, cuda_driver
+from accyd.backends.cuda.graphs import GraphLaunch
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
@@ -511,6 +513,11 @@ class CudaBackend:
         )
 
     # -- launches ------------------------------------------------------------------------------
+
+    def prepare(self, requests: Sequence[LaunchRequest]) -> PreparedLaunch:
+        """The requests captured as one graph (``GraphLaunch``), replayed by one call."""
+        self._enter()
+        return GraphLaunch(self, requests)
 
     def launch(self, request: LaunchRequest) -> None:
         """Enqueue one kernel on the request's stream; returns without waiting.

@@ -364,6 +364,24 @@ class RunResponse(_message.Message):
     elapsed_seconds: float
     def __init__(self, results: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
 
+class OpenRingRequest(_message.Message):
+    __slots__ = ("slots",)
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    def __init__(self, slots: _Optional[int] = ...) -> None: ...
+
+class OpenRingResponse(_message.Message):
+    __slots__ = ("ring_id", "ticket", "handoff_name", "slots")
+    RING_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_NAME_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    ring_id: str
+    ticket: bytes
+    handoff_name: str
+    slots: int
+    def __init__(self, ring_id: _Optional[str] = ..., ticket: _Optional[bytes] = ..., handoff_name: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -109,6 +109,11 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.OpenRing = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/OpenRing',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
+                _registered_method=True)
 
 
 class LaunchServiceServicer:
@@ -234,6 +239,17 @@ class LaunchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenRing(self, request, context):
+        """A same-host submission ring for the calling (attached) client: shared memory
+        for launch records and completions. The answer is a one-time ticket; the
+        client takes the ring's file descriptors from the handoff socket beside the
+        daemon's Unix socket (SCM_RIGHTS), sending ring_id and ticket. Refused
+        (FAILED_PRECONDITION) where the daemon serves no Unix socket.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaunchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -311,6 +327,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'OpenRing': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenRing,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -718,6 +739,33 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/GetStatus',
             accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenRing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/OpenRing',
+            accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
             options,
             channel_credentials,
             insecure,

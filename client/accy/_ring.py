@@ -1,0 +1,275 @@
+"""The client's side of a same-host submission ring: publish launch records, wait on ``done``.
+
+A ``Ring`` is used by one thread at a time (the client serializes launches
+through its lock). Records are written into the slot, then ``head`` is
+advanced; the daemon copies each record before it checks it. A wait spins on
+``done`` for ``spin_seconds``, then sleeps on the ``complete`` eventfd. Errors
+the daemon wrote (a refused or failed launch) are raised by the next call that
+looks, naming the record, like CUDA's asynchronous errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from accy.protocol import ring as layout
+
+__all__ = ["Ring", "RingClosed", "RingError", "RingFull"]
+
+_HEADER_READ = struct.Struct("<IIIII")
+
+
+class RingClosed(Exception):
+    """The daemon closed the ring (detached, stopping, or the ring was misused)."""
+
+
+class RingFull(Exception):
+    """No slot came free within the caller's timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class RingError:
+    """A record the daemon refused or that failed: its seq and the domain error's parts."""
+
+    seq: int
+    reason: str
+    field: str
+    message: str
+    session: str = ""
+    """For ``DEVICE_LOST``: the session whose work faulted."""
+
+
+class Ring:
+    """One client's ring: the mapping and eventfds received from the daemon; closes them."""
+
+    def __init__(self, memory_fd: int, submit_fd: int, complete_fd: int) -> None:
+        try:
+            size = os.fstat(memory_fd).st_size
+            self._map = mmap.mmap(memory_fd, size)
+        finally:
+            os.close(memory_fd)
+        magic, version, slots, slot_size, error_slots = _HEADER_READ.unpack_from(self._map, 0)
+        if magic != layout.MAGIC or version != layout.VERSION or slot_size != layout.SLOT_SIZE:
+            self._map.close()
+            raise RingClosed(f"unknown ring format {magic:#x} v{version}")
+        if size < layout.ring_bytes(slots):
+            self._map.close()
+            raise RingClosed("ring memory smaller than its header says")
+        # Counters through word views: one aligned store or load each (never torn).
+        self._words = memoryview(self._map).cast("Q")
+        self._halves = memoryview(self._map).cast("I")
+        self.slots = slots
+        self._error_slots = error_slots
+        self._submit_fd = submit_fd
+        self._complete_fd = complete_fd
+        self._head = int(self._words[layout.HEAD >> 3])
+        self._errors_seen = 0
+        self._next_handle = 1
+        self.spin_seconds = 100e-6
+        self.abandoned: Callable[[], bool] | None = None
+        """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
+        self._closed = False
+
+    @classmethod
+    def connect(cls, handoff: Path, ring_id: str, ticket: bytes, timeout: float = 5.0) -> Ring:
+        """Take the offered ring from the daemon's handoff socket."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(handoff))
+            conn.sendall(ring_id.encode("ascii").ljust(64, b"\0") + ticket)
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
+        if data != b"\x01" or len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            raise RingClosed("the daemon refused the ring's ticket")
+        return cls(*fds)
+
+    # Publishing ---------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """This side's mapping is closed (not: the daemon closed the ring)."""
+        return self._closed
+
+    @property
+    def head(self) -> int:
+        """The seq the next record gets."""
+        return self._head
+
+    def new_handle(self) -> int:
+        handle, self._next_handle = self._next_handle, self._next_handle + 1
+        return handle
+
+    def bind(self, kind: layout.Kind, handle: int, object_id: str, timeout: float) -> int:
+        raw = object_id.encode("ascii")
+        if len(raw) > layout.MAX_ID_BYTES:
+            raise ValueError(f"id {object_id[:32]!r}... is longer than a ring record holds")
+        slot = self._slot(timeout)
+        layout.RECORD.pack_into(
+            self._map, slot, self._head, kind, 0, handle, 0, 0, 0, *([0] * 16), b""
+        )
+        self._map[slot + layout.ID_OFFSET] = len(raw)
+        start = slot + layout.ID_OFFSET + 1
+        self._map[start : start + len(raw)] = raw
+        return self._publish()
+
+    def unbind(self, handle: int, timeout: float) -> int:
+        slot = self._slot(timeout)
+        layout.RECORD.pack_into(
+            self._map, slot, self._head, layout.Kind.UNBIND, 0, handle, 0, 0, 0, *([0] * 16), b""
+        )
+        return self._publish()
+
+    def launch(
+        self,
+        session: int,
+        operands: Sequence[int],
+        results: Sequence[int],
+        scalars: bytes,
+        n_scalars: int,
+        *,
+        notify: bool,
+        timeout: float,
+    ) -> int:
+        """Publish a launch record; its seq. ``scalars``: each value's bytes in 8-byte fields."""
+        handles = [*operands, *results]
+        if len(handles) > layout.MAX_BUFFERS:
+            raise ValueError(f"a ring launch takes at most {layout.MAX_BUFFERS} buffers")
+        handles += [0] * (layout.MAX_BUFFERS - len(handles))
+        slot = self._slot(timeout)
+        layout.RECORD.pack_into(
+            self._map,
+            slot,
+            self._head,
+            layout.Kind.LAUNCH,
+            layout.NOTIFY if notify else 0,
+            session,
+            len(operands),
+            len(results),
+            n_scalars,
+            *handles,
+            scalars,
+        )
+        return self._publish()
+
+    def _slot(self, timeout: float) -> int:
+        """The offset of the next record's slot, once the daemon has taken what was there."""
+        if self._closed or self._u32(layout.CLOSED):
+            raise RingClosed("the daemon closed this ring")
+        # A slot is free once taken, but launches in flight are also bounded by the ring's
+        # size, so done (not tail) is the window: one client cannot queue without end.
+        if self._head - self.done >= self.slots:
+            self._await(lambda: self._head - self.done < self.slots, timeout, RingFull)
+        return int(layout.HEADER_SIZE + (self._head & (self.slots - 1)) * layout.SLOT_SIZE)
+
+    def _publish(self) -> int:
+        seq = self._head
+        self._head += 1
+        self._words[layout.HEAD >> 3] = self._head
+        if self._u32(layout.DAEMON_WAITS):
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_write(self._submit_fd, 1)
+        return seq
+
+    # Waiting ------------------------------------------------------------------------
+
+    @property
+    def done(self) -> int:
+        return int(self._words[layout.DONE >> 3])
+
+    @property
+    def taken(self) -> int:
+        return int(self._words[layout.TAIL >> 3])
+
+    def flush(self, timeout: float) -> None:
+        """Wait until the daemon has taken every record published (checked and enqueued)."""
+        head = self._head
+        self._await(lambda: self.taken >= head, timeout, TimeoutError)
+
+    def wait(self, seq: int, timeout: float) -> None:
+        """Wait until record ``seq`` (and every one before it) finished or was refused."""
+        self._await(lambda: self.done > seq, timeout, TimeoutError)
+
+    def _await(self, ready: Callable[[], bool], timeout: float, error: type[Exception]) -> None:
+        if self._closed:
+            raise RingClosed("the ring was closed")
+        try:
+            self._await_open(ready, timeout, error)
+        except ValueError:  # the mapping was closed under this wait
+            raise RingClosed("the ring was closed") from None
+
+    def _await_open(
+        self, check: Callable[[], bool], timeout: float, error: type[Exception]
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        spin_until = time.monotonic() + self.spin_seconds
+        while not check():
+            if self._u32(layout.CLOSED):
+                raise RingClosed("the daemon closed this ring")
+            now = time.monotonic()
+            if now >= deadline:
+                raise error(f"the ring did not move within {timeout:g} s")
+            if now < spin_until:
+                continue
+            if self.abandoned is not None and self.abandoned():
+                raise RingClosed("the daemon went away")
+            self._halves[layout.CLIENT_WAITS >> 2] = 1
+            try:
+                if not check():
+                    readable, _, _ = select.select(
+                        [self._complete_fd], [], [], min(deadline - now, 0.05)
+                    )
+                    if readable:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(self._complete_fd)
+            finally:
+                self._halves[layout.CLIENT_WAITS >> 2] = 0
+
+    # Errors -----------------------------------------------------------------------------
+
+    def errors(self) -> list[RingError]:
+        """Errors written since the last call (the oldest may be lost if more than fit)."""
+        if self._closed:
+            raise RingClosed("the ring was closed")
+        written = int(self._words[layout.ERRORS >> 3])
+        first = max(self._errors_seen, written - self._error_slots)
+        found = []
+        for index in range(first, written):
+            at = layout.ERROR_BASE + (index % self._error_slots) * layout.ERROR_SIZE
+            seq, reason, field, session, length = layout.ERROR_ENTRY.unpack_from(self._map, at)
+            start = at + layout.ERROR_ENTRY.size
+            message = self._map[start : start + min(length, layout.MESSAGE_BYTES)]
+            found.append(
+                RingError(
+                    seq,
+                    reason.rstrip(b"\0").decode("ascii", "replace"),
+                    field.rstrip(b"\0").decode("utf-8", "replace"),
+                    message.decode("utf-8", "replace"),
+                    session.rstrip(b"\0").decode("ascii", "replace"),
+                )
+            )
+        self._errors_seen = written
+        return found
+
+    def _u32(self, offset: int) -> int:
+        return int(self._halves[offset >> 2])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for fd in (self._submit_fd, self._complete_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._words.release()
+        self._halves.release()
+        self._map.close()

@@ -1,0 +1,205 @@
+"""Launches through a same-host ring: what ``Session.launch`` uses on a local daemon.
+
+One ``RingPath`` per link, opened on the first launch: an ``OpenRing`` call,
+then the ring's memory taken from the handoff socket beside the daemon's
+socket. Sessions and buffers are bound to small handles once; each launch is
+then one record in shared memory, with no call. A refused or failed launch is
+raised by the session's next launch or wait, naming it, as CUDA reports
+asynchronous errors. ``ACCY_RING=0`` keeps a client on gRPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+
+from accy._ring import Ring, RingClosed, RingError
+from accy.errors import AccyError, FieldViolation, error_class
+from accy.protocol import ring as layout
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["RingPath", "open_ring", "ring_wanted"]
+
+_CODES = {
+    "INVALID_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
+    "INVALID_ARTIFACT": grpc.StatusCode.INVALID_ARGUMENT,
+    "LAUNCH_ARGUMENT_MISMATCH": grpc.StatusCode.INVALID_ARGUMENT,
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "FAILED_PRECONDITION": grpc.StatusCode.FAILED_PRECONDITION,
+    "QUOTA_EXCEEDED": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "OUT_OF_MEMORY": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "UNSUPPORTED": grpc.StatusCode.UNIMPLEMENTED,
+    "DEVICE_LOST": grpc.StatusCode.UNAVAILABLE,
+    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,
+    "RUNTIME_UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+}
+"""The status code each domain reason is answered with over gRPC, for ring errors."""
+
+ENTRY_GRACE_SECONDS = 0.5
+"""How long a wait whose daemon went away still looks for the daemon's word on its work."""
+
+_PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "u8": "B7x"}
+
+
+def ring_wanted(target: str) -> Path | None:
+    """The daemon's socket path when launches should go through a ring, else ``None``."""
+    if not target.startswith("unix:") or os.environ.get(layout.RING_ENV, "1") == "0":
+        return None
+    return Path(target.removeprefix("unix:"))
+
+
+def open_ring(
+    call: Callable[[pb.OpenRingRequest], pb.OpenRingResponse],
+    socket_path: Path,
+    abandoned: Callable[[], bool],
+) -> RingPath | None:
+    """A ring for the link ``call`` goes out on; ``None`` where the daemon offers none.
+
+    ``abandoned`` says when that link is lost, so no wait outlives the daemon.
+    """
+    try:
+        offer = call(pb.OpenRingRequest())
+        ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
+    except (AccyError, OSError, RingClosed):
+        return None
+    ring.abandoned = abandoned
+    return RingPath(ring)
+
+
+class RingPath:
+    """A link's ring, shared by its sessions; owns the ``Ring`` and closes it."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        # A lost link's ring is kept (its error entries) until nothing holds its link.
+        weakref.finalize(self, ring.close)
+        self.lock = threading.Lock()
+        self._sessions: dict[str, tuple[int, struct.Struct, tuple[str, ...]]] = {}
+        self._buffers: dict[str, int] = {}
+        self._failed: dict[int, RingError] = {}
+        """Errors the daemon wrote and nobody raised yet, by record."""
+
+    # Binding ---------------------------------------------------------------------------
+
+    def _session(
+        self, session_id: str, names: Sequence[str], dtypes: Sequence[str], timeout: float
+    ) -> tuple[int, struct.Struct, tuple[str, ...]]:
+        bound = self._sessions.get(session_id)
+        if bound is None:
+            handle = self.ring.new_handle()
+            self.ring.bind(layout.Kind.BIND_SESSION, handle, session_id, timeout)
+            code = "<" + "".join(_PACK[d] for d in dtypes)
+            code += f"{8 * (layout.MAX_SCALARS - len(dtypes))}x"
+            bound = self._sessions[session_id] = (handle, struct.Struct(code), tuple(names))
+        return bound
+
+    def _buffer(self, buffer_id: str, timeout: float) -> int:
+        handle = self._buffers.get(buffer_id)
+        if handle is None:
+            handle = self.ring.new_handle()
+            self.ring.bind(layout.Kind.BIND_BUFFER, handle, buffer_id, timeout)
+            self._buffers[buffer_id] = handle
+        return handle
+
+    def forget(self, object_id: str) -> None:
+        """A session released or a buffer freed: drop its handle (no record needed)."""
+        with self.lock:
+            self._sessions.pop(object_id, None)
+            self._buffers.pop(object_id, None)
+
+    # Launching -------------------------------------------------------------------------
+
+    def launch(
+        self,
+        session_id: str,
+        scalar_specs: Sequence[tuple[str, str]],
+        scalars: dict[str, float],
+        operands: Sequence[str],
+        results: Sequence[str],
+        *,
+        wait: bool,
+        timeout: float,
+    ) -> int:
+        """Publish one launch; with ``wait``, return once it finished. Its record's seq."""
+        if len(scalar_specs) > layout.MAX_SCALARS:
+            raise ValueError("too many runtime scalars for a ring record")
+        with self.lock:
+            self._raise_failed()
+            names = [name for name, _ in scalar_specs]
+            handle, packer, _ = self._session(
+                session_id, names, [dtype for _, dtype in scalar_specs], timeout
+            )
+            try:
+                values = packer.pack(*(scalars[name] for name in names))
+            except (KeyError, struct.error):
+                values = b""  # the daemon says which scalar is missing or wrong
+            ops = [self._buffer(b, timeout) for b in operands]
+            res = [self._buffer(b, timeout) for b in results]
+            seq = self.ring.launch(
+                handle,
+                ops,
+                res,
+                values,
+                len(names) if values else layout.MAX_SCALARS + 1,
+                notify=wait,
+                timeout=timeout,
+            )
+        if wait:
+            self.wait(seq, timeout)
+        return seq
+
+    def wait(self, seq: int | None, timeout: float) -> None:
+        """Wait for record ``seq`` (every record so far if ``None``); raise what failed."""
+        with self.lock:
+            target = self.ring.head - 1 if seq is None else seq
+        try:
+            if target >= 0:
+                self.ring.wait(target, timeout)
+        except RingClosed:
+            # What the daemon wrote about this work says more than its going away: a fault
+            # stops the daemon while its submitter writes the entry, so give that a moment.
+            deadline = time.monotonic() + ENTRY_GRACE_SECONDS
+            while time.monotonic() < deadline and not self.ring.closed:
+                with self.lock:
+                    self._raise_failed()
+                    if target < self.ring.done:
+                        return
+                time.sleep(0.01)
+            raise
+        with self.lock:
+            self._raise_failed()
+
+    def settle(self, timeout: float | None) -> None:
+        """Before a call over gRPC: every record published is checked and enqueued, so the
+        call is ordered after them (a closed ring has nothing left to order after)."""
+        with contextlib.suppress(RingClosed, TimeoutError, ValueError):
+            self.ring.flush(10.0 if timeout is None else timeout)
+
+    def _raise_failed(self) -> None:
+        """Raise the oldest failure the daemon wrote and nobody raised yet, if any."""
+        for error in self.ring.errors():
+            self._failed[error.seq] = error
+        if self._failed:
+            raise _error(self._failed.pop(min(self._failed)))
+
+    def close(self) -> None:
+        with self.lock, contextlib.suppress(Exception):
+            self.ring.close()
+
+
+def _error(error: RingError) -> AccyError:
+    """The typed error for a refused record, as a gRPC call would have raised it."""
+    message = f"ring record {error.seq} was refused: {error.message}"
+    cls = error_class(_CODES.get(error.reason, grpc.StatusCode.UNKNOWN))
+    violations = [FieldViolation(error.field, error.message)] if error.field else []
+    metadata = {"session": error.session} if error.session else {}
+    return cls(message, reason=error.reason, metadata=metadata, field_violations=violations)

@@ -1,0 +1,127 @@
+"""The same-host submission ring's memory layout, shared by the daemon and its clients.
+
+One ring belongs to one client. The daemon makes it (a ``memfd``) and hands it
+over a Unix socket with ``SCM_RIGHTS``, with two eventfds: ``submit`` (the
+client wakes the daemon's submitter) and ``complete`` (the submitter wakes a
+client that sleeps on a completion). Nothing in it has a name another process
+could open.
+
+Layout, little-endian, each counter on its own 64-byte line::
+
+    0     magic u32, version u32, slot_count u32, slot_size u32, error_slots u32
+    64    head u64          client: records published (the next record's seq)
+    128   tail u64          daemon: records taken (checked, then enqueued or refused)
+    192   done u64          daemon: every record with seq < done has finished or was refused
+    256   client_waits u32  client: 1 while it sleeps on ``complete``
+    320   daemon_waits u32  daemon: 1 while the submitter sleeps on ``submit``
+    384   errors u64        daemon: error entries written so far
+    448   closed u32        daemon: the ring is closed (client detached or daemon stopping)
+    512   error entries     error_slots x ERROR_SIZE, entry i % error_slots
+    HEADER_SIZE  records    slot_count x SLOT_SIZE, record seq at slot seq % slot_count
+
+A record (``SLOT_SIZE`` bytes)::
+
+    0   seq u64      its sequence number (the daemon refuses a slot whose seq is not the expected)
+    8   kind u16     LAUNCH, BIND_SESSION, BIND_BUFFER, UNBIND
+    10  flags u16    NOTIFY: the client will wait for this record, so signal it promptly
+    12  handle u32   LAUNCH: the session's handle; BIND/UNBIND: the handle named
+    16  operands u8, results u8, scalars u8, pad u8
+    20  buffer handles u32 x MAX_BUFFERS (operands then results)
+    84  scalar values, 8 bytes each x MAX_SCALARS, each the scalar's own dtype little-endian,
+        zero-padded (an f32 is its 4 bytes, not a double)
+    148 id length u8, id bytes (BIND_*: the session or buffer id the handle stands for)
+
+An error entry (``ERROR_SIZE`` bytes): seq u64, reason (32 bytes, the domain error's
+reason as gRPC's ErrorInfo carries it, NUL-padded), field (``FIELD_BYTES``), the
+session a device fault names (48 bytes), message length u16, message bytes
+(UTF-8, cut to ``MESSAGE_BYTES``).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+__all__ = [
+    "CLIENT_WAITS",
+    "CLOSED",
+    "DAEMON_WAITS",
+    "DONE",
+    "ERRORS",
+    "ERROR_BASE",
+    "ERROR_ENTRY",
+    "ERROR_SIZE",
+    "FIELD_BYTES",
+    "HANDOFF_SUFFIX",
+    "HEAD",
+    "HEADER",
+    "HEADER_SIZE",
+    "ID_OFFSET",
+    "MAGIC",
+    "MAX_BUFFERS",
+    "MAX_ID_BYTES",
+    "MAX_SCALARS",
+    "MESSAGE_BYTES",
+    "NOTIFY",
+    "RECORD",
+    "RING_ENV",
+    "SLOT_SIZE",
+    "TAIL",
+    "TICKET_BYTES",
+    "VERSION",
+    "Kind",
+    "error_slots",
+    "ring_bytes",
+]
+
+MAGIC = 0x47524341  # "ACRG"
+VERSION = 1
+HEADER = struct.Struct("<IIIII")
+HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED = (
+    64,
+    128,
+    192,
+    256,
+    320,
+    384,
+    448,
+)
+ERROR_BASE = 512
+ERROR_SIZE = 384
+FIELD_BYTES = 64
+MESSAGE_BYTES = ERROR_SIZE - 154
+HEADER_SIZE = 16384
+"""Room for (HEADER_SIZE - ERROR_BASE) // ERROR_SIZE error entries, and page-aligned records."""
+
+SLOT_SIZE = 256
+MAX_BUFFERS = 16
+MAX_SCALARS = 8
+ID_OFFSET = RECORD_BYTES = 148
+MAX_ID_BYTES = SLOT_SIZE - ID_OFFSET - 1
+RECORD = struct.Struct("<QHHIBBBx16I64s")
+"""seq, kind, flags, handle, operand/result/scalar counts, buffer handles, scalar bytes."""
+ERROR_ENTRY = struct.Struct("<Q32s64s48sH")
+"""seq, reason, field, the session a device fault names, message length; the message follows."""
+
+NOTIFY = 1
+TICKET_BYTES = 32
+HANDOFF_SUFFIX = ".rings"
+"""The handoff socket sits beside the daemon's socket, named after it with this suffix."""
+RING_ENV = "ACCY_RING"
+"""Set to 0 to keep a local client on plain gRPC."""
+
+
+class Kind(enum.IntEnum):
+    LAUNCH = 1
+    BIND_SESSION = 2
+    BIND_BUFFER = 3
+    UNBIND = 4
+
+
+def ring_bytes(slot_count: int) -> int:
+    """The size of a ring of ``slot_count`` records."""
+    return HEADER_SIZE + slot_count * SLOT_SIZE
+
+
+def error_slots() -> int:
+    return (HEADER_SIZE - ERROR_BASE) // ERROR_SIZE

@@ -1,0 +1,70 @@
+"""Prepared launches on CUDA: a pipeline's stages captured once as a graph and replayed.
+
+One ``cuGraphLaunch`` replaces a launch per stage. The graph bakes in the
+buffers' device addresses and the scalars, so its owner (the core's prepared
+launch cache) must drop it before any of those buffers is freed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from accyd.backends.base import LaunchRequest, Stream
+from accyd.errors import LaunchFailed
+
+if TYPE_CHECKING:
+    from accyd.backends.cuda.backend import CudaBackend
+
+__all__ = ["GraphLaunch"]
+
+
+class GraphLaunch:
+    """An instantiated graph of one pipeline launch, made by ``CudaBackend.prepare``.
+
+    Owns its ``CUgraphExec`` and frees it in ``close()`` (idempotent), which must
+    come after the work it launched finished or was ordered before any free.
+    Launched on whatever stream the caller passes, in that stream's order.
+    """
+
+    def __init__(self, backend: CudaBackend, requests: Sequence[LaunchRequest]) -> None:
+        self._backend = backend
+        cu = backend._cu
+        check = backend._check
+        capture = backend.create_stream()
+        graph: Any = None
+        try:
+            mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            check(
+                cu.cuStreamBeginCapture(capture.native, mode), "cuStreamBeginCapture", LaunchFailed
+            )
+            try:
+                for request in requests:
+                    backend.launch(dataclasses.replace(request, stream=capture))
+            finally:
+                graph = check(
+                    cu.cuStreamEndCapture(capture.native), "cuStreamEndCapture", LaunchFailed
+                )
+            self._exec: Any = check(
+                cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate", LaunchFailed
+            )
+        finally:
+            if graph is not None:
+                cu.cuGraphDestroy(graph)
+            backend.destroy_stream(capture)
+        self.stages = len(requests)
+
+    def launch(self, stream: Stream | None) -> None:
+        """Enqueue the whole pipeline on ``stream``; returns without waiting."""
+        backend = self._backend
+        if self._exec is None:
+            raise LaunchFailed("this prepared launch was closed")
+        err = backend._cu.cuGraphLaunch(self._exec, backend._stream_handle(stream))[0]
+        if err:
+            raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
+
+    def close(self) -> None:
+        graph_exec, self._exec = self._exec, None
+        if graph_exec is not None and not self._backend._closed:
+            self._backend._cu.cuGraphExecDestroy(graph_exec)

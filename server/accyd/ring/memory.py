@@ -1,0 +1,101 @@
+"""A ring's shared memory and eventfds: made by the daemon, sealed, and handed to one client."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+
+from accy.protocol import ring as layout
+
+__all__ = ["RingMemory"]
+
+
+class RingMemory:
+    """The daemon's side of one ring: a sealed ``memfd`` mapped here, and two eventfds.
+
+    The daemon owns all three descriptors and the mapping, and closes them in
+    ``close()`` (idempotent). The memfd is sealed against shrinking before any
+    client sees it, so a client that truncates its copy cannot make the daemon
+    fault on a read past the end. Nothing the client writes is trusted: readers
+    copy a record out before they look at it.
+    """
+
+    def __init__(self, slot_count: int) -> None:
+        if slot_count <= 0 or slot_count & (slot_count - 1):
+            raise ValueError(f"slot_count must be a power of two, not {slot_count}")
+        self.slot_count = slot_count
+        self.size = layout.ring_bytes(slot_count)
+        self.fd = os.memfd_create("accy-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, self.size)
+            fcntl.fcntl(
+                self.fd,
+                fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
+            )
+            self.map = mmap.mmap(self.fd, self.size)
+            self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        layout.HEADER.pack_into(
+            self.map,
+            0,
+            layout.MAGIC,
+            layout.VERSION,
+            slot_count,
+            layout.SLOT_SIZE,
+            layout.error_slots(),
+        )
+        # Counters go through word views: one aligned 8- or 4-byte store or load each, where
+        # struct.pack_into writes byte by byte and a reader could see a torn value.
+        self._words = memoryview(self.map).cast("Q")
+        self._halves = memoryview(self.map).cast("I")
+        self._closed = False
+
+    def fds(self) -> list[int]:
+        """What the client receives, in this order: the memory, ``submit``, ``complete``."""
+        return [self.fd, self.submit_fd, self.complete_fd]
+
+    def u64(self, offset: int) -> int:
+        return int(self._words[offset >> 3])
+
+    def set_u64(self, offset: int, value: int) -> None:
+        self._words[offset >> 3] = value
+
+    def u32(self, offset: int) -> int:
+        return int(self._halves[offset >> 2])
+
+    def set_u32(self, offset: int, value: int) -> None:
+        self._halves[offset >> 2] = value
+
+    def record(self, seq: int) -> bytes:
+        """A copy of record ``seq``'s slot (the client may change it while we read)."""
+        at = layout.HEADER_SIZE + (seq & (self.slot_count - 1)) * layout.SLOT_SIZE
+        return self.map[at : at + layout.SLOT_SIZE]
+
+    def drain_submit(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.submit_fd)
+
+    def wake_client(self) -> None:
+        # A hostile client can fill the counter; a full eventfd is not our problem.
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_write(self.complete_fd, 1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError):
+            self.set_u32(layout.CLOSED, 1)
+        self.wake_client()
+        for fd in (self.fd, self.submit_fd, self.complete_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._words.release()
+        self._halves.release()
+        self.map.close()
