@@ -185,6 +185,7 @@ class Server:
             requested_backend=config.backend,
             device=backend.device_name,
             listen=self.addresses,
+            rings=None if self.rings is None else str(self.rings.path),
             instance_id=self.daemon.instance_id,
             pid=os.getpid(),
             tls=credentials is not None,

@@ -659,7 +659,10 @@ FAULT_SCRIPT = textwrap.dedent(
 
 
 def test_sticky_fault_poisons_the_backend() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "server"), str(REPO / "client")]))
+    # The child keeps the parent's path too: accyd imports the generated protocol code, which
+    # needs the project's protobuf, not whichever one the machine has.
+    paths = [str(REPO / "server"), str(REPO / "client"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     done = subprocess.run(
         [sys.executable, "-c", FAULT_SCRIPT], env=env, capture_output=True, text=True, timeout=180
     )

@@ -87,7 +87,6 @@ class RingDoor:
         self._submitter.start()
         self._thread = threading.Thread(target=self._accept, name="accyd-ring-handoff", daemon=True)
         self._thread.start()
-        log.info("ring handoff listening", path=str(self.path))
 
     def offer(self, client_id: str, slots: int = 0) -> RingOffer:
         """Make a ring for ``client_id``; it goes live once the client takes it."""
