@@ -81,6 +81,7 @@ class Session(Resource):
     _unwaited: Link | None
     _packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]]
     _ring: RingPath | None = None
+    _ring_specs: list[tuple[str, str]] | None = None
     """The ring this session launched on last, if any: ``wait`` waits there too."""
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
@@ -240,7 +241,11 @@ class Session(Resource):
         scalars: dict[str, float],
     ) -> Launch:
         """One launch as a record on the link's ring (no call); see ``launch``."""
-        specs = [(spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars]
+        specs = self._ring_specs
+        if specs is None:
+            specs = self._ring_specs = [
+                (spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars
+            ]
         with ring_errors(self._conn, link, f"a launch of session {self.id}"):
             seq = ring.launch(
                 self._on(link),

@@ -28,7 +28,7 @@ from accyd.core.sessions import Session, order_scalars
 from accyd.core.tenants import Usage
 from accyd.errors import AccyError, DeviceFault, NotFound
 
-__all__ = ["LaunchTicket", "Launching"]
+__all__ = ["BoundLaunch", "LaunchTicket", "Launching"]
 
 _ONE_LAUNCH = Usage(launches_in_flight=1)
 """What a launch on the session's own scratch costs (never changed: shared by every launch)."""
@@ -45,6 +45,21 @@ class LaunchTicket:
     """The catalog target the session runs: a bounded label for metrics."""
     watch: MarkWatch | None = None
     """For a launch made with ``watch=True``: the caller's hold on its end (it closes it)."""
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class BoundLaunch:
+    """A launch checked once, replayed by ``Launching.launch_bound`` while all it names lives.
+
+    Made by ``bind_launch``; holds no device resource (the session's prepared-launch
+    cache owns the graph), so dropping it frees nothing.
+    """
+
+    client: Client
+    session: Session
+    checked: _Checked
+    scratch: Intermediates | None
+    """The session's scratch when it was bound: replaced scratch makes it stale."""
 
 
 class Launching(Holdings):
@@ -92,6 +107,73 @@ class Launching(Holdings):
             raise
         self.launches_total += 1
         return ticket
+
+    def bind_launch(
+        self,
+        client_id: str,
+        session_id: str,
+        operands: Sequence[str],
+        results: Sequence[str],
+        scalars: Mapping[str, Scalar],
+    ) -> BoundLaunch | None:
+        """Every check of ``launch``, once, for a front door that will repeat this launch.
+
+        ``None`` when the launch cannot be replayed (it needs scratch of its own):
+        the caller launches it with ``launch`` each time.
+        """
+        with self._lock:
+            self._state.check_serving()
+            client, session = self._session(client_id, session_id)
+            checked = self._check_launch(client, session, operands, results, scalars)
+            if session.needs_scratch and session.scratch_for(checked.args) is None:
+                return None
+            return BoundLaunch(client, session, checked, session.scratch)
+
+    def launch_bound(self, bound: BoundLaunch, count: int = 1) -> bool:
+        """Enqueue ``count`` replays of a bound launch; False when it went stale (a buffer
+        freed, the session released or its scratch replaced, the client detached), and
+        nothing was done: bind again. Quotas and hazards are checked as ``launch`` checks
+        them; the replays are one record in the session's log."""
+        client, session, checked = bound.client, bound.session, bound.checked
+        with self._lock:
+            buffers = client.buffers
+            if (
+                self._clients.find(client.id) is not client
+                or client.sessions.get(session.id) is not session
+                or session.scratch is not bound.scratch
+                or any(buffers.get(r.id) is not r for r in checked.operands)
+                or any(buffers.get(r.id) is not r for r in checked.results)
+            ):
+                return False
+            try:
+                self._state.check_serving()
+                self._ledger.launches_over(client, session.reap(free_scratch=False).launches)
+                with self._ledger.reserve(client, Usage(launches_in_flight=count)) as held:
+                    self._replay(held, session, checked, count)
+            except AccyError:
+                self.launches_failed += count
+                raise
+            self.launches_total += count
+            return True
+
+    def _replay(self, held: Reservation, session: Session, checked: _Checked, count: int) -> None:
+        ops, res = checked.operands, checked.results
+        before = session.next_seq
+        try:
+            order_after(session.backend, session.stream, hazards(ops, res))
+            record = session.replay(
+                checked.operand_buffers, checked.result_buffers, checked.args, checked.plan, count
+            )
+        except BaseException as error:
+            parked = session.newest(before)
+            if parked is not None:
+                held.keep()
+                note(parked.mark, ops, res)
+            if isinstance(error, DeviceFault):
+                raise self._state.noted(error, session.id) from error
+            raise
+        held.keep()
+        note(record.mark, ops, res)
 
     def _launch_on_own_scratch(
         self,

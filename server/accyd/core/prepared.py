@@ -60,8 +60,8 @@ class PreparedLaunches:
         self._backend = backend
         self._prepared: dict[_Key, PreparedLaunch] = {}
 
-    def launch(self, request: PipelineLaunch, plan: LaunchPlan) -> None:
-        """Launch ``request`` on its stream, preparing it first if its key is new."""
+    def get(self, request: PipelineLaunch, plan: LaunchPlan) -> PreparedLaunch:
+        """The prepared launch of ``request``, made (checked and packed) if its key is new."""
         key: _Key = (
             tuple(b.id for b in request.operands),
             tuple(b.id for b in request.results),
@@ -74,7 +74,11 @@ class PreparedLaunches:
             if len(self._prepared) >= PREPARED_PER_SESSION:
                 self.clear()
             self._prepared[key] = prepared
-        prepared.launch(request.stream)
+        return prepared
+
+    def launch(self, request: PipelineLaunch, plan: LaunchPlan) -> None:
+        """Launch ``request`` on its stream, preparing it first if its key is new."""
+        self.get(request, plan).launch(request.stream)
 
     def clear(self) -> None:
         """Drop every prepared launch (a running graph finishes first: CUDA frees it after)."""

@@ -61,6 +61,8 @@ class LaunchRecord:
     seq: int
     mark: Mark
     scratch: Intermediates | None = None
+    launches: int = 1
+    """Launches the record stands for: a replayed batch is one record."""
 
     @property
     def scratch_bytes(self) -> int:
@@ -230,8 +232,40 @@ class Session:
             raise
         return self._push(transient)
 
-    def _push(self, scratch: Intermediates | None) -> LaunchRecord:
-        record = LaunchRecord(self._next_seq, Mark(self.backend, self.stream), scratch)
+    def replay(
+        self,
+        operands: Sequence[DeviceBuffer],
+        results: Sequence[DeviceBuffer],
+        args: Sequence[Scalar],
+        plan: LaunchPlan,
+        count: int,
+    ) -> LaunchRecord:
+        """Enqueue the same checked launch ``count`` times on the session's own scratch, as
+        one record (one mark after the last). A failure part way still leaves the record."""
+        request = PipelineLaunch(
+            pipeline=self.pipeline,
+            registry=self.registry,
+            format=self.key.format,
+            operands=operands,
+            results=results,
+            runtime_scalars=args,
+            intermediates=() if self.scratch is None else self.scratch.buffers,
+            artifacts=self.pool,
+            stream=self.stream,
+            diagnostic_id=self.id,
+        )
+        prepared = self.prepared.get(request, plan)
+        try:
+            for _ in range(count):
+                prepared.launch(self.stream)
+        except BaseException:
+            with contextlib.suppress(AccyError):
+                self._push(None, count)
+            raise
+        return self._push(None, count)
+
+    def _push(self, scratch: Intermediates | None, launches: int = 1) -> LaunchRecord:
+        record = LaunchRecord(self._next_seq, Mark(self.backend, self.stream), scratch, launches)
         self._next_seq += 1
         self._inflight.append(record)
         return record
@@ -272,7 +306,7 @@ class Session:
             record.mark.release()
             if record.scratch is not None:
                 scratch.append(record.scratch)
-            count += 1
+            count += record.launches
         return Reaped(count, tuple(scratch))
 
     def drain(self) -> Reaped:
@@ -282,7 +316,10 @@ class Session:
         for record in records:
             record.mark.release()
         self._completed = self._next_seq - 1
-        return Reaped(len(records), tuple(r.scratch for r in records if r.scratch is not None))
+        return Reaped(
+            sum(r.launches for r in records),
+            tuple(r.scratch for r in records if r.scratch is not None),
+        )
 
     def close(self) -> None:
         """Free the pool, the scratch and the stream; the caller waited and drained first."""

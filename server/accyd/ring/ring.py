@@ -23,6 +23,7 @@ import structlog
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ScalarSpec
+from accyd.core.launching import BoundLaunch
 from accyd.core.marks import MarkWatch
 from accyd.errors import AccyError, DeviceFault, InvalidRequest, LaunchArgumentMismatch, NotFound
 from accyd.ring.memory import RingMemory
@@ -66,6 +67,17 @@ class RingCore(Protocol):
 
     def reap(self, client_id: str, session_id: str) -> None: ...
 
+    def bind_launch(
+        self,
+        client_id: str,
+        session_id: str,
+        operands: Sequence[str],
+        results: Sequence[str],
+        scalars: Mapping[str, Scalar],
+    ) -> BoundLaunch | None: ...
+
+    def launch_bound(self, bound: BoundLaunch, count: int = 1) -> bool: ...
+
     def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None: ...
 
     def launch_outcome(self, session_id: str, watch: MarkWatch) -> None: ...
@@ -75,6 +87,21 @@ class RingCore(Protocol):
     def check_buffer(self, client_id: str, buffer_id: str) -> None: ...
 
     def touch(self, client_id: str) -> None: ...
+
+
+BOUND_PER_RING = 1024
+"""Launches a ring keeps checked (by record contents); past this it starts over."""
+
+_KEY = slice(12, layout.RECORD.size)
+"""The bytes of a launch record that say what it launches: handles, counts and scalars."""
+_KIND = slice(8, 10)
+_LAUNCH_KIND = int(layout.Kind.LAUNCH).to_bytes(2, "little")
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    session_id: str
+    launch: BoundLaunch
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +141,8 @@ class ServerRing:
         self._sessions: dict[int, _SessionBinding] = {}
         self._buffers: dict[int, str] = {}
         self._flights: deque[_Flight] = deque()
+        self._bound: dict[bytes, _Bound] = {}
+        """Launches checked once, by their records' contents: replayed without a check."""
         self.broken = False
 
     @property
@@ -140,12 +169,14 @@ class ServerRing:
         taken = min(ahead, limit)
         sessions: set[str] = set()
         reap: set[str] = set()
-        for seq in range(self._tail, self._tail + taken):
-            launched = self._one(seq)
+        seq, end = self._tail, self._tail + taken
+        while seq < end:
+            run, launched = self._take_run(seq, end)
             if launched is not None:
                 sessions.add(launched[0])
                 if launched[1]:
                     reap.add(launched[0])
+            seq += run
         self._tail += taken
         # One watch per session and batch: its launches run in order on its stream, so
         # the newest one's end is the end of them all. Published after the launches are
@@ -156,9 +187,37 @@ class ServerRing:
         self._core.touch(self.client_id)
         return taken
 
-    def _one(self, seq: int) -> tuple[str, bool] | None:
-        """Take one record; for a launch enqueued, its session and whether it must be reaped."""
+    def _take_run(self, seq: int, end: int) -> tuple[int, tuple[str, bool] | None]:
+        """Take record ``seq`` and the identical launches right after it, replayed at once
+        when it was bound before; how many records, and what ``_one`` says of them."""
         raw = self.memory.record(seq)
+        key = raw[_KEY]
+        bound = self._bound.get(key) if raw[_KIND] == _LAUNCH_KIND else None
+        if bound is None or int.from_bytes(raw[:8], "little") != seq:
+            return 1, self._one(seq, raw)
+        run = 1
+        while seq + run < end:
+            following = self.memory.record(seq + run)
+            if following[_KEY] != key or following[_KIND] != _LAUNCH_KIND:
+                break
+            if int.from_bytes(following[:8], "little") != seq + run:
+                break
+            run += 1
+        try:
+            replayed = self._core.launch_bound(bound.launch, run)
+        except AccyError as error:
+            for failed in range(seq, seq + run):
+                self._refuse(failed, error, f"launch of session {bound.session_id}")
+            return run, None
+        if not replayed:  # something it named changed: check each again
+            self._bound.clear()
+            for again in range(seq, seq + run):
+                launched = self._one(again, self.memory.record(again))
+            return run, launched
+        return run, (bound.session_id, False)
+
+    def _one(self, seq: int, raw: bytes) -> tuple[str, bool] | None:
+        """Take one record; for a launch enqueued, its session and whether it must be reaped."""
         (got, kind, _flags, handle, n_ops, n_res, n_scalars, *rest) = layout.RECORD.unpack_from(raw)
         handles, values = rest[: layout.MAX_BUFFERS], rest[layout.MAX_BUFFERS]
         try:
@@ -171,13 +230,19 @@ class ServerRing:
                         field="buffers",
                     )
                 return self._launch(
-                    handle, handles[:n_ops], handles[n_ops : n_ops + n_res], n_scalars, values
+                    raw[_KEY],
+                    handle,
+                    handles[:n_ops],
+                    handles[n_ops : n_ops + n_res],
+                    n_scalars,
+                    values,
                 )
             if kind in (layout.Kind.BIND_SESSION, layout.Kind.BIND_BUFFER):
                 self._bind(kind, handle, _id_of(raw))
             elif kind == layout.Kind.UNBIND:
                 self._sessions.pop(handle, None)
                 self._buffers.pop(handle, None)
+                self._bound.clear()  # its keys name handles: one may be bound anew
             else:
                 raise InvalidRequest(f"unknown record kind {kind}", field="kind")
         except AccyError as error:
@@ -211,6 +276,7 @@ class ServerRing:
 
     def _launch(
         self,
+        key: bytes,
         handle: int,
         operands: Sequence[int],
         results: Sequence[int],
@@ -230,13 +296,18 @@ class ServerRing:
             spec.name: Scalar(spec.dtype, value)
             for spec, value in zip(binding.specs, binding.unpack.unpack(values), strict=True)
         }
-        ticket = self._core.launch(
-            self.client_id,
-            binding.session_id,
-            [self._buffer(h, "operands", i) for i, h in enumerate(operands)],
-            [self._buffer(h, "results", i) for i, h in enumerate(results)],
-            scalars,
+        operand_ids = [self._buffer(h, "operands", i) for i, h in enumerate(operands)]
+        result_ids = [self._buffer(h, "results", i) for i, h in enumerate(results)]
+        core = self._core
+        bound = core.bind_launch(
+            self.client_id, binding.session_id, operand_ids, result_ids, scalars
         )
+        if bound is not None and core.launch_bound(bound, 1):
+            if len(self._bound) >= BOUND_PER_RING:
+                self._bound.clear()
+            self._bound[key] = _Bound(binding.session_id, bound)
+            return binding.session_id, False
+        ticket = core.launch(self.client_id, binding.session_id, operand_ids, result_ids, scalars)
         return binding.session_id, ticket.must_wait
 
     def _buffer(self, handle: int, role: str, index: int) -> str:
