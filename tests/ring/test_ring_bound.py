@@ -11,7 +11,7 @@ from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.ring import RingDoor
 from tests.core.daemon_fixtures import host_daemon
-from tests.ring.test_ring_core import door, open_ring, read, write  # noqa: F401 (fixture)
+from tests.ring.test_ring_core import open_ring, read, write
 
 SAXPY = "accy.kernel.saxpy"
 N = 256

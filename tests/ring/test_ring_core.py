@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,22 +13,9 @@ from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.ring import RingDoor
-from tests.core.daemon_fixtures import host_daemon
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"
-
-
-@pytest.fixture
-def door(tmp_path: Path) -> Iterator[tuple[Daemon, RingDoor]]:
-    daemon, _ = host_daemon()
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock")
-    ring_door.start()
-    try:
-        yield daemon, ring_door
-    finally:
-        ring_door.close()
-        daemon.close()
 
 
 def open_ring(ring_door: RingDoor, client_id: str) -> Ring:
