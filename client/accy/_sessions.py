@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from accy import _dtypes
 from accy._connection import UNSET, Connection
-from accy._launching import Launch, launch_on, new_launch
+from accy._launching import Launch, launch_on, new_launch, settle_session
 from accy._link import Link
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
@@ -218,13 +218,17 @@ class Session(Resource):
     def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far.
 
-        Launches that the daemon lost when it restarted raise ``Unavailable`` (once).
+        A launch made without waiting that the daemon refused raises here, naming
+        it, unless something reported it already. Launches that the daemon lost
+        when it restarted raise ``Unavailable`` (once).
         """
         pending = self._unwaited
         if pending is not None and pending.lost is not None:
             self._unwaited = None
             raise pending.lost_error(f"work enqueued on session {self.id}")
         conn = self._conn
+        if pending is not None and pending is self._link:  # a refusal not reported yet raises
+            settle_session(conn, pending, self._id, timeout)
         conn.unary(
             conn.stub.WaitLaunch,
             lambda link: pb.WaitLaunchRequest(session_id=self._on(link)),
