@@ -173,7 +173,7 @@ class LaunchStream:
                 if remaining is not None and remaining <= 0:
                     raise DeadlineExceeded(
                         f"{self._unanswered} launches were still unanswered after {timeout} s; "
-                        "the launch on session {request.session_id} was not sent"
+                        f"the launch on session {request.session_id} was not sent"
                     )
                 self._changed.wait(remaining)
                 self._check(request.session_id)

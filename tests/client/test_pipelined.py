@@ -127,7 +127,7 @@ def test_the_window_blocks_the_next_launch(
     assert time.monotonic() - started < 0.25
     session.launch([x], [y], wait=False, n=8)  # two unanswered: waits for the first answer
     assert time.monotonic() - started >= 0.25
-    with pytest.raises(errors.DeadlineExceeded, match="was not sent"):
+    with pytest.raises(errors.DeadlineExceeded, match=f"session {session.id} was not sent"):
         session.launch([x], [y], wait=False, n=8, timeout=0.05)
     session.wait()
     with pytest.raises(ValueError, match="launch_window"):
