@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import queue
 import threading
@@ -82,11 +83,13 @@ class LaunchStream:
     at most ``window`` of them are unanswered at once (the sender blocks), and
     a collector thread reads their answers while they are due and no caller
     reads. A refusal among them is raised by the session's next launch or
-    ``settle`` (CUDA's asynchronous errors), naming the launch. A caller that stops waiting (its
-    timeout) leaves its launch on the daemon, as a unary call's deadline does:
-    a watchdog thread, started by the first launch with a timeout, pings the
-    daemon so that a caller blocked reading wakes up on time, and cancels the
-    stream if the daemon does not answer the ping within ``STALL_SECONDS``.
+    ``settle`` (CUDA's asynchronous errors), naming the launch.
+
+    A caller that stops waiting (its timeout) leaves its launch on the daemon,
+    as a unary call's deadline does: a watchdog thread, started by the first
+    launch with a timeout, pings the daemon so that a caller blocked reading
+    wakes up on time, and cancels the stream if the daemon does not answer
+    the ping within ``STALL_SECONDS``.
     """
 
     def __init__(
@@ -251,12 +254,16 @@ class LaunchStream:
         if not sent.reported:
             sent.reported = True
             error.message = f"{sent.name()} was refused: {error.message}"
-            if faults:
-                error.message += f" ({len(faults)} later ones were refused too)"
-            if then:
-                error.message += f"; {then}"
             error.args = (error.message,)
             error.metadata.setdefault("launch", f"#{sent.tag}")
+        notes = [f"{len(faults)} later ones were refused too"] if faults else []
+        notes += [then] if then else []
+        if notes:  # for this call only: the launch's own wait() raises the plain refusal
+            raised = copy.copy(error)
+            raised.metadata = dict(error.metadata)
+            raised.message = "; ".join([error.message, *notes])
+            raised.args = (raised.message,)
+            raise raised.with_traceback(None)
         raise error.with_traceback(None)
 
     def close(self, drain: float = 0.0) -> None:

@@ -74,8 +74,9 @@ def test_a_refusal_nobody_waited_for_is_raised_by_the_next_launch(
     # Reported once: the session works on, and its wait does not raise it again.
     session.launch([x], [y], n=8)
     session.wait()
-    with pytest.raises(errors.NotFound):
+    with pytest.raises(errors.NotFound) as again:
         bad.wait()  # the launch itself still says why it failed
+    assert "was refused" in str(again.value) and "not sent" not in str(again.value)
 
 
 def test_a_refusal_nobody_waited_for_is_raised_by_session_wait(
