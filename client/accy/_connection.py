@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from accy._launches import DEFAULT_WINDOW
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, channel_options
 from accy.errors import (
@@ -102,6 +103,13 @@ class Sessions:
         return restored, lost
 
 
+def settle(link: Link, timeout: float | None) -> None:
+    """Let the launches sent on ``link`` without waiting reach the daemon before another call
+    does, as if each had waited to be enqueued (their refusals are reported elsewhere)."""
+    if link.launches is not None:
+        link.launches.settle(None, timeout)
+
+
 def _tls_refused(detail: str) -> bool:
     """Whether a connection failure's detail says the TLS handshake failed."""
     lowered = detail.lower()
@@ -144,6 +152,8 @@ class Connection:
         self.broken: AccyError | None = None
         """Why the client stopped reattaching: every call raises it."""
         self.sessions = Sessions()
+        self.launch_window = DEFAULT_WINDOW
+        """Launches sent without waiting that may be unanswered at once, per LaunchStream."""
         self._later: collections.deque[Callable[[], object]] = collections.deque()
         self._cleaner: threading.Thread | None = None
 
@@ -255,6 +265,7 @@ class Connection:
         """Call one unary RPC on ``link`` (default: the current one); see ``dispatch``."""
 
         def send(message: Any, use: Link, left: float | None) -> _T:
+            settle(use, left)
             return method(message, metadata=use.metadata, timeout=left)
 
         return self.dispatch(request, send, self.timeout_of(timeout), link, transport=True)
@@ -349,6 +360,7 @@ class Connection:
         """A client-streaming call on ``link`` (a buffer's writes)."""
         self.check_open()
         try:
+            settle(link, timeout)
             return method(requests, metadata=link.metadata, timeout=timeout)
         except grpc.RpcError as error:
             raise self.judged(self.translate(error), link) from error
@@ -362,6 +374,10 @@ class Connection:
     ) -> Iterator[_T]:
         """A server-streaming call on ``link`` (a buffer's reads), cancelled when left."""
         self.check_open()
+        try:
+            settle(link, timeout)
+        except AccyError as error:
+            raise self.judged(error, link) from None
         call = method(request, metadata=link.metadata, timeout=timeout)
         try:
             yield from call
@@ -378,6 +394,6 @@ class Connection:
             link = self.last
             self.cond.notify_all()
         if link is not None:
+            link.close_launches(now=True)  # first: launches on their way reach the daemon
             link.stream.cancel()
-            link.close_launches(now=True)
         self.channel.close()

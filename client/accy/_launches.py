@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import grpc
 
@@ -18,7 +19,7 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 if TYPE_CHECKING:
     from grpc import _CallIterator
 
-__all__ = ["LaunchStream"]
+__all__ = ["DEFAULT_WINDOW", "LaunchStream", "Sent"]
 
 _END = None
 STALL_SECONDS = 2.0
@@ -26,6 +27,10 @@ STALL_SECONDS = 2.0
 is taken for dead and cancelled."""
 LOST_ANSWER_SECONDS = 1.0
 """How long answers already on their way may still arrive on an abandoned stream."""
+DEFAULT_WINDOW = 256
+"""Launches sent without waiting that may be unanswered at once on one stream."""
+CLOSE_DRAIN_SECONDS = 10.0
+"""How long closing the client waits for the answers to launches it sent without waiting."""
 
 
 class _Waiter:
@@ -43,6 +48,27 @@ class _Waiter:
         return self.answer is not None or self.error is not None
 
 
+class Sent(_Waiter):
+    """A launch sent without waiting: its answer (launch id, or refusal) comes later.
+
+    A refusal is reported once: by ``LaunchStream.answer`` for it, else by the
+    next launch or settle of its session on the stream.
+    """
+
+    __slots__ = ("reported", "session_id", "stream", "tag")
+
+    def __init__(self, stream: LaunchStream, tag: int, session_id: str) -> None:
+        super().__init__(None)
+        self.stream = stream
+        self.tag = tag
+        self.session_id = session_id
+        self.reported = False
+
+    def name(self) -> str:
+        """How errors name this launch."""
+        return f"launch #{self.tag} of session {self.session_id} (sent without waiting)"
+
+
 class LaunchStream:
     """An open LaunchStream on one link; ``launch()`` is safe from any thread.
 
@@ -50,14 +76,20 @@ class LaunchStream:
     about half its cost. The Client opens one per link (it carries the link's
     client id) the first time a session launches, and closes it with the link.
 
-    Requests are tagged. There is no reader thread: a caller waiting for its
-    answer reads the stream itself while no other caller does (leader and
-    followers), and hands each answer to the caller it belongs to, so a lone
-    caller's answer costs no thread hop. A caller that stops waiting (its
-    timeout) leaves its launch on the daemon, as a unary call's deadline does:
-    a watchdog thread, started by the first launch with a timeout, pings the
-    daemon so that a caller blocked reading wakes up on time, and cancels the
-    stream if the daemon does not answer the ping within ``STALL_SECONDS``.
+    Requests are tagged. A caller waiting for its answer reads the stream
+    itself while no other caller does (leader and followers), and hands each
+    answer to the caller it belongs to, so a lone caller's answer costs no
+    thread hop. A launch sent without waiting (``send``) returns once written;
+    at most ``window`` of them are unanswered at once (the sender blocks), and
+    a collector thread reads their answers while they are due and no caller
+    reads. A refusal among them is raised by the session's next launch or
+    ``settle`` (CUDA's asynchronous errors), naming the launch.
+
+    A caller that stops waiting (its timeout) leaves its launch on the daemon,
+    as a unary call's deadline does: a watchdog thread, started by the first
+    launch with a timeout, pings the daemon so that a caller blocked reading
+    wakes up on time, and cancels the stream if the daemon does not answer
+    the ping within ``STALL_SECONDS``.
     """
 
     def __init__(
@@ -66,7 +98,10 @@ class LaunchStream:
         metadata: Sequence[tuple[str, str]],
         translate: Callable[[grpc.RpcError], AccyError],
         hint: Callable[[AccyError], AccyError],
+        window: int = DEFAULT_WINDOW,
     ) -> None:
+        self.window = window
+        """Launches sent without waiting that may be unanswered at once (senders block)."""
         self._translate = translate
         self._hint = hint
         self._lock = threading.Lock()
@@ -83,6 +118,11 @@ class LaunchStream:
         self._abandoned: Callable[[], AccyError] | None = None
         """Set by ``abandon``: why launches that get no answer failed, asked when they do."""
         self._watchdog: threading.Thread | None = None
+        self._unanswered = 0
+        """Launches sent without waiting whose answers have not come yet."""
+        self._faults: dict[str, list[Sent]] = {}
+        """Per session, refused launches sent without waiting, not reported yet."""
+        self._collector: threading.Thread | None = None
         self._outbox: queue.SimpleQueue[pb.LaunchRequest | None] = queue.SimpleQueue()
         self._call: _CallIterator[pb.LaunchStreamResponse] = stub.LaunchStream(
             self._requests(), metadata=tuple(metadata)
@@ -94,14 +134,15 @@ class LaunchStream:
         return self._failure is not None or self._abandoned is not None
 
     def launch(self, request: pb.LaunchRequest, timeout: float | None) -> pb.LaunchResponse:
-        """Send ``request`` and block for its answer; a refusal raises its typed error."""
+        """Send ``request`` and block for its answer; a refusal raises its typed error.
+
+        An earlier launch of the same session sent without waiting that was
+        refused raises first, and ``request`` is not sent.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = _Waiter(deadline)
         with self._lock:
-            if self._failure is not None:
-                raise self._failure.with_traceback(None)
-            if self._abandoned is not None:
-                raise self._abandoned()
+            self._check(request.session_id)
             tag = next(self._tags)
             request.tag = tag
             self._waiting[tag] = waiter
@@ -109,7 +150,7 @@ class LaunchStream:
             if deadline is not None:
                 self._watch(deadline)
         try:
-            self._await(waiter)
+            self._await(waiter, deadline)
         finally:
             with self._lock:
                 self._waiting.pop(tag, None)
@@ -122,8 +163,123 @@ class LaunchStream:
             )
         return waiter.answer
 
-    def close(self) -> None:
-        """End the stream now; launches still waiting raise ``Cancelled``; idempotent."""
+    def send(self, request: pb.LaunchRequest, timeout: float | None) -> Sent:
+        """Send ``request`` without waiting for its answer; block only while the window is full.
+
+        An earlier refused launch of the same session raises first, as ``launch``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check(request.session_id)
+            while self._unanswered >= self.window:
+                remaining = _remaining(deadline)
+                if remaining is not None and remaining <= 0:
+                    raise DeadlineExceeded(
+                        f"{self._unanswered} launches were still unanswered after {timeout} s; "
+                        f"the launch on session {request.session_id} was not sent"
+                    )
+                self._changed.wait(remaining)
+                self._check(request.session_id)
+            sent = Sent(self, next(self._tags), request.session_id)
+            request.tag = sent.tag
+            self._waiting[sent.tag] = sent
+            self._unanswered += 1
+            self._outbox.put(request)
+            if self._collector is None:
+                self._collector = threading.Thread(
+                    target=self._collect, name="accy-launch-answers", daemon=True
+                )
+                self._collector.start()
+            elif self._unanswered == 1:
+                self._changed.notify_all()  # the collector sleeps while nothing is unanswered
+        return sent
+
+    def answer(self, sent: Sent, timeout: float | None) -> pb.LaunchResponse:
+        """``sent``'s answer, once it came (within ``timeout``); its refusal raises, once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._await(sent, deadline)
+        with self._lock:
+            if sent.answer is not None:
+                return sent.answer
+            if sent.error is None:
+                raise DeadlineExceeded(f"no answer to {sent.name()} within {timeout} s")
+            return self._report(sent, None)
+
+    def settle(self, session_id: str | None, timeout: float | None) -> None:
+        """Wait for the answers to every launch sent so far (of ``session_id``; ``None``: all).
+
+        Then a refused one of ``session_id`` raises, naming it. Calls after this
+        reach the daemon after those launches were enqueued.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            if not self._unanswered and (session_id is None or session_id not in self._faults):
+                return
+            sent = [
+                waiter
+                for waiter in self._waiting.values()
+                if isinstance(waiter, Sent) and session_id in (None, waiter.session_id)
+            ]
+        for waiter in sent:
+            self._await(waiter, deadline)
+            if not waiter.done:
+                raise DeadlineExceeded(
+                    f"{waiter.name()} got no answer within {timeout} s; it may still be on its way"
+                )
+        if session_id is not None:
+            with self._lock:
+                self._check(session_id, None)
+
+    def _check(self, session_id: str, then: str | None = "this launch was not sent") -> None:
+        """(Under the lock.) Raise why the stream ended, or ``session_id``'s first refusal."""
+        if self._failure is not None:
+            raise self._failure.with_traceback(None)
+        if self._abandoned is not None:
+            raise self._abandoned()
+        faults = self._faults.get(session_id)
+        if faults:
+            self._report(faults[0], then)
+
+    def _report(self, sent: Sent, then: str | None) -> NoReturn:
+        """(Under the lock.) Raise ``sent``'s refusal, naming it; it is not reported again."""
+        error = sent.error
+        assert error is not None
+        if error is self._failure:  # the stream ended before its answer came
+            raise error.with_traceback(None)
+        faults = self._faults.get(sent.session_id, [])
+        if sent in faults:
+            faults.remove(sent)
+            if not faults:
+                del self._faults[sent.session_id]
+        if not sent.reported:
+            sent.reported = True
+            error.message = f"{sent.name()} was refused: {error.message}"
+            error.args = (error.message,)
+            error.metadata.setdefault("launch", f"#{sent.tag}")
+        notes = [f"{len(faults)} later ones were refused too"] if faults else []
+        notes += [then] if then else []
+        if notes:  # for this call only: the launch's own wait() raises the plain refusal
+            raised = copy.copy(error)
+            raised.metadata = dict(error.metadata)
+            raised.message = "; ".join([error.message, *notes])
+            raised.args = (raised.message,)
+            raise raised.with_traceback(None)
+        raise error.with_traceback(None)
+
+    def close(self, drain: float = 0.0) -> None:
+        """End the stream; launches still waiting raise ``Cancelled``; idempotent.
+
+        With ``drain``, first wait up to that many seconds for the answers to
+        launches sent without waiting: those launches are on the daemon then.
+        """
+        if drain > 0:
+            until = time.monotonic() + drain
+            with self._lock:
+                while self._unanswered and self._failure is None and self._abandoned is None:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
         self._fail(Cancelled("the client closed its launch stream"))
         self._outbox.put(_END)
         self._call.cancel()
@@ -157,14 +313,14 @@ class LaunchStream:
         """Why launches fail now that the stream ended with ``error``."""
         return self._abandoned() if self._abandoned is not None else error
 
-    def _await(self, waiter: _Waiter) -> None:
-        """Return once ``waiter`` is answered or past its deadline, reading answers meanwhile."""
+    def _await(self, waiter: _Waiter, deadline: float | None) -> None:
+        """Return once ``waiter`` is answered or past ``deadline``, reading answers meanwhile."""
         while True:
             with self._lock:
                 while True:
                     if waiter.done:
                         return
-                    remaining = _remaining(waiter.deadline)
+                    remaining = _remaining(deadline)
                     if remaining is not None and remaining <= 0:
                         return  # past its deadline, whatever became of the stream
                     if self._failure is not None:
@@ -200,6 +356,33 @@ class LaunchStream:
                 waiter.answer = answer.launch
             elif outcome == "error":
                 waiter.error = self._hint(from_rpc_status(answer.error))
+            if isinstance(waiter, Sent):  # nobody blocks on it: keep a refusal for later
+                del self._waiting[answer.tag]
+                self._unanswered -= 1
+                if waiter.error is not None:
+                    self._faults.setdefault(waiter.session_id, []).append(waiter)
+
+    def _collect(self) -> None:
+        """The collector thread: read answers while launches sent without waiting lack theirs.
+
+        It reads only while no caller does, so that a lone waited launch still
+        reads its own answer without a thread hop.
+        """
+        while True:
+            with self._lock:
+                while self._reading or not self._unanswered:
+                    if self._failure is not None:
+                        return
+                    self._changed.wait()
+                if self._failure is not None:
+                    return
+                self._reading = True
+            try:
+                self._read_one()
+            finally:
+                with self._lock:
+                    self._reading = False
+                    self._changed.notify_all()
 
     def _requests(self) -> Iterator[pb.LaunchRequest]:
         while (request := self._outbox.get()) is not _END:
@@ -210,6 +393,11 @@ class LaunchStream:
         with self._lock:
             if self._failure is None:
                 self._failure = error
+                for tag, waiter in list(self._waiting.items()):
+                    if isinstance(waiter, Sent) and not waiter.done:  # later calls raise it
+                        waiter.error = error
+                        del self._waiting[tag]
+                self._unanswered = 0
             self._changed.notify_all()
             self._alarm.notify_all()
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from accy._connection import UNSET, Connection
-from accy._launches import LaunchStream
+from accy._launches import LaunchStream, Sent
 from accy._link import Link, device_lost
 from accy._ring import RingClosed
 from accy._ring_path import RingPath, open_ring, ring_wanted
@@ -28,6 +28,7 @@ __all__ = [
     "ring_launch",
     "ring_of",
     "ring_timeout",
+    "settle_session",
 ]
 
 RING_WAIT_CAP = 3600.0
@@ -91,10 +92,11 @@ def ring_launch(
     launch._conn = conn
     launch._link = link
     launch._session_id = session.id
-    launch.id = f"ring-{seq}"
+    launch._id = f"ring-{seq}"
     launch.completed = waited
-    launch.enqueue_seconds = 0.0
-    launch.elapsed_seconds = 0.0
+    launch._enqueue_seconds = 0.0
+    launch._elapsed_seconds = 0.0
+    launch._sent = None
     launch._ring = ring
     launch._seq = seq
     return launch
@@ -107,68 +109,132 @@ def launches_of(conn: Connection, link: Link) -> LaunchStream:
         stream = link.launches
         if stream is None or stream.broken:
             stream = link.launches = LaunchStream(
-                conn.stub, link.metadata, conn.translate, conn.hint
+                conn.stub, link.metadata, conn.translate, conn.hint, conn.launch_window
             )
         return stream
 
 
 def launch_on(
     conn: Connection, request: Callable[[Link], pb.LaunchRequest], timeout: float | None
-) -> tuple[pb.LaunchResponse, Link]:
+) -> tuple[pb.LaunchResponse | Sent, Link]:
     """One launch on the current link's LaunchStream (as ``Connection.call`` makes a unary
-    call). A launch that met a broken connection is not sent again: it may have run."""
+    call). A launch that met a broken connection is not sent again: it may have run.
 
-    def send(message: pb.LaunchRequest, use: Link, left: float | None) -> pb.LaunchResponse:
-        return launches_of(conn, use).launch(message, left)
+    A launch without ``wait`` returns as soon as it is written: ``Sent``, its answer to come.
+    """
+
+    def send(message: pb.LaunchRequest, use: Link, left: float | None) -> pb.LaunchResponse | Sent:
+        stream = launches_of(conn, use)
+        return stream.launch(message, left) if message.wait else stream.send(message, left)
 
     return conn.dispatch(request, send, conn.timeout_of(timeout), None, transport=False)
 
 
+def settle_session(conn: Connection, link: Link, session_id: str, timeout: float | None) -> None:
+    """Wait for the answers to the session's launches sent without waiting; raise a refusal
+    among them (naming the launch) that nothing reported yet."""
+    stream = link.launches
+    if stream is not None and link.lost is None:
+        try:
+            stream.settle(session_id, conn.timeout_of(timeout))
+        except AccyError as error:
+            raise conn.judged(error, link) from None
+
+
 def new_launch(
-    session: Session, conn: Connection, response: pb.LaunchResponse, link: Link
+    session: Session, conn: Connection, response: pb.LaunchResponse | Sent, link: Link
 ) -> Launch:
-    """The ``Launch`` the daemon answered on ``link`` (for ``Session`` only)."""
+    """The ``Launch`` the daemon answered (or will answer) on ``link`` (for ``Session`` only)."""
     launch = object.__new__(Launch)
     launch.session = session
     launch._conn = conn
     launch._link = link
     launch._session_id = session.id
-    launch.id = response.launch_id
-    launch.completed = response.completed
-    launch.enqueue_seconds = response.enqueue_seconds
-    launch.elapsed_seconds = response.elapsed_seconds
+    launch.completed = False
+    if isinstance(response, Sent):
+        launch._sent = response
+    else:
+        launch._sent = None
+        launch._learn(response)
     return launch
 
 
 class Launch:
     """One launch of a session: done already if it was waited for, else ``wait()`` for it.
 
-    Launches are made by ``Session.launch``.
+    A launch made without waiting is sent before the daemon answered it: its
+    ``id`` (and timings) are known once the answer came, and reading them
+    waits for it. If the daemon refused it, ``wait()`` raises why, or else the
+    session's next launch or ``wait`` does. Launches are made by ``Session.launch``.
     """
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("a Launch is made by Session.launch()")
 
     session: Session
-    id: str
     completed: bool
-    enqueue_seconds: float
-    elapsed_seconds: float
+    _id: str
+    _enqueue_seconds: float
+    _elapsed_seconds: float
     _conn: Connection
     _link: Link
     _session_id: str
     _ring: RingPath | None = None
     _seq: int = 0
+    _sent: Sent | None
+    """The answer still to come, for a launch sent without waiting."""
+
+    def _learn(self, response: pb.LaunchResponse) -> None:
+        self._id = response.launch_id
+        self.completed = response.completed
+        self._enqueue_seconds = response.enqueue_seconds
+        self._elapsed_seconds = response.elapsed_seconds
+
+    def _answered(self, timeout: float | None = UNSET) -> None:
+        """Make sure the daemon's answer came (within ``timeout``); its refusal raises."""
+        sent = self._sent
+        if sent is None:
+            return
+        link = self._link
+        try:
+            response = sent.stream.answer(sent, self._conn.timeout_of(timeout))
+        except AccyError as error:
+            if link.lost is None or device_lost(error):
+                raise self._conn.judged(error, link) from None
+            raise link.lost_error(sent.name()) from None
+        self._learn(response)
+        self._sent = None
+
+    @property
+    def id(self) -> str:
+        """The launch's id on the daemon (waits for its answer if it has not come yet)."""
+        self._answered()
+        return self._id
+
+    @property
+    def enqueue_seconds(self) -> float:
+        """The daemon's time from reading the request to enqueuing the launch."""
+        self._answered()
+        return self._enqueue_seconds
+
+    @property
+    def elapsed_seconds(self) -> float:
+        """The daemon's time from reading the request to answering it."""
+        self._answered()
+        return self._elapsed_seconds
 
     def __repr__(self) -> str:
         state = "completed" if self.completed else "enqueued"
-        return f"<accy.Launch {self.id} of {self._session_id} {state}>"
+        if self._sent is not None:
+            return f"<accy.Launch #{self._sent.tag} of {self._session_id} sent>"
+        return f"<accy.Launch {self._id} of {self._session_id} {state}>"
 
     def wait(self, timeout: float | None = UNSET) -> Launch:
         """Block until this launch finished on the device; returns ``self``.
 
-        A launch that the daemon lost when it restarted raises ``Unavailable``
-        (reason ``DEVICE_LOST`` after a device fault, ``session`` naming the culprit).
+        A launch the daemon refused raises why. A launch that the daemon lost
+        when it restarted raises ``Unavailable`` (reason ``DEVICE_LOST`` after
+        a device fault, ``session`` naming the culprit).
         """
         if self.completed:
             return self
@@ -178,13 +244,14 @@ class Launch:
                 self._ring.wait(self._seq, ring_timeout(self._conn, timeout))
             self.completed = True
             return self
+        self._answered(timeout)
         link = self._link
         if link.lost is None:
             conn = self._conn
             try:
                 conn.call(
                     conn.stub.WaitLaunch,
-                    pb.WaitLaunchRequest(session_id=self._session_id, launch_id=self.id),
+                    pb.WaitLaunchRequest(session_id=self._session_id, launch_id=self._id),
                     timeout,
                     link=link,
                 )
@@ -194,4 +261,4 @@ class Launch:
             else:
                 self.completed = True
                 return self
-        raise link.lost_error(f"launch {self.id} of session {self._session_id}")
+        raise link.lost_error(f"launch {self._id} of session {self._session_id}")

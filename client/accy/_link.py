@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from accy._attach import AttachStream
-from accy._launches import LaunchStream
+from accy._launches import CLOSE_DRAIN_SECONDS, LaunchStream
 from accy._models import Attachment
 from accy.errors import AccyError, NotFound, Unavailable
 from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST
@@ -56,13 +56,16 @@ class Link:
         """End the link's LaunchStream: at once, or once lost, after answers on their way.
 
         Launches still waiting on a lost link raise why the link went; ``now``
-        (the client is closing) cancels them at once.
+        (the client is closing) cancels them, once launches sent without
+        waiting were answered (enqueued), for up to ``CLOSE_DRAIN_SECONDS``.
         """
         if self.ring is not None and now:  # a lost link's ring stays readable: its
             self.ring.close()  # error entries say why its last work failed
         if self.launches is None:
             return
-        if now or self.lost is None:
+        if now and self.lost is None:  # the client is closing: answers on their way count
+            self.launches.close(CLOSE_DRAIN_SECONDS)
+        elif now or self.lost is None:
             self.launches.close()
         else:
             self.launches.abandon(lambda: self.lost_error("a launch in flight"))

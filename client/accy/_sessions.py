@@ -15,6 +15,7 @@ from accy._launching import (
     ring_launch,
     ring_of,
     ring_timeout,
+    settle_session,
 )
 from accy._link import Link
 from accy._models import PipelineInfo
@@ -262,7 +263,9 @@ class Session(Resource):
     def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far.
 
-        Launches that the daemon lost when it restarted raise ``Unavailable`` (once).
+        A launch made without waiting that the daemon refused raises here, naming
+        it, unless something reported it already. Launches that the daemon lost
+        when it restarted raise ``Unavailable`` (once).
         """
         ring = self._ring
         if ring is not None and self._link.ring is ring:
@@ -275,6 +278,8 @@ class Session(Resource):
             self._unwaited = None
             raise pending.lost_error(f"work enqueued on session {self.id}")
         conn = self._conn
+        if pending is not None and pending is self._link:  # a refusal not reported yet raises
+            settle_session(conn, pending, self._id, timeout)
         conn.unary(
             conn.stub.WaitLaunch,
             lambda link: pb.WaitLaunchRequest(session_id=self._on(link)),

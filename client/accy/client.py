@@ -24,6 +24,7 @@ from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import UNSET, Connection, open_channel
 from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
 from accy._dtypes import DTypeLike
+from accy._launches import DEFAULT_WINDOW
 from accy._launching import Launch
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
@@ -79,6 +80,12 @@ def resolve_target(target: str | None = None) -> str:
     return target
 
 
+def _check_window(window: int) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"launch_window must be a whole number of launches, 1 or more: {window!r}")
+    return window
+
+
 class Client:
     """One attached connection to an ``accyd`` daemon.
 
@@ -93,6 +100,10 @@ class Client:
     Bearer`` metadata on every call; TLS is used when ``tls`` (the system's
     roots), ``tls_ca`` or a client certificate is given, mutual TLS with
     ``tls_cert`` and ``tls_key`` (each a path or PEM bytes).
+
+    Launches made with ``wait=False`` return once sent; at most
+    ``launch_window`` of them await the daemon's answer at once. One the daemon
+    refused raises at its session's next launch or ``wait`` (or its own ``wait()``).
 
     Survival: when the daemon goes away (it restarts after a device fault),
     the client attaches again for up to ``reattach_timeout`` seconds (``None``:
@@ -122,6 +133,7 @@ class Client:
         on_reattach: Callable[[Reattachment], None] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         liveness: float | None = DEFAULT_LIVENESS,
+        launch_window: int = DEFAULT_WINDOW,
     ) -> None:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
@@ -133,6 +145,7 @@ class Client:
         secure = credentials or channel_credentials(
             tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
         )
+        window = _check_window(launch_window)
         token = resolve_token(token)
         self._conn = Connection(
             resolved,
@@ -143,6 +156,7 @@ class Client:
             timeout=timeout,
             chunk_size=chunk,
         )
+        self._conn.launch_window = window
         self._pipelines: tuple[str, dict[str, list[PipelineInfo]]] = ("", {})
         self._attacher = Attacher(
             self._conn,
@@ -183,6 +197,19 @@ class Client:
     @chunk_size.setter
     def chunk_size(self, value: int) -> None:
         self._conn.chunk_size = _chunks.check_chunk_size(value)
+
+    @property
+    def launch_window(self) -> int:
+        """Launches made with ``wait=False`` that may await the daemon's answer at once; the
+        next one blocks until an answer frees a place."""
+        return self._conn.launch_window
+
+    @launch_window.setter
+    def launch_window(self, value: int) -> None:
+        self._conn.launch_window = _check_window(value)
+        link = self._conn.last
+        if link is not None and link.launches is not None:
+            link.launches.window = self._conn.launch_window
 
     @property
     def reattach_timeout(self) -> float | None:
