@@ -9,7 +9,9 @@ library), so what is in flight is exactly what the mode says:
 - ``launch``: device_scan launches on 1 Mi elements enqueued without waiting, forever
   (at most eight in flight, the oldest waited for);
 - ``wait``: launches enqueued, then a WaitLaunch blocking on all of them;
-- ``mixed``: launches enqueued without waiting, then a never-ending WriteBuffer stream.
+- ``mixed``: launches enqueued without waiting, then a never-ending WriteBuffer stream;
+- ``freeze``: a ReadBuffer of 256 MiB, left open: after the first chunk the process
+  stops itself (SIGSTOP), so the daemon's writes to it block once the socket is full.
 
 Every mode first loads a second session (saxpy) and allocates a few small buffers,
 so there is more to free than the operation itself uses.
@@ -18,6 +20,8 @@ so there is more to free than the operation itself uses.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
 import threading
 import time
@@ -31,6 +35,7 @@ from accy.protocol.launch.v1 import launch_pb2_grpc
 
 SCAN, SAXPY = "accy.kernel.device_scan", "accy.kernel.saxpy"
 BIG = 16 << 20
+HUGE = 256 << 20
 N = 1 << 20
 CHUNK = 64 << 10
 LIVENESS = 2
@@ -89,6 +94,12 @@ class Victim:
                 ready()
             time.sleep(0.01)
 
+    def frozen_read(self, buffer_id: str) -> None:
+        request = pb.ReadBufferRequest(buffer_id=buffer_id)
+        for _ in self.stub.ReadBuffer(request, metadata=self.metadata):
+            ready()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
     def enqueue(self, session: str, x: str, y: str) -> str:
         request = pb.LaunchRequest(
             session_id=session,
@@ -114,6 +125,8 @@ class Victim:
             self.endless_write(self.buffer(BIG))
         elif mode == "read":
             self.slow_read(self.buffer(BIG))
+        elif mode == "freeze":
+            self.frozen_read(self.buffer(HUGE))
         elif mode in ("launch", "wait", "mixed"):
             session, x, y = self.scan_session()
             launches = [self.enqueue(session, x, y) for _ in range(4)]
