@@ -137,6 +137,7 @@ class LaunchServicer:
         self._closing.set()
 
     async def wait_detached(self) -> None:
+        """After ``close_attach_streams``: return once every client's detach is done."""
         await self._watching.settle()  # each watch ends by starting its client's detach
         await self._detaching.settle()
 
