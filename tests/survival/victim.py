@@ -9,7 +9,11 @@ library), so what is in flight is exactly what the mode says:
 - ``launch``: device_scan launches on 1 Mi elements enqueued without waiting, forever
   (at most eight in flight, the oldest waited for);
 - ``wait``: launches enqueued, then a WaitLaunch blocking on all of them;
-- ``mixed``: launches enqueued without waiting, then a never-ending WriteBuffer stream.
+- ``mixed``: launches enqueued without waiting, then a never-ending WriteBuffer stream;
+- ``flood``: 1,000 launches of ``accy.test.slow`` (200 ms each, from the test catalog
+  ``tests/catalogs/slow``) enqueued without waiting, then nothing;
+- ``freeze``: a ReadBuffer of 256 MiB, left open: after the first chunk the process
+  stops itself (SIGSTOP), so the daemon's writes to it block once the socket is full.
 
 Every mode first loads a second session (saxpy) and allocates a few small buffers,
 so there is more to free than the operation itself uses.
@@ -18,6 +22,8 @@ so there is more to free than the operation itself uses.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import sys
 import threading
 import time
@@ -30,7 +36,10 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 
 SCAN, SAXPY = "accy.kernel.device_scan", "accy.kernel.saxpy"
+SLOW, SLOW_N = "accy.test.slow", 1024
 BIG = 16 << 20
+HUGE = 256 << 20
+FLOOD = 1000
 N = 1 << 20
 CHUNK = 64 << 10
 LIVENESS = 2
@@ -89,6 +98,12 @@ class Victim:
                 ready()
             time.sleep(0.01)
 
+    def frozen_read(self, buffer_id: str) -> None:
+        request = pb.ReadBufferRequest(buffer_id=buffer_id)
+        for _ in self.stub.ReadBuffer(request, metadata=self.metadata):
+            ready()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
     def enqueue(self, session: str, x: str, y: str) -> str:
         request = pb.LaunchRequest(
             session_id=session,
@@ -98,6 +113,17 @@ class Victim:
             wait=False,
         )
         return str(self.stub.Launch(request, metadata=self.metadata).launch_id)
+
+    def flood(self) -> None:
+        session = self.load(SLOW)
+        x, y = self.buffer(4 * SLOW_N), self.buffer(4 * SLOW_N)
+        scalars = {"n": pb.Scalar(u32=SLOW_N), "ms": pb.Scalar(u32=200)}
+        request = pb.LaunchRequest(
+            session_id=session, operands=[x], results=[y], runtime_scalars=scalars, wait=False
+        )
+        for _ in range(FLOOD):
+            self.stub.Launch(request, metadata=self.metadata)
+        ready()
 
     def scan_session(self) -> tuple[str, str, str]:
         session = self.load(SCAN)
@@ -114,6 +140,10 @@ class Victim:
             self.endless_write(self.buffer(BIG))
         elif mode == "read":
             self.slow_read(self.buffer(BIG))
+        elif mode == "freeze":
+            self.frozen_read(self.buffer(HUGE))
+        elif mode == "flood":
+            self.flood()
         elif mode in ("launch", "wait", "mixed"):
             session, x, y = self.scan_session()
             launches = [self.enqueue(session, x, y) for _ in range(4)]

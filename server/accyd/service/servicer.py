@@ -21,6 +21,7 @@ import structlog
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.auth import Principal
+from accyd.core.clients import Client
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import FailedPrecondition, InvalidRequest
@@ -73,6 +74,7 @@ class LaunchServicer:
         self._max_chunk = max_chunk_bytes
         self._closing = asyncio.Event()
         self._detaching = TaskSet()
+        self._watching = TaskSet()
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
@@ -89,9 +91,9 @@ class LaunchServicer:
         principal = self._principal()
         client = self.daemon.attach(name, principal.tenant, principal.quotas)
         bind(client_id=client.id)
-        liveness = float(request.liveness_seconds)
-        # Check a silent client a few times per liveness period, and beat at least as often.
-        period = min(self._heartbeat, liveness / 4) if liveness else self._heartbeat
+        # Liveness is watched beside this stream, not in it: a yield here waits while the
+        # client's connection is full (a frozen reader), and must not hold up its detach.
+        watch = self._watching.start(self._watch(client, float(request.liveness_seconds)))
         try:
             yield pb.AttachEvent(
                 attached=pb.Attached(
@@ -103,22 +105,26 @@ class LaunchServicer:
                 )
             )
             sequence = 0
-            beat_at = time.monotonic() + self._heartbeat
-            while not self._closing.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), period)
-                    break
-                now = time.monotonic()
-                if liveness and client.silent_for(now) > liveness:
-                    # Hung, or cut off without its connection closing: free what it holds.
-                    log.warning("client silent; detaching", silent_seconds=liveness)
-                    break
-                if now >= beat_at:
-                    beat_at = now + self._heartbeat
-                    sequence += 1
-                    yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
+            while not (await asyncio.wait({watch}, timeout=self._heartbeat))[0]:
+                sequence += 1
+                yield pb.AttachEvent(heartbeat=pb.Heartbeat(sequence=sequence))
         finally:
+            watch.cancel()
             self._detach_later(client.id)
+
+    async def _watch(self, client: Client, liveness: float) -> None:
+        """Detach ``client`` once it is silent past ``liveness`` seconds (0: never) or we close."""
+        # Check a silent client a few times per liveness period.
+        period = min(self._heartbeat, liveness / 4) if liveness else self._heartbeat
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), period)
+                break
+            if liveness and client.silent_for() > liveness:
+                # Hung, or cut off without its connection closing: free what it holds.
+                log.warning("client silent; detaching", silent_seconds=liveness)
+                break
+        self._detach_later(client.id)
 
     def _detach_later(self, client_id: str) -> None:
         """Free the client's resources in the background: the stream may be cancelled."""
@@ -137,6 +143,8 @@ class LaunchServicer:
         self._closing.set()
 
     async def wait_detached(self) -> None:
+        """After ``close_attach_streams``: return once every client's detach is done."""
+        await self._watching.settle()  # each watch ends by starting its client's detach
         await self._detaching.settle()
 
     @unary
