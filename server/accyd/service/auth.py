@@ -53,7 +53,6 @@ __all__ = [
     "OPEN_SERVICES",
     "STATUS_SCOPE",
     "Admitting",
-    "AuthInterceptor",
     "Authenticator",
     "InFlight",
     "current_principal",
@@ -179,27 +178,12 @@ _Resp = TypeVar("_Resp")
 _Handler = grpc.RpcMethodHandler
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Checks every call but those of ``OPEN_SERVICES`` before its handler runs."""
+class _Admission:
+    """Checks a call's credentials and scopes before its handler runs (``Admitting`` wraps
+    each handler of the services it registers with it)."""
 
     def __init__(self, authenticator: Authenticator) -> None:
         self.authenticator = authenticator
-        self._wrapped: dict[str, tuple[_Handler[Any, Any], _Handler[Any, Any]]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler[_Req, _Resp] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> _Handler[_Req, _Resp] | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
-            return handler
-        cached = self._wrapped.get(method)
-        if cached is None or cached[0] is not handler:
-            wrapped = _wrap(handler, lambda context: self._admit(method, context))
-            cached = self._wrapped[method] = (handler, wrapped)
-        return cached[1]
 
     async def _admit(self, method: str, context: Context) -> None:
         try:
@@ -272,7 +256,7 @@ class Admitting:
 
     def __init__(self, server: grpc.aio.Server, authenticator: Authenticator) -> None:
         self._server = server
-        self._interceptor = AuthInterceptor(authenticator)
+        self._interceptor = _Admission(authenticator)
         self.in_flight = InFlight()
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
