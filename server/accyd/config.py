@@ -157,6 +157,11 @@ class Config:
     metrics_address: str = setting(
         "127.0.0.1", "where metrics listen", str, metavar="ADDR", group="operation"
     )
+    health_listen: str | None = setting(
+        None, "also serve the health service alone, without TLS or tokens, at HOST:PORT "
+        "(for the kubelet's native gRPC probes; it says SERVING or NOT_SERVING, nothing more)",
+        optional(str, "none"), metavar="HOST:PORT", group="operation",
+    )  # fmt: skip
     supervise: bool = setting(
         True, "serve in this process, without restarts (for systemd or a container's restart "
         "policy)", bool_text, flag="--no-supervise", switch=True, switch_value=False,

@@ -84,6 +84,10 @@ class Server:
         self._watching: asyncio.Task[None] | None = None
         self.exit_code = 0
         self._claims: list[SocketClaim] = []
+        self.rings: RingDoor | None = None
+        self._health_grpc: grpc.aio.Server | None = None
+        self.health_address: str | None = None
+        """Where the health-only listener is (``--health-listen``), once serving."""
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self._stopped = False
@@ -140,7 +144,6 @@ class Server:
             metrics=metrics,
             lineage=self.lineage,
         )
-        self.rings: RingDoor | None = None
         self.health = Health([SERVICE_NAME])
         self._authenticator = authenticator = Authenticator(
             tokens,
@@ -175,6 +178,8 @@ class Server:
             # Beside the first Unix socket, with its mode: who may call may take a ring.
             self.rings = self.servicer.rings = RingDoor(self.daemon, self._claims[0].path)
             self.rings.start()
+        if config.health_listen:
+            self.health_address = await self._serve_health(config.health_listen)
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -193,6 +198,7 @@ class Server:
             tokens=None if tokens is None else len(tokens),
             unix_trusted=config.unix_trusted,
             metrics_port=self.metrics_port,
+            health_listen=self.health_address,
             loop_spin_us=round(self._loop_spin * 1e6),
             malloc_keep_bytes=config.malloc_keep_bytes if self._malloc_tuned else None,
             restarts=self.lineage.restarts,
@@ -236,6 +242,16 @@ class Server:
             raise Unavailable(f"cannot listen on {address}")
         host = address.rsplit(":", 1)[0]
         return f"{host}:{port}"
+
+    async def _serve_health(self, address: str) -> str:
+        """A second listener with the health service alone, plaintext: a probe's door."""
+        server = self._health_grpc = grpc.aio.server()
+        self.health.register(server)
+        port = server.add_insecure_port(address)
+        if port == 0:
+            raise Unavailable(f"cannot listen on {address} for health probes")
+        await server.start()
+        return f"{address.rsplit(':', 1)[0]}:{port}"
 
     def _release_sockets(self) -> None:
         for claim in self._claims:
@@ -319,6 +335,8 @@ class Server:
         await _within(self.servicer.wait_detached(), detach_within, "client detach")
         if self.rings is not None:
             await asyncio.to_thread(self.rings.close)
+        if self._health_grpc is not None:  # it said NOT_SERVING since the drain began
+            await self._health_grpc.stop(0)
         if not abandon:
             await self.calls.blocking(self.daemon.close)
         elif busy:
