@@ -146,12 +146,14 @@ class Steady:
         self.client.close()
 
 
-def spawn(mode: str, target: str) -> subprocess.Popen[str]:
+def spawn(mode: str, target: str, liveness: float | None = None) -> subprocess.Popen[str]:
+    env = None if liveness is None else {**os.environ, "ACCY_VICTIM_LIVENESS": str(liveness)}
     return subprocess.Popen(
         [sys.executable, str(VICTIM), mode, target],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
 
 
@@ -185,7 +187,8 @@ def test_fifty_clients_killed_mid_stream_and_mid_launch_free_everything(
         for wave in range(WAVES):
             modes = [MODES[(wave * PER_WAVE + i) % len(MODES)] for i in range(PER_WAVE)]
             done_before = steady.done
-            victims = [spawn(mode, target) for mode in modes]
+            # Killed, not silent: a long liveness keeps a late ping from detaching one first.
+            victims = [spawn(mode, target, liveness=30) for mode in modes]
             try:
                 wait_ready(victims)
                 during = counts(watcher)
