@@ -69,6 +69,8 @@ def _free_dropped(conn: Connection, link: Link, buffer_id: str) -> None:
     """The safety net of a buffer collected unfreed: free it in the background."""
     if conn.closed or link.lost is not None:
         return
+    if link.ring is not None:
+        link.ring.forget(buffer_id)
     request = pb.FreeBufferRequest(buffer_id=buffer_id)
     conn.later(lambda: conn.call(conn.stub.FreeBuffer, request, link=link))
 
@@ -235,6 +237,8 @@ class Buffer(Resource):
         conn = self._conn
         if conn.closed or link.lost is not None:
             return
+        if link.ring is not None:
+            link.ring.forget(self.id)
         try:
             conn.call(conn.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id), link=link)
         except AccyError:

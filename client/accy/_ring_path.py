@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from accy._ring import Ring, RingClosed, RingError
+from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy.errors import AccyError, FieldViolation, error_class
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -111,10 +111,14 @@ class RingPath:
         return handle
 
     def forget(self, object_id: str) -> None:
-        """A session released or a buffer freed: drop its handle (no record needed)."""
+        """A buffer about to be freed: drop its handle here and on the daemon (an UNBIND
+        record), so neither side's table grows with every buffer a client ever used."""
         with self.lock:
-            self._sessions.pop(object_id, None)
-            self._buffers.pop(object_id, None)
+            handle = self._buffers.pop(object_id, None)
+            if handle is None:
+                return
+            with contextlib.suppress(RingClosed, RingFull, ValueError):
+                self.ring.unbind(handle, 1.0)
 
     # Launching -------------------------------------------------------------------------
 

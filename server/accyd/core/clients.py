@@ -33,6 +33,9 @@ class Client:
     transfer_streams: dict[int, Stream] = field(default_factory=dict)
     launches_in_flight: int = 0
     """Launches enqueued and not yet found finished, over all its sessions (a limit applies)."""
+    frees: int = 0
+    """Buffers freed so far: a front door that caches checked launches drops them when
+    this moves (they may name a freed buffer and keep it alive)."""
     last_seen: float = field(default_factory=time.monotonic)
     """When the client last made a call (monotonic seconds): how liveness is judged."""
 

@@ -172,6 +172,12 @@ class Daemon(Launching):
         with self._state.guard(session_id):
             watch.outcome()
 
+    def frees_of(self, client_id: str) -> int:
+        """How many buffers the client has freed: a ring drops its bound launches when this
+        moves, so none keeps a freed buffer alive (-1: no such client)."""
+        client = self._clients.find(client_id)
+        return -1 if client is None else client.frees
+
     def touch(self, client_id: str) -> None:
         """The client is alive: a ring's records count as calls for liveness."""
         client = self._clients.find(client_id)

@@ -338,6 +338,9 @@ class Holdings:
             client = self._clients.get(client_id)
             record = client.buffer(buffer_id)
             del client.buffers[buffer_id]
+            client.frees += 1  # a front door's cached launches naming it are stale now
+            for session in client.sessions.values():
+                session.prepared.forget(record.buffer.id)
         marks = self._take(record)
         return Deferred(marks, lambda: self._free(client, record, marks))
 

@@ -80,6 +80,16 @@ class PreparedLaunches:
         """Launch ``request`` on its stream, preparing it first if its key is new."""
         self.get(request, plan).launch(request.stream)
 
+    def __len__(self) -> int:
+        return len(self._prepared)
+
+    def forget(self, buffer_id: int) -> None:
+        """Drop the prepared launches that name a buffer being freed (they would keep its
+        memory alive on the host backend, and name a dead address on the device)."""
+        stale = [key for key in self._prepared if buffer_id in key[0] or buffer_id in key[1]]
+        for key in stale:
+            self._prepared.pop(key).close()
+
     def clear(self) -> None:
         """Drop every prepared launch (a running graph finishes first: CUDA frees it after)."""
         for prepared in self._prepared.values():

@@ -88,6 +88,8 @@ class RingCore(Protocol):
 
     def touch(self, client_id: str) -> None: ...
 
+    def frees_of(self, client_id: str) -> int: ...
+
 
 BOUND_PER_RING = 1024
 """Launches a ring keeps checked (by record contents); past this it starts over."""
@@ -142,6 +144,7 @@ class ServerRing:
         self._buffers: dict[int, str] = {}
         self._flights: deque[_Flight] = deque()
         self._bound: dict[bytes, _Bound] = {}
+        self._frees = 0
         """Launches checked once, by their records' contents: replayed without a check."""
         self.broken = False
 
@@ -167,6 +170,10 @@ class ServerRing:
             self._break(f"head {head} is not within one ring of the tail {self._tail}")
             return 0
         taken = min(ahead, limit)
+        frees = self._core.frees_of(self.client_id)
+        if frees != self._frees:  # bound launches may name a freed buffer: let them go
+            self._frees = frees
+            self._bound.clear()
         sessions: set[str] = set()
         reap: set[str] = set()
         seq, end = self._tail, self._tail + taken
