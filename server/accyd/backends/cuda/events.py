@@ -1,0 +1,174 @@
+"""The CUDA backend's streams, events, host-function notifications and synchronization."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from accyd.backends.base import Event, Stream
+from accyd.backends.cuda.state import DeviceState
+from accyd.errors import LaunchArgumentMismatch, LaunchFailed
+
+__all__ = ["HOST_FN", "Events"]
+
+_EVENT_POOL_MAX = 256
+
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+"""The C signature of a CUhostFn: ``void fn(void* user_data)``."""
+
+
+def _log_callback_error() -> None:
+    logging.getLogger(__name__).exception("a stream notification callback failed")
+
+
+class Events(DeviceState):
+    """``CudaBackend``'s stream and event half: every stream and event it hands out is
+    tracked until ``destroy_stream`` / ``destroy_event`` (events go back to a pool)."""
+
+    # -- streams, events, synchronization ------------------------------------------------------
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        """Wait for ``stream``'s work; ``None`` waits for the whole device (cuCtxSynchronize)."""
+        self._enter()
+        if stream is None:
+            self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize", LaunchFailed)
+        else:
+            self._check(
+                self._cu.cuStreamSynchronize(self._stream_handle(stream)),
+                "cuStreamSynchronize",
+                LaunchFailed,
+            )
+
+    def create_stream(self) -> Stream:
+        self._enter()
+        cu = self._cu
+        handle = self._check(
+            cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
+        )
+        stream = Stream(id=next(self._ids), native=handle)
+        with self._lock:
+            self._streams[stream.id] = stream
+        return stream
+
+    def destroy_stream(self, stream: Stream) -> None:
+        """Destroy a stream; work already queued on it still completes (CUDA's rule)."""
+        if self._closed:
+            return
+        with self._lock:
+            if self._streams.get(stream.id) is not stream:
+                return
+            del self._streams[stream.id]
+        self._free_native(lambda: self._cu.cuStreamDestroy(stream.native), "cuStreamDestroy")
+
+    def record_event(self, stream: Stream | None) -> Event:
+        self._enter()
+        cu = self._cu
+        handle = self._stream_handle(stream)
+        with self._lock:
+            native = self._event_pool.pop() if self._event_pool else None
+        if native is None:
+            native = self._check(
+                cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate"
+            )
+        try:
+            self._check(cu.cuEventRecord(native, handle), "cuEventRecord", LaunchFailed)
+        except BaseException:
+            cu.cuEventDestroy(native)
+            raise
+        event = Event(id=next(self._ids), native=native)
+        with self._lock:
+            self._events[event.id] = event
+        return event
+
+    def _live_event(self, event: Event) -> Any:
+        if self._events.get(event.id) is not event:
+            raise LaunchArgumentMismatch(f"event {event.id} is not a live event of this backend")
+        return event.native
+
+    def wait_event(self, stream: Stream | None, event: Event) -> None:
+        self._enter()
+        self._check(
+            self._cu.cuStreamWaitEvent(self._stream_handle(stream), self._live_event(event), 0),
+            "cuStreamWaitEvent",
+            LaunchFailed,
+        )
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the driver's host-function thread after the stream's work."""
+        self._enter()
+        key = next(self._callback_ids)
+        with self._lock:
+            self._callbacks[key] = callback
+        try:
+            self._check(
+                self._cu.cuLaunchHostFunc(self._stream_handle(stream), self._host_fn_handle, key),
+                "cuLaunchHostFunc",
+                LaunchFailed,
+            )
+        except BaseException:
+            with self._lock:
+                self._callbacks.pop(key, None)
+            raise
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        """After the stream's work so far (which includes ``event``): a host function."""
+        self.notify(stream, callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        """Nothing: what was enqueued belongs to the driver and runs."""
+
+    def _run_callback(self, user_data: int | None) -> None:
+        with self._lock:
+            callback = self._callbacks.pop(user_data or 0, None)
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # nothing may escape into the driver's thread
+                _log_callback_error()
+
+    def event_done(self, event: Event) -> bool:
+        self._enter()
+        cu = self._cu
+        (err,) = cu.cuEventQuery(self._live_event(event))
+        if not err:
+            return True
+        if err == cu.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        raise self._check.error(err, "cuEventQuery", LaunchFailed)
+
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        """Poll the event (the GIL is let go in each query) for at most ``seconds``."""
+        self._enter()
+        query, native = self._cu.cuEventQuery, self._live_event(event)
+        not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
+        deadline = time.perf_counter() + seconds
+        while True:
+            (err,) = query(native)
+            if err != not_ready:
+                return True  # finished, or failed: the full wait reports which
+            if time.perf_counter() >= deadline:
+                return False
+
+    def synchronize_event(self, event: Event) -> None:
+        self._enter()
+        self._check(
+            self._cu.cuEventSynchronize(self._live_event(event)), "cuEventSynchronize", LaunchFailed
+        )
+
+    def destroy_event(self, event: Event) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            if self._events.get(event.id) is not event:
+                return
+            del self._events[event.id]
+            if len(self._event_pool) < _EVENT_POOL_MAX and self._check.fault is None:
+                # Re-recording an event is allowed while earlier records are pending.
+                self._event_pool.append(event.native)
+                return
+        self._free_native(lambda: self._cu.cuEventDestroy(event.native), "cuEventDestroy")

@@ -1,0 +1,284 @@
+"""The CUDA backend's kernels: compile or take images, load modules, launch, prepare graphs."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from accyd.backends.base import (
+    ArtifactRequest,
+    CompiledArtifact,
+    DeviceBuffer,
+    LaunchRequest,
+    LoadedKernel,
+)
+from accyd.backends.cuda.compile_cache import KernelImage
+from accyd.backends.cuda.driver import DEVICE_FAULTS
+from accyd.backends.cuda.state import CURRENT, DeviceState
+from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.model import ArtifactFormat
+from accyd.errors import (
+    FailedPrecondition,
+    InvalidArtifact,
+    LaunchArgumentMismatch,
+    LaunchFailed,
+    RuntimeUnavailable,
+    Unavailable,
+    UnsupportedOperation,
+)
+
+__all__ = ["FEATURES", "FORMATS", "CudaKernel", "Kernels"]
+
+FORMATS = frozenset({ArtifactFormat.CUDA_CPP, ArtifactFormat.CUDA_PTX, ArtifactFormat.CUDA_CUBIN})
+
+FEATURES = frozenset({"fp64", "atomics", "warp_shuffle", "dynamic_shared_memory"})
+"""The ``required_features`` names this backend satisfies."""
+
+_SLOT = 8  # every kernel argument gets an 8-byte slot in the packed argument block
+
+_SCALAR_PACK: dict[DType, Callable[[Any, int, Any], None]] = {
+    DType.U32: struct.Struct("<I").pack_into,
+    DType.I32: struct.Struct("<i").pack_into,
+    DType.F32: struct.Struct("<f").pack_into,
+    DType.U64: struct.Struct("<Q").pack_into,
+    DType.I64: struct.Struct("<q").pack_into,
+    DType.F64: struct.Struct("<d").pack_into,
+    DType.U8: struct.Struct("<B").pack_into,
+}
+"""Each scalar dtype's packer into its 8-byte argument slot (little-endian)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Image:
+    """``CompiledArtifact.image`` for CUDA: a module image plus what it takes to rebuild it."""
+
+    kind: str  # "cubin" | "ptx"
+    data: bytes
+    cache_key: str | None = None
+    source: str | None = None
+    name: str = "kernel.cu"
+
+
+class CudaKernel:
+    """``LoadedKernel.native``: the module, the function, and its reusable argument block.
+
+    ``storage`` holds one 8-byte slot per argument and ``params`` the pointers to them,
+    built once at load; a launch packs values into the slots under ``lock`` and passes
+    the address of ``params`` to cuLaunchKernel, which copies the values at enqueue.
+    """
+
+    __slots__ = (
+        "buffer_count",
+        "dynamic_shared_limit",
+        "function",
+        "live",
+        "lock",
+        "module",
+        "name",
+        "pack_buffers",
+        "params",
+        "params_address",
+        "scalar_count",
+        "scalar_offset",
+        "storage",
+    )
+
+    def __init__(self, name: str, module: Any, function: Any, buffers: int, scalars: int) -> None:
+        self.name = name
+        self.module = module
+        self.function = function
+        self.buffer_count = buffers
+        self.scalar_count = scalars
+        slots = max(1, buffers + scalars)
+        self.storage = (ctypes.c_uint64 * slots)()
+        base = ctypes.addressof(self.storage)
+        self.params = (ctypes.c_void_p * slots)(*(base + _SLOT * i for i in range(slots)))
+        self.params_address = ctypes.addressof(self.params)
+        self.pack_buffers = struct.Struct(f"<{buffers}Q").pack_into
+        self.scalar_offset = buffers * _SLOT
+        self.lock = threading.Lock()
+        self.live = True
+        self.dynamic_shared_limit = 0
+
+
+class Kernels(DeviceState):
+    """``CudaBackend``'s kernel half: artifacts are the caller's bytes; loaded kernels are
+    tracked in ``_kernels`` until ``destroy`` (in ``backend.py``) unloads them."""
+
+    # -- artifacts -------------------------------------------------------------------------
+
+    def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
+        """Compile (CUDA C++, through the disk cache) or take (PTX, cubin) a kernel image.
+
+        Needs no context: compiles may run on worker threads.
+        """
+        if self._closed:
+            raise Unavailable(f"the CUDA backend of device {self.device_ordinal} is closed")
+        if request.format not in FORMATS:
+            raise UnsupportedOperation(f"the CUDA backend does not load {request.format.value}")
+        if not 0 <= request.scalar_argument_count <= request.argument_count:
+            raise InvalidArtifact(
+                f"{request.kernel_name}: {request.scalar_argument_count} scalar arguments "
+                f"of {request.argument_count}"
+            )
+        missing = set(request.required_features) - FEATURES
+        if missing:
+            raise UnsupportedOperation(
+                f"{request.kernel_name} needs features the CUDA backend lacks: {sorted(missing)}"
+            )
+        payload = request.payload
+        if request.format is ArtifactFormat.CUDA_CPP:
+            source = payload.decode() if isinstance(payload, bytes) else payload
+            name = os.path.basename(request.origin) or "kernel.cu"
+            compiled = self.cache.compile(source, arch=self.compute_capability, name=name)
+            image = _Image(compiled.kind, compiled.data, compiled.key, source, name)
+        elif request.format is ArtifactFormat.CUDA_PTX:
+            text = payload if isinstance(payload, bytes) else payload.encode()
+            image = _Image("ptx", text.rstrip(b"\0"))
+        else:
+            if not isinstance(payload, bytes):
+                raise InvalidArtifact(f"{request.kernel_name}: a cuda_cubin payload must be bytes")
+            image = _Image("cubin", payload)
+        return CompiledArtifact(request, image)
+
+    def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
+        """Load the image as its own module and find the kernel's symbol."""
+        self._enter()
+        image = artifact.image
+        if artifact.closed or not isinstance(image, _Image):
+            raise InvalidArtifact(
+                f"{artifact.kernel_name}: the artifact is closed or not a CUDA image"
+            )
+        try:
+            module = self._load_module(image, artifact.kernel_name)
+        except RuntimeUnavailable:
+            if image.cache_key is None or image.source is None:
+                raise
+            # A cached image the driver refuses: drop it and compile afresh, once.
+            self.cache.invalidate(image.cache_key)
+            fresh: KernelImage = self.cache.compile(
+                image.source, arch=self.compute_capability, name=image.name, use_cache=False
+            )
+            image = _Image(fresh.kind, fresh.data, fresh.key, image.source, image.name)
+            artifact.image = image
+            module = self._load_module(image, artifact.kernel_name)
+        cu = self._cu
+        try:
+            function = self._check(
+                cu.cuModuleGetFunction(module, artifact.kernel_name.encode()),
+                f"entry {artifact.kernel_name!r} (cuModuleGetFunction) in {artifact.origin}",
+                FailedPrecondition,  # the manifest names no kernel of its code: not retryable
+            )
+        except BaseException:
+            cu.cuModuleUnload(module)
+            raise
+        kernel = CudaKernel(
+            artifact.kernel_name,
+            module,
+            function,
+            artifact.buffer_argument_count(),
+            artifact.scalar_argument_count,
+        )
+        loaded = LoadedKernel(id=next(self._ids), kernel_name=artifact.kernel_name, native=kernel)
+        with self._lock:
+            self._kernels[loaded.id] = loaded
+        return loaded
+
+    def _load_module(self, image: _Image, kernel_name: str) -> Any:
+        data = image.data + b"\0" if image.kind == "ptx" else image.data
+        return self._check(
+            self._cu.cuModuleLoadData(data), f"cuModuleLoadData ({image.kind}) for {kernel_name}"
+        )
+
+    # -- launches ------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> None:
+        """Enqueue one kernel on the request's stream; returns without waiting.
+
+        Buffers are passed as device pointers, then each scalar at its own dtype's size.
+        """
+        if self._closed or DEVICE_FAULTS:
+            self._enter()  # raises the reason
+        if getattr(CURRENT, "ctx", None) != self._ctx_key:
+            self._make_current()
+        loaded = request.loaded
+        kernel = loaded.native
+        if self._kernels.get(loaded.id) is not loaded:
+            raise InvalidArtifact(f"kernel {loaded.kernel_name!r} is not loaded on this backend")
+        buffers = request.buffers
+        scalars = request.scalars
+        live = self._buffers
+        addresses = [b.address for b in buffers if live.get(b.id) is b]
+        if (
+            len(addresses) != len(buffers)
+            or len(buffers) != kernel.buffer_count
+            or len(scalars) != kernel.scalar_count
+        ):
+            raise self._argument_mismatch(kernel, buffers, scalars)
+        stream = request.stream
+        if stream is None:
+            handle = self._default_stream
+        elif self._streams.get(stream.id) is stream:
+            handle = stream.native
+        else:
+            raise LaunchArgumentMismatch(f"stream {stream.id} is not a live stream of this backend")
+        gx, gy, gz = request.geometry.grid
+        bx, by, bz = request.geometry.block
+        shared = request.shared_memory_bytes
+        with kernel.lock:
+            storage = kernel.storage
+            kernel.pack_buffers(storage, 0, *addresses)
+            offset = kernel.scalar_offset
+            for scalar in scalars:
+                _SCALAR_PACK[scalar.dtype](storage, offset, scalar.value)
+                offset += _SLOT
+            if shared > kernel.dynamic_shared_limit:
+                self._raise_shared_limit(kernel, shared)
+            err = self._cu.cuLaunchKernel(
+                kernel.function,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                shared,
+                handle,
+                kernel.params_address,
+                0,
+            )[0]
+        if err:
+            raise self._check.error(
+                err,
+                f"cuLaunchKernel({kernel.name}, grid={(gx, gy, gz)}, block={(bx, by, bz)}, "
+                f"shared={shared})",
+                LaunchFailed,
+            )
+
+    def _argument_mismatch(
+        self, kernel: CudaKernel, buffers: Sequence[DeviceBuffer], scalars: Sequence[Scalar]
+    ) -> LaunchArgumentMismatch:
+        for buffer in buffers:
+            if self._buffers.get(buffer.id) is not buffer:
+                return LaunchArgumentMismatch(
+                    f"{kernel.name}: buffer {buffer.id} is not a live buffer of this backend"
+                )
+        return LaunchArgumentMismatch(
+            f"{kernel.name} takes {kernel.buffer_count} buffers and {kernel.scalar_count} "
+            f"scalars; got {len(buffers)} and {len(scalars)}"
+        )
+
+    def _raise_shared_limit(self, kernel: CudaKernel, shared: int) -> None:
+        cu = self._cu
+        attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self._check(
+            cu.cuFuncSetAttribute(kernel.function, attribute, shared),
+            f"cuFuncSetAttribute({kernel.name}, dynamic shared memory {shared})",
+            LaunchFailed,
+        )
+        kernel.dynamic_shared_limit = shared
