@@ -19,7 +19,7 @@ from typing import Any, Self
 import grpc
 import numpy as np
 
-from accy import _chunks, _dtypes
+from accy import _chunks, _dtypes, _shm
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import UNSET, Connection, open_channel
 from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
@@ -32,6 +32,7 @@ from accy._resources import Buffer, new_buffer
 from accy._sessions import Session, new_session
 from accy.errors import (
     BufferLost,
+    FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -122,6 +123,7 @@ class Client:
         on_reattach: Callable[[Reattachment], None] | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         liveness: float | None = DEFAULT_LIVENESS,
+        shared_memory: bool = True,
     ) -> None:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
@@ -143,6 +145,7 @@ class Client:
             timeout=timeout,
             chunk_size=chunk,
         )
+        self._conn.shared_memory = shared_memory
         self._pipelines: tuple[str, dict[str, list[PipelineInfo]]] = ("", {})
         self._attacher = Attacher(
             self._conn,
@@ -340,6 +343,23 @@ class Client:
                 buffer.free()
             raise
         return buffer
+
+    def shared_array(
+        self, shape: int | tuple[int, ...], dtype: DTypeLike, *, device: int = 0
+    ) -> np.ndarray[Any, Any]:
+        """A numpy array in memory shared with a local daemon: ``Buffer.write`` from it and
+        ``Buffer.read(out=...)`` into it copy nothing on this side. ``FailedPrecondition``
+        where the daemon shares no memory (remote, or shared memory turned off)."""
+        link = self._conn.current_link(None)
+        pool = _shm.pool_of(self._conn, link)
+        if pool is None:
+            raise FailedPrecondition(
+                "shared memory needs a daemon on this host (a unix: target) and is off "
+                f"with {_shm.SHM_ENV}=0 or Client(shared_memory=False)",
+                reason="SHARED_MEMORY_UNAVAILABLE",
+            )
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        return _shm.shared_array(pool, dims, _dtypes.to_numpy(dtype), device, self._conn.timeout)
 
     def empty(self, count: int, dtype: DTypeLike, *, device: int = 0) -> Buffer:
         """A device buffer of ``count`` elements of ``dtype`` (contents undefined)."""
