@@ -25,7 +25,7 @@ import numpy as np
 from accy import _handoff
 from accy._connection import Connection
 from accy._link import Link
-from accy.errors import AccyError, FailedPrecondition
+from accy.errors import AccyError, FailedPrecondition, Unimplemented
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["SHM_ENV", "SHM_THRESHOLD", "Segment", "SharedPool", "pool_of"]
@@ -187,8 +187,9 @@ def pool_of(conn: Connection, link: Link) -> SharedPool | None:
 
 
 def refused(pool: SharedPool, error: AccyError | OSError | _handoff.HandoffRefused) -> bool:
-    """Whether ``error`` says this daemon shares no memory (then the pool is given up)."""
-    if isinstance(error, FailedPrecondition | OSError | _handoff.HandoffRefused):
+    """Whether ``error`` says this daemon shares no memory (then the pool is given up): it
+    serves no Unix socket, predates shared memory, or the handoff failed."""
+    if isinstance(error, FailedPrecondition | Unimplemented | OSError | _handoff.HandoffRefused):
         pool.usable = False
         return True
     return False
