@@ -70,7 +70,9 @@ class HostSegment:
                 self._backend.unpin_host(self._pinned)
             finally:
                 self._pinned = None
-                self.view.release()
-                self._map.close()
+                # A view some copy still holds keeps the mapping until it goes; never the fd.
+                with contextlib.suppress(BufferError):
+                    self.view.release()
+                    self._map.close()
                 with contextlib.suppress(OSError):
                     os.close(self.fd)
