@@ -208,5 +208,6 @@ def shared_array(
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     segment = pool.dedicate(max(nbytes, 1), device, timeout)
     array = segment.data[:nbytes].view(dtype).reshape(shape)
-    weakref.finalize(array, pool.discard, segment.id)
+    finalizer = weakref.finalize(array, pool.discard, segment.id)
+    finalizer.atexit = False  # at exit the daemon frees it all when we detach
     return array
