@@ -79,9 +79,14 @@ def test_write_launch_read_through_shared_memory(daemon: RunningDaemon) -> None:
         np.testing.assert_array_equal(half, shared[N // 2 :])
 
 
-def test_turned_off_transfers_stay_on_grpc(daemon: RunningDaemon) -> None:
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_turned_off_transfers_stay_on_grpc(
+    daemon: RunningDaemon, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = np.arange(N, dtype=np.float32)
-    with Client(daemon.unix_target, shared_memory=False) as client:
+    if how == "environment":
+        monkeypatch.setenv(_shm.SHM_ENV, "0")
+    with Client(daemon.unix_target, shared_memory=how != "argument") as client:
         buffer = client.buffer(data)
         np.testing.assert_array_equal(buffer.read(), data)
         assert segments_of(client) == 0
