@@ -137,6 +137,8 @@ class Connection:
         self.target = target
         self.timeout = timeout
         self.chunk_size = chunk_size
+        self.shared_memory = True
+        """Large transfers to a local daemon go through shared memory (``accy._shm``)."""
         self.auth = auth
         self.secure = credentials is not None
         self._has_token = has_token

@@ -51,6 +51,10 @@ class Link:
     ring: RingPath | None = None
     """The link's same-host ring, opened by the first launch on a local daemon."""
     ring_tried: bool = False
+    shm: object | None = None
+    """The link's shared-memory pool (``accy._shm.SharedPool``), made by the first large
+    transfer to a local daemon."""
+    shm_tried: bool = False
 
     def close_launches(self, *, now: bool = False) -> None:
         """End the link's LaunchStream: at once, or once lost, after answers on their way.

@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from accy import _chunks, _dtypes
+from accy import _chunks, _dtypes, _handoff, _shm
 from accy._chunks import Progress
 from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
@@ -190,6 +190,10 @@ class Buffer(Resource):
         raw = _chunks.as_bytes(data, kind)
         self._range(offset, len(raw))
         conn = self._conn
+        if len(raw) >= _shm.SHM_THRESHOLD:
+            shared = self._shared(raw, offset, to_buffer=True, timeout=conn.timeout_of(timeout))
+            if shared is not None:
+                return shared
         size = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
         chunks = _chunks.write_chunks(self.id, raw, offset, size, progress)
         with self._using() as link:
@@ -202,21 +206,31 @@ class Buffer(Resource):
         count: int | None = None,
         *,
         offset: int = 0,
+        out: np.ndarray[Any, Any] | None = None,
         chunk_size: int | None = None,
         progress: Progress | None = None,
         timeout: float | None = UNSET,
     ) -> np.ndarray[Any, Any]:
-        """Download ``count`` elements (default: to the end) from byte ``offset``, in chunks."""
+        """Download ``count`` elements (default: to the end, or ``out``'s size) from byte
+        ``offset``, in chunks; with ``out`` (a writable C-contiguous array) fill and return it."""
         kind = _dtypes.to_numpy(dtype) if dtype is not None else self.dtype
         kind = kind if kind is not None else np.dtype(np.uint8)
+        if out is not None:
+            kind = _check_out(out, kind, count)
+            count = out.size
         if count is None:
             count = max(self.nbytes - offset, 0) // kind.itemsize
         size = count * kind.itemsize
         self._range(offset, size)
         self.on(self._link)
         if size == 0:
-            return np.empty(0, dtype=kind)
+            return np.empty(0, dtype=kind) if out is None else out
         conn = self._conn
+        target = out if out is not None else np.empty(count, dtype=kind)
+        if size >= _shm.SHM_THRESHOLD:
+            shared = self._shared(target, offset, to_buffer=False, timeout=conn.timeout_of(timeout))
+            if shared is not None:
+                return target
         request = pb.ReadBufferRequest(
             buffer_id=self.id,
             offset=offset,
@@ -225,7 +239,55 @@ class Buffer(Resource):
         )
         with self._using() as link:
             chunks = conn.stream_out(conn.stub.ReadBuffer, request, conn.timeout_of(timeout), link)
-            return _chunks.gather(chunks, offset, size, progress).view(kind)
+            result = _chunks.gather(chunks, offset, size, progress).view(kind)
+        if out is None:
+            return result
+        np.copyto(out.reshape(-1), result)
+        return out
+
+    def _shared(
+        self,
+        data: memoryview | np.ndarray[Any, Any],
+        offset: int,
+        *,
+        to_buffer: bool,
+        timeout: float | None,
+    ) -> int | None:
+        """Move ``data`` (to or from the buffer at ``offset``) through shared memory; the bytes
+        moved, or ``None`` where the daemon shares none (the caller uses gRPC)."""
+        pool = _shm.pool_of(self._conn, self._link)
+        if pool is None:
+            return None
+        raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, memoryview) else data
+        size = raw.nbytes
+        with self._using() as link:
+            placed = pool.locate(raw)
+            if placed is not None:  # the array lives in shared memory: nothing to copy here
+                segment, at = placed
+                return pool.copy(
+                    segment, at, self.on(link), offset, size, to_buffer=to_buffer, timeout=timeout
+                )
+            try:
+                with pool.lease(size, self.device, timeout) as segment:
+                    flat = raw.reshape(-1).view(np.uint8)
+                    if to_buffer:
+                        segment.data[:size] = flat
+                    moved = pool.copy(
+                        segment,
+                        0,
+                        self.on(link),
+                        offset,
+                        size,
+                        to_buffer=to_buffer,
+                        timeout=timeout,
+                    )
+                    if not to_buffer:
+                        flat[:] = segment.data[:size]
+                    return moved
+            except (AccyError, OSError, _handoff.HandoffRefused) as error:
+                if _shm.refused(pool, error):
+                    return None
+                raise
 
     def free(self) -> None:
         """Free the buffer on the daemon; later calls, and calls on a lost buffer, do nothing."""
@@ -244,6 +306,18 @@ class Buffer(Resource):
         except AccyError:
             if link.lost is None:
                 raise
+
+
+def _check_out(out: np.ndarray[Any, Any], kind: np.dtype[Any], count: int | None) -> np.dtype[Any]:
+    """The element type to read into ``out``, which must fit the read."""
+    why = ""
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        why = "must be a writable, C-contiguous array"
+    elif count is not None and count != out.size:
+        why = f"holds {out.size} elements, the read asks for {count}"
+    if why:
+        raise InvalidArgument(f"out {why}", field_violations=[FieldViolation("out", why)])
+    return _dtypes.to_numpy(out.dtype)
 
 
 def buffer_ids(buffers: Sequence[Buffer | str], link: Link) -> list[str]:

@@ -14,13 +14,13 @@ import contextlib
 import mmap
 import os
 import select
-import socket
 import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from accy import _handoff
 from accy.protocol import ring as layout
 
 __all__ = ["Ring", "RingClosed", "RingError", "RingFull"]
@@ -82,15 +82,10 @@ class Ring:
     @classmethod
     def connect(cls, handoff: Path, ring_id: str, ticket: bytes, timeout: float = 5.0) -> Ring:
         """Take the offered ring from the daemon's handoff socket."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as conn:
-            conn.settimeout(timeout)
-            conn.connect(str(handoff))
-            conn.sendall(ring_id.encode("ascii").ljust(64, b"\0") + ticket)
-            data, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
-        if data != b"\x01" or len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            raise RingClosed("the daemon refused the ring's ticket")
+        try:
+            fds = _handoff.take(handoff, ring_id, ticket, 3, timeout)
+        except _handoff.HandoffRefused as refused:
+            raise RingClosed("the daemon refused the ring's ticket") from refused
         return cls(*fds)
 
     # Publishing ---------------------------------------------------------------------

@@ -83,3 +83,6 @@ class Stub:
         self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
         self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)
         self.OpenRing = uu("OpenRing", pb.OpenRingRequest, pb.OpenRingResponse)
+        self.OpenSegment = uu("OpenSegment", pb.OpenSegmentRequest, pb.OpenSegmentResponse)
+        self.CopySegment = uu("CopySegment", pb.CopySegmentRequest, pb.CopySegmentResponse)
+        self.CloseSegment = uu("CloseSegment", pb.CloseSegmentRequest, pb.CloseSegmentResponse)

@@ -19,7 +19,7 @@ from typing import Any, Self
 import grpc
 import numpy as np
 
-from accy import _chunks, _dtypes
+from accy import _chunks, _dtypes, _shm
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import UNSET, Connection, open_channel
 from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
@@ -31,15 +31,16 @@ from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
 from accy._resources import Buffer, new_buffer
 from accy._sessions import Session, new_session
+from accy._target import resolve_target
 from accy.errors import (
     BufferLost,
+    FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
     Unavailable,
 )
-from accy.protocol import CLIENT_ID_METADATA, check_socket_folder, default_target
-from accy.protocol import default_socket_path as _default_socket_path
+from accy.protocol import CLIENT_ID_METADATA
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = [
@@ -61,23 +62,6 @@ DEFAULT_REATTACH_TIMEOUT = 30.0
 """Seconds a client keeps trying to attach again after losing its daemon."""
 DEFAULT_LIVENESS = 15.0
 """Seconds of silence after which the daemon may detach this client (it pings at a quarter)."""
-
-
-def resolve_target(target: str | None = None) -> str:
-    """The address to dial: ``target``, else ``ACCY_TARGET``, else the daemon's default socket.
-
-    A bare filesystem path is taken as a Unix socket. The default socket's folder
-    must be this user's alone (``UnsafeSocketFolder`` otherwise): under ``/tmp``
-    another user could have made it and be listening there.
-    """
-    if not target:
-        target = default_target()
-        default = _default_socket_path()
-        if target == f"unix:{default}":
-            check_socket_folder(default.parent)
-    if target.startswith(("/", "./")):
-        target = f"unix:{target}"
-    return target
 
 
 def _check_window(window: int) -> int:
@@ -134,6 +118,7 @@ class Client:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         liveness: float | None = DEFAULT_LIVENESS,
         launch_window: int = DEFAULT_WINDOW,
+        shared_memory: bool = True,
     ) -> None:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
@@ -157,6 +142,7 @@ class Client:
             chunk_size=chunk,
         )
         self._conn.launch_window = window
+        self._conn.shared_memory = shared_memory
         self._pipelines: tuple[str, dict[str, list[PipelineInfo]]] = ("", {})
         self._attacher = Attacher(
             self._conn,
@@ -367,6 +353,23 @@ class Client:
                 buffer.free()
             raise
         return buffer
+
+    def shared_array(
+        self, shape: int | tuple[int, ...], dtype: DTypeLike, *, device: int = 0
+    ) -> np.ndarray[Any, Any]:
+        """A numpy array in memory shared with a local daemon: ``Buffer.write`` from it and
+        ``Buffer.read(out=...)`` into it copy nothing on this side. ``FailedPrecondition``
+        where the daemon shares no memory (remote, or shared memory turned off)."""
+        link = self._conn.current_link(None)
+        pool = _shm.pool_of(self._conn, link)
+        if pool is None:
+            raise FailedPrecondition(
+                "shared memory needs a daemon on this host (a unix: target) and is off "
+                f"with {_shm.SHM_ENV}=0 or Client(shared_memory=False)",
+                reason="SHARED_MEMORY_UNAVAILABLE",
+            )
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        return _shm.shared_array(pool, dims, _dtypes.to_numpy(dtype), device, self._conn.timeout)
 
     def empty(self, count: int, dtype: DTypeLike, *, device: int = 0) -> Buffer:
         """A device buffer of ``count`` elements of ``dtype`` (contents undefined)."""

@@ -46,6 +46,7 @@ from accyd.service.calls import CallTracker
 from accyd.service.health import Health
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
+from accyd.shm import Segments
 from accyd.signals import capture_signals
 from accyd.spinloop import set_loop_spin
 from accyd.unixsocket import SocketClaim
@@ -177,6 +178,7 @@ class Server:
         if self._claims and not config.no_rings:
             # Beside the first Unix socket, with its mode: who may call may take a ring.
             self.rings = self.servicer.rings = RingDoor(self.daemon, self._claims[0].path)
+            self.servicer.segments = Segments(self.daemon, self.rings.handoff)
             self.rings.start()
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
@@ -337,6 +339,7 @@ class Server:
             await asyncio.to_thread(self.rings.close)
         if self._health_grpc is not None:  # it said NOT_SERVING since the drain began
             await self._health_grpc.stop(0)
+        await asyncio.to_thread(self.servicer.segments.close_all)
         if not abandon:
             await self.calls.blocking(self.daemon.close)
         elif busy:

@@ -89,6 +89,9 @@ class World:
         self.other.WriteBuffer(
             iter([pb.WriteBufferChunk(buffer_id=self.other_buffer, data=self.other_data.tobytes())])
         )
+        opened = pb.OpenSegmentRequest(byte_size=4096)
+        self.segments = [self.me.OpenSegment(opened).segment_id]
+        self.other_segment = self.other.OpenSegment(opened).segment_id
 
     def refill(self) -> None:
         """Keep a session of every built-in pipeline and a few buffers live."""
@@ -221,6 +224,7 @@ def unary_requests(world: World) -> st.SearchStrategy[Request]:
     session = ids(lambda: world.sessions, world, world.other_session)
     buffer = ids(lambda: world.buffers, world, world.other_buffer)
     buffer_lists = st.lists(buffer, max_size=3)
+    segment = ids(lambda: world.segments, world, world.other_segment)
     md = metadata(world)
     targets = st.sampled_from([*TARGETS, "accy.test.fault", "no.such"]) | texts
     formats = st.sampled_from(["", "host_py", "cuda_cpp", "ptx", "cubin", "zig"]) | texts
@@ -287,6 +291,34 @@ def unary_requests(world: World) -> st.SearchStrategy[Request]:
             ),
         ),
         request("FreeBuffer", st.builds(lambda b: pb.FreeBufferRequest(buffer_id=b), buffer)),
+        request(
+            "OpenSegment",
+            st.builds(
+                lambda b, dev: pb.OpenSegmentRequest(byte_size=b, device=dev),
+                st.sampled_from([0, 1, 4096, 1 << 20, 1 << 41, 2**64 - 1]),
+                st.sampled_from([0, 0, 1]) | u32s,
+            ),
+        ),
+        request(
+            "CopySegment",
+            st.builds(
+                lambda g, go, b, bo, n, d: pb.CopySegmentRequest(
+                    segment_id=g,
+                    segment_offset=go,
+                    buffer_id=b,
+                    buffer_offset=bo,
+                    size=n,
+                    direction=d,
+                ),
+                segment,
+                small | u64s,
+                buffer,
+                small | u64s,
+                small | u64s,
+                st.sampled_from([0, 1, 2]) | st.integers(-3, 9),
+            ),
+        ),
+        request("CloseSegment", st.builds(lambda g: pb.CloseSegmentRequest(segment_id=g), segment)),
         request(
             "Run",
             st.builds(
@@ -400,6 +432,10 @@ def note(world: World, request: Request, reply: Any) -> None:
     elif request.method == "LoadPipeline":
         world.sessions.append(reply.session_id)
         world.target_of[reply.session_id] = reply.pipeline.target
+    elif request.method == "OpenSegment":
+        world.segments.append(reply.segment_id)
+    elif request.method == "CloseSegment":
+        world.segments.remove(request.message.segment_id)
     elif request.method == "FreeBuffer":
         world.buffers.remove(request.message.buffer_id)
         world.stale.append(request.message.buffer_id)

@@ -296,6 +296,15 @@ class Backend(Protocol):
         ``out``, in ``stream``'s order; done on return."""
         ...
 
+    def pin_host(self, memory: memoryview) -> object:
+        """Page-lock the writable host ``memory`` so copies with it run at full speed; held
+        until ``unpin_host`` (costly: done once per shared segment, never per copy)."""
+        ...
+
+    def unpin_host(self, pinned: object) -> None:
+        """Undo ``pin_host`` (what it returned); no copy may use the memory meanwhile."""
+        ...
+
     def memory_in_use(self) -> int:
         """Bytes of buffers this backend allocated and has not freed."""
         ...

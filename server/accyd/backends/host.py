@@ -369,6 +369,12 @@ class HostBackend:
         worker.submit(lambda: np.copyto(target, source))
         worker.synchronize()
 
+    def pin_host(self, memory: memoryview) -> object:
+        return None  # host memory is copied by the stream worker: nothing to lock
+
+    def unpin_host(self, pinned: object) -> None:
+        return None
+
     def memory_in_use(self) -> int:
         with self._lock:
             return self._in_use

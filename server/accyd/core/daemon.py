@@ -130,6 +130,19 @@ class Daemon(Launching):
         with self._lock:
             return self._clients.get(client_id)
 
+    def charge(self, client_id: str, usage: Usage) -> Client:
+        """Charge ``usage`` to an attached client while serving, for memory held outside the
+        core's tables (shared segments); ``QuotaExceeded`` past its tenant's quotas."""
+        with self._lock:
+            self._state.check_serving()
+            client = self._clients.get(client_id)
+            self._ledger.charge(client, usage)
+        return client
+
+    def refund(self, client: Client, usage: Usage) -> None:
+        """Give back what ``charge`` took."""
+        self._ledger.refund(client, usage)
+
     # Catalog ----------------------------------------------------------------
 
     def pipelines(self) -> tuple[Pipeline, ...]:

@@ -34,7 +34,9 @@ from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, defaul
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
 from accyd.service.launches import Launcher
+from accyd.service.segments import SegmentHandlers
 from accyd.service.tasks import TaskSet
+from accyd.shm import Segments
 
 __all__ = ["SERVICE_NAME", "LaunchServicer"]
 
@@ -43,7 +45,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LaunchService"].full_name
 log = structlog.get_logger("accyd.service")
 
 
-class LaunchServicer:
+class LaunchServicer(SegmentHandlers):
     """The RPCs of the launch service over one ``Daemon``."""
 
     def __init__(
@@ -64,6 +66,7 @@ class LaunchServicer:
         self.daemon = daemon
         self.rings = rings
         """The same-host ring door, where the daemon serves a Unix socket."""
+        self.segments = Segments(daemon, None if rings is None else rings.handoff)
         self.calls = calls
         self.metrics = metrics or Metrics()
         """Launch and WaitLaunch report to ``metrics.observe_launch``."""
@@ -134,6 +137,7 @@ class LaunchServicer:
         try:
             if self.rings is not None:  # no record of its is taken after this
                 await self.calls.blocking(self.rings.close_client, client_id)
+            await self.calls.blocking(self.segments.close_client, client_id)
             await self.daemon.detach_async(client_id)
         except Exception:
             log.exception("detach failed", client_id=client_id)

@@ -209,6 +209,12 @@ class RecordingBackend:
         view = memoryview(out).cast("B")
         view[:] = bytes(view.nbytes)
 
+    def pin_host(self, memory: memoryview) -> object:
+        return None  # host memory is copied by the stream worker: nothing to lock
+
+    def unpin_host(self, pinned: object) -> None:
+        return None
+
     def memory_in_use(self) -> int:
         return sum(b.byte_size for b in self._live.values() if isinstance(b, DeviceBuffer))
 

@@ -156,6 +156,28 @@ class CudaBackend(Kernels, Events):
         free, total = self._check(self._cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
+    def pin_host(self, memory: memoryview) -> object:
+        """``cuMemHostRegister`` (portable) on ``memory``; the returned anchor keeps it exported."""
+        self._enter()
+        anchor = (ctypes.c_char * memory.nbytes).from_buffer(memory)
+        self._check(
+            self._cu.cuMemHostRegister(
+                ctypes.addressof(anchor),
+                memory.nbytes,
+                self._cu.CU_MEMHOSTREGISTER_PORTABLE,
+            ),
+            "cuMemHostRegister",
+            OutOfMemory,
+        )
+        return anchor
+
+    def unpin_host(self, pinned: object) -> None:
+        if isinstance(pinned, ctypes.Array):
+            self._enter()
+            self._check(
+                self._cu.cuMemHostUnregister(ctypes.addressof(pinned)), "cuMemHostUnregister"
+            )
+
     def memory_in_use(self) -> int:
         return self._bytes_in_use
 

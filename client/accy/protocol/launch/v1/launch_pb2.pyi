@@ -18,6 +18,12 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_I64: _ClassVar[DType]
     DTYPE_U64: _ClassVar[DType]
     DTYPE_U8: _ClassVar[DType]
+
+class CopyDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COPY_DIRECTION_UNSPECIFIED: _ClassVar[CopyDirection]
+    COPY_DIRECTION_TO_BUFFER: _ClassVar[CopyDirection]
+    COPY_DIRECTION_TO_SEGMENT: _ClassVar[CopyDirection]
 DTYPE_UNSPECIFIED: DType
 DTYPE_F32: DType
 DTYPE_F64: DType
@@ -26,6 +32,9 @@ DTYPE_U32: DType
 DTYPE_I64: DType
 DTYPE_U64: DType
 DTYPE_U8: DType
+COPY_DIRECTION_UNSPECIFIED: CopyDirection
+COPY_DIRECTION_TO_BUFFER: CopyDirection
+COPY_DIRECTION_TO_SEGMENT: CopyDirection
 
 class Scalar(_message.Message):
     __slots__ = ("u32", "i32", "f32", "f64", "u64", "i64")
@@ -381,6 +390,58 @@ class OpenRingResponse(_message.Message):
     handoff_name: str
     slots: int
     def __init__(self, ring_id: _Optional[str] = ..., ticket: _Optional[bytes] = ..., handoff_name: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
+
+class OpenSegmentRequest(_message.Message):
+    __slots__ = ("byte_size", "device")
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    byte_size: int
+    device: int
+    def __init__(self, byte_size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
+
+class OpenSegmentResponse(_message.Message):
+    __slots__ = ("segment_id", "ticket", "handoff_name", "byte_size")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_NAME_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    ticket: bytes
+    handoff_name: str
+    byte_size: int
+    def __init__(self, segment_id: _Optional[str] = ..., ticket: _Optional[bytes] = ..., handoff_name: _Optional[str] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class CopySegmentRequest(_message.Message):
+    __slots__ = ("segment_id", "segment_offset", "buffer_id", "buffer_offset", "size", "direction")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    segment_offset: int
+    buffer_id: str
+    buffer_offset: int
+    size: int
+    direction: CopyDirection
+    def __init__(self, segment_id: _Optional[str] = ..., segment_offset: _Optional[int] = ..., buffer_id: _Optional[str] = ..., buffer_offset: _Optional[int] = ..., size: _Optional[int] = ..., direction: _Optional[_Union[CopyDirection, str]] = ...) -> None: ...
+
+class CopySegmentResponse(_message.Message):
+    __slots__ = ("bytes_copied",)
+    BYTES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    bytes_copied: int
+    def __init__(self, bytes_copied: _Optional[int] = ...) -> None: ...
+
+class CloseSegmentRequest(_message.Message):
+    __slots__ = ("segment_id",)
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    def __init__(self, segment_id: _Optional[str] = ...) -> None: ...
+
+class CloseSegmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

@@ -114,6 +114,21 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
                 _registered_method=True)
+        self.OpenSegment = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/OpenSegment',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentResponse.FromString,
+                _registered_method=True)
+        self.CopySegment = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/CopySegment',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentResponse.FromString,
+                _registered_method=True)
+        self.CloseSegment = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/CloseSegment',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.FromString,
+                _registered_method=True)
 
 
 class LaunchServiceServicer:
@@ -250,6 +265,32 @@ class LaunchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSegment(self, request, context):
+        """Host-shared memory for the calling (attached) client on the same host: the
+        daemon makes a segment (sealed memfd, page-locked for the device once),
+        charges it to the tenant's memory quota and offers it with a one-time
+        ticket, taken from the handoff socket as a ring is (one descriptor).
+        Refused (FAILED_PRECONDITION) where the daemon serves no Unix socket.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CopySegment(self, request, context):
+        """Copy between one of the client's segments and one of its buffers, in order
+        with the buffer's other work (as WriteBuffer and ReadBuffer are).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSegment(self, request, context):
+        """Free a segment on the daemon's side (the client unmaps its own copy).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaunchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -332,6 +373,21 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.OpenRing,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.SerializeToString,
+            ),
+            'OpenSegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSegment,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentResponse.SerializeToString,
+            ),
+            'CopySegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CopySegment,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentResponse.SerializeToString,
+            ),
+            'CloseSegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSegment,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -766,6 +822,87 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/OpenRing',
             accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/OpenSegment',
+            accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CopySegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/CopySegment',
+            accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.CopySegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/CloseSegment',
+            accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

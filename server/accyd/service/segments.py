@@ -1,0 +1,75 @@
+"""The shared-segment RPCs (OpenSegment, CopySegment, CloseSegment), mixed into the servicer."""
+
+from __future__ import annotations
+
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accyd.core.daemon import Daemon
+from accyd.errors import InvalidRequest
+from accyd.logs import bind
+from accyd.service.calls import Call, CallTracker, text_field, unary
+from accyd.shm import Segments
+
+__all__ = ["SegmentHandlers"]
+
+_DIRECTIONS = {pb.COPY_DIRECTION_TO_BUFFER: True, pb.COPY_DIRECTION_TO_SEGMENT: False}
+
+
+class SegmentHandlers:
+    """Handlers over ``segments``; the servicer sets ``daemon``, ``calls`` and ``segments``."""
+
+    daemon: Daemon
+    calls: CallTracker
+    segments: Segments
+
+    @unary
+    async def OpenSegment(
+        self, request: pb.OpenSegmentRequest, call: Call
+    ) -> pb.OpenSegmentResponse:
+        client_id = call.need_client()
+        self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
+        offer = await self.calls.blocking_for(
+            client_id, self.segments.open, client_id, request.byte_size, request.device
+        )
+        bind(segment_id=offer.segment_id)
+        return pb.OpenSegmentResponse(
+            segment_id=offer.segment_id,
+            ticket=offer.ticket,
+            handoff_name=offer.handoff_name,
+            byte_size=offer.byte_size,
+        )
+
+    @unary
+    async def CopySegment(
+        self, request: pb.CopySegmentRequest, call: Call
+    ) -> pb.CopySegmentResponse:
+        client_id = call.need_client()
+        segment_id = text_field(request.segment_id, "segment_id")
+        buffer_id = text_field(request.buffer_id, "buffer_id")
+        to_buffer = _DIRECTIONS.get(request.direction)
+        if to_buffer is None:
+            raise InvalidRequest(
+                "direction must be COPY_DIRECTION_TO_BUFFER or COPY_DIRECTION_TO_SEGMENT",
+                field="direction",
+            )
+        bind(segment_id=segment_id, buffer_id=buffer_id)
+        copied = await self.calls.blocking_for(
+            client_id,
+            self.segments.copy,
+            client_id,
+            segment_id,
+            request.segment_offset,
+            buffer_id,
+            request.buffer_offset,
+            request.size,
+            to_buffer=to_buffer,
+        )
+        return pb.CopySegmentResponse(bytes_copied=copied)
+
+    @unary
+    async def CloseSegment(
+        self, request: pb.CloseSegmentRequest, call: Call
+    ) -> pb.CloseSegmentResponse:
+        client_id = call.need_client()
+        segment_id = text_field(request.segment_id, "segment_id")
+        await self.calls.blocking_for(client_id, self.segments.close, client_id, segment_id)
+        return pb.CloseSegmentResponse()

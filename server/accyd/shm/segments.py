@@ -1,0 +1,172 @@
+"""Each client's host-shared segments: made, charged, handed over, copied with, freed.
+
+A segment is made by the daemon for one attached client (``open``), counts
+against its tenant's memory quota, and goes to that client alone through the
+handoff socket. Copies between a segment and one of the client's buffers run
+as the buffer's transfers do (``Daemon.open_write`` / ``open_read``): on the
+client's transfer stream, after the buffer's hazards, then recorded for later
+work. Ids are looked up per client, so no client can name another's segment.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import structlog
+
+from accyd.core.daemon import Daemon
+from accyd.core.holdings import MAX_BUFFER_BYTES
+from accyd.core.ids import new_id
+from accyd.core.tenants import Usage
+from accyd.errors import FailedPrecondition, InvalidRequest, NotFound, QuotaExceeded
+from accyd.handoff import Handoff, Offered
+from accyd.shm.segment import HostSegment
+
+__all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentOffer", "Segments"]
+
+log = structlog.get_logger("accyd.shm")
+
+MAX_SEGMENTS_PER_CLIENT = 64
+"""Each segment is a descriptor and a mapping in the daemon: bound them per client."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOffer:
+    segment_id: str
+    ticket: bytes
+    handoff_name: str
+    byte_size: int
+
+
+class Segments:
+    """The segments of every client, over the daemon facade and a handoff socket."""
+
+    def __init__(self, daemon: Daemon, handoff: Handoff | None) -> None:
+        self._daemon = daemon
+        self._handoff = handoff
+        self._by_client: dict[str, dict[str, HostSegment]] = {}
+        self._lock = threading.Lock()
+
+    def open(self, client_id: str, byte_size: int, device: int = 0) -> SegmentOffer:
+        """*Blocking* (pinning takes a while): a new segment for ``client_id``, offered."""
+        handoff = self._handoff
+        if handoff is None or not handoff.open:
+            raise FailedPrecondition(
+                "this daemon serves no Unix socket, so it shares no memory: "
+                "write and read buffers over gRPC",
+                field="byte_size",
+            )
+        if not 0 < byte_size <= MAX_BUFFER_BYTES:
+            raise InvalidRequest(
+                f"byte_size must be 1..{MAX_BUFFER_BYTES}, not {byte_size}", field="byte_size"
+            )
+        backend = self._daemon.backends.get(device)
+        if backend is None:
+            raise NotFound(
+                f"no device {device}; this daemon serves {sorted(self._daemon.backends)}",
+                field="device",
+            )
+        with self._lock:
+            if len(self._by_client.get(client_id, {})) >= MAX_SEGMENTS_PER_CLIENT:
+                raise QuotaExceeded(
+                    f"a client may hold {MAX_SEGMENTS_PER_CLIENT} shared segments: "
+                    "close one (or reuse it) first",
+                    quota="segments",
+                )
+        usage = Usage(memory_bytes=byte_size)
+        client = self._daemon.charge(client_id, usage)
+        try:
+            segment = HostSegment(new_id("seg"), client, byte_size, device, backend)
+        except OSError as error:
+            self._daemon.refund(client, usage)
+            raise QuotaExceeded(
+                f"no shared segment of {byte_size} bytes: {error.strerror}", quota="memory"
+            ) from error
+        except BaseException:
+            self._daemon.refund(client, usage)
+            raise
+        with self._lock:
+            self._by_client.setdefault(client_id, {})[segment.id] = segment
+        try:
+            self._daemon.client(client_id)  # detached meanwhile: it never sees this one
+        except NotFound:
+            self.close(client_id, segment.id)
+            raise
+        ticket = handoff.offer(Offered(segment.id, client_id, segment.fds))
+        log.info("segment opened", client_id=client_id, segment_id=segment.id, bytes=byte_size)
+        return SegmentOffer(segment.id, ticket, handoff.path.name, byte_size)
+
+    def _segment(self, client_id: str, segment_id: str) -> HostSegment:
+        with self._lock:
+            segment = self._by_client.get(client_id, {}).get(segment_id)
+        if segment is None:
+            raise NotFound(f"no segment {segment_id!r} of this client", field="segment_id")
+        return segment
+
+    def copy(
+        self,
+        client_id: str,
+        segment_id: str,
+        segment_offset: int,
+        buffer_id: str,
+        buffer_offset: int,
+        size: int,
+        *,
+        to_buffer: bool,
+    ) -> int:
+        """*Blocking*: copy ``size`` bytes between a segment and a buffer; the bytes copied."""
+        segment = self._segment(client_id, segment_id)
+        if segment_offset < 0 or size < 0 or segment_offset + size > segment.byte_size:
+            raise InvalidRequest(
+                f"bytes {segment_offset}..{segment_offset + size} are outside segment "
+                f"{segment_id} of {segment.byte_size} bytes",
+                field="segment_offset",
+            )
+        if to_buffer:
+            transfer = self._daemon.open_write(client_id, buffer_id)
+        else:
+            transfer = self._daemon.open_read(client_id, buffer_id)
+        with transfer:
+            transfer.check_range(buffer_offset, size, "buffer_offset")
+            with segment.lock:
+                if segment.closed:
+                    raise NotFound(f"segment {segment_id} was closed", field="segment_id")
+                with segment.range(segment_offset, size) as part:
+                    if to_buffer:
+                        transfer.write(buffer_offset, part)
+                    else:
+                        transfer.read_into(buffer_offset, part)
+        return size
+
+    def close(self, client_id: str, segment_id: str) -> None:
+        """Free one segment: waits for a copy using it; the client's mapping stays its own."""
+        with self._lock:
+            segment = self._by_client.get(client_id, {}).pop(segment_id, None)
+        if segment is None:
+            raise NotFound(f"no segment {segment_id!r} of this client", field="segment_id")
+        self._free(segment)
+
+    def close_client(self, client_id: str) -> None:
+        """Free every segment of a client that detached (its offers are withdrawn)."""
+        if self._handoff is not None:
+            self._handoff.withdraw_client(client_id)
+        with self._lock:
+            segments = list(self._by_client.pop(client_id, {}).values())
+        for segment in segments:
+            self._free(segment)
+
+    def close_all(self) -> None:
+        with self._lock:
+            clients = list(self._by_client)
+        for client_id in clients:
+            self.close_client(client_id)
+
+    def count(self, client_id: str) -> int:
+        with self._lock:
+            return len(self._by_client.get(client_id, {}))
+
+    def _free(self, segment: HostSegment) -> None:
+        segment.close()
+        self._daemon.refund(segment.client, Usage(memory_bytes=segment.byte_size))
+        log.info("segment closed", client_id=segment.client.id, segment_id=segment.id)
