@@ -208,6 +208,13 @@ class Session(Resource):
     ) -> Launch:
         """Enqueue the pipeline on this session's stream; with ``wait``, return once it finished.
 
+        A pipeline with intermediates needs scratch: call ``allocate_intermediates``
+        once first. Without it each launch gets scratch of its own, which the daemon
+        allocates, waits for and frees around that launch, so ``wait=False`` then
+        does not overlap launches. On a local daemon launches go through the
+        same-host ring; a refusal of one nobody waited for is raised by the next
+        launch or wait of the session.
+
         A buffer of a daemon that restarted raises ``BufferLost``; a launch the
         daemon lost its device over raises ``Unavailable`` with reason
         ``DEVICE_LOST`` and ``session`` naming the session that faulted.
