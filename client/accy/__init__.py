@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from accy._models import (
         Attachment,
         BufferSpec,
+        DeviceStatus,
         PipelineInfo,
         Reattachment,
         ScalarSpec,
@@ -30,6 +31,7 @@ __all__ = [
     "BufferLost",
     "BufferSpec",
     "Client",
+    "DeviceStatus",
     "Launch",
     "PipelineInfo",
     "Reattachment",
@@ -46,6 +48,7 @@ _HOMES = {
     "BufferLost": "accy.errors",
     "Attachment": "accy._models",
     "BufferSpec": "accy._models",
+    "DeviceStatus": "accy._models",
     "PipelineInfo": "accy._models",
     "Reattachment": "accy._models",
     "ScalarSpec": "accy._models",

@@ -10,17 +10,32 @@ from accy._attach import AttachStream
 from accy._launches import CLOSE_DRAIN_SECONDS, LaunchStream
 from accy._models import Attachment
 from accy.errors import AccyError, NotFound, Unavailable
-from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST
+from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST, DEVICE_SCOPE
 
 if TYPE_CHECKING:
     from accy._ring_path import RingPath
 
-__all__ = ["DEVICE_LOST", "Link", "device_lost", "names_client"]
+__all__ = ["DEVICE_LOST", "Link", "device_lost", "device_replaced", "names_client"]
 
 
 def device_lost(error: AccyError) -> bool:
     """Whether ``error`` says the daemon lost its device (it is about to restart)."""
-    return isinstance(error, Unavailable) and error.reason == DEVICE_LOST
+    return (
+        isinstance(error, Unavailable)
+        and error.reason == DEVICE_LOST
+        and error.metadata.get("scope") != DEVICE_SCOPE
+    )
+
+
+def device_replaced(error: AccyError, device: int | None = None) -> bool:
+    """Whether ``error`` says one device (``device``, if given) was lost and replaced while
+    the daemon lives on: what was on it must be loaded or written again."""
+    return (
+        isinstance(error, Unavailable)
+        and error.reason == DEVICE_LOST
+        and error.metadata.get("scope") == DEVICE_SCOPE
+        and (device is None or error.metadata.get("device") == str(device))
+    )
 
 
 def names_client(error: AccyError) -> bool:

@@ -17,6 +17,7 @@ from accy.protocol.launch.v1 import launch_pb2
 __all__ = [
     "Attachment",
     "BufferSpec",
+    "DeviceStatus",
     "PipelineInfo",
     "Reattachment",
     "ScalarSpec",
@@ -188,6 +189,29 @@ class TenantQuotas:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """One device of the daemon: what clients hold there, and its replacements after faults."""
+
+    index: int
+    name: str
+    backend: str
+    serving: bool
+    clients: int
+    sessions: int
+    buffers: int
+    memory_in_use: int
+    launches_in_flight: int
+    replacements: int
+    """Sticky faults on this device that its worker process was replaced after."""
+    isolated: bool
+    """Whether it runs in a process of its own (a fault there spares the other devices)."""
+
+    @classmethod
+    def from_proto(cls, device: launch_pb2.DeviceStatus) -> DeviceStatus:
+        return cls(**{f.name: getattr(device, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
 class TenantStatus:
     """One tenant: what it holds now, its quotas, and its refusals by quota name."""
 
@@ -245,7 +269,10 @@ class Status:
     restarts: int = 0
     """Times the supervisor restarted the daemon process."""
     device_faults: int = 0
-    """Sticky device faults among those restarts (this process's own included)."""
+    """Sticky device faults among those restarts (this process's own included), and the
+    faults that devices were replaced after."""
+    devices: tuple[DeviceStatus, ...] = ()
+    """Each device the daemon serves, by index."""
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -254,6 +281,7 @@ class Status:
         named = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         extra = {k: v for k, v in values.items() if k not in named}
         values["tenants"] = tuple(TenantStatus.from_proto(t) for t in response.tenants)
+        values["devices"] = tuple(DeviceStatus.from_proto(d) for d in response.devices)
         return cls(**{k: values[k] for k in named}, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -262,6 +290,7 @@ class Status:
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
         }
         named["tenants"] = [dataclasses.asdict(t) for t in self.tenants]
+        named["devices"] = [dataclasses.asdict(d) for d in self.devices]
         return {**named, **self.extra}
 
 

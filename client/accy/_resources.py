@@ -19,7 +19,7 @@ from accy import _chunks, _dtypes, _handoff, _shm
 from accy._chunks import Progress
 from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
-from accy._link import Link, device_lost
+from accy._link import Link, device_lost, device_replaced
 from accy.errors import AccyError, BufferLost, FieldViolation, InvalidArgument
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -93,6 +93,7 @@ def new_buffer(
     buffer.capacity = capacity
     buffer.dtype = dtype
     buffer.device = device
+    buffer._gone = None
     link.buffers.add(buffer)
     buffer._arm(_free_dropped, conn, link, buffer_id)
     return buffer
@@ -101,9 +102,10 @@ def new_buffer(
 class Buffer(Resource):
     """A device buffer owned by this client: write and read in streamed chunks, then free.
 
-    A buffer lives on one daemon instance: once the client lost it (the daemon
-    restarted), ``lost`` is true and every use raises ``BufferLost``. Buffers
-    are made by ``Client.buffer`` and ``Client.empty``.
+    A buffer lives on one device of one daemon instance: once the client lost it
+    (the daemon restarted, or a fault took its device), ``lost`` is true and
+    every use raises ``BufferLost``. Buffers are made by ``Client.buffer`` and
+    ``Client.empty``.
     """
 
     id: str
@@ -113,6 +115,8 @@ class Buffer(Resource):
     device: int
     _conn: Connection
     _link: Link
+    _gone: tuple[str, str | None] | None
+    """Why and in whose session its device was lost, when only the device was."""
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("a Buffer is made by Client.buffer() or Client.empty()")
@@ -124,8 +128,8 @@ class Buffer(Resource):
 
     @property
     def lost(self) -> bool:
-        """Whether the daemon that held this buffer is gone (its data with it)."""
-        return self._link.lost is not None
+        """Whether the daemon or device that held this buffer is gone (its data with it)."""
+        return self._link.lost is not None or self._gone is not None
 
     @property
     def size(self) -> int:
@@ -143,6 +147,8 @@ class Buffer(Resource):
         mine = self._link
         if mine.lost is not None:
             raise BufferLost(self.id, mine.lost, session=mine.fault_session)
+        if self._gone is not None:
+            raise BufferLost(self.id, self._gone[0], session=self._gone[1])
         if mine is not link and link.lost is None:
             raise BufferLost(self.id, "the client attached again", session=None)
         return self.id
@@ -155,9 +161,17 @@ class Buffer(Resource):
         try:
             yield link
         except AccyError as error:
+            if device_replaced(error, self.device):
+                raise self.gone(error) from error
             if link.lost is None or device_lost(error):
                 raise
             raise BufferLost(self.id, link.lost, session=link.fault_session) from error
+
+    def gone(self, error: AccyError) -> BufferLost:
+        """Note that ``error`` (``device_replaced``) took this buffer's device; the error."""
+        session = error.metadata.get("session")
+        self._gone = (f"a fault took device {self.device}", session)
+        return BufferLost(self.id, self._gone[0], session=session)
 
     def _range(self, offset: int, size: int) -> None:
         if offset < 0 or size < 0 or offset + size > self.nbytes:

@@ -23,6 +23,7 @@ import grpc
 
 from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy.errors import AccyError, FieldViolation, error_class
+from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -205,5 +206,8 @@ def _error(error: RingError) -> AccyError:
     message = f"ring record {error.seq} was refused: {error.message}"
     cls = error_class(_CODES.get(error.reason, grpc.StatusCode.UNKNOWN))
     violations = [FieldViolation(error.field, error.message)] if error.field else []
-    metadata = {"session": error.session} if error.session else {}
+    session, device = layout.parse_fault_origin(error.session)
+    metadata = {"session": session} if session else {}
+    if device is not None:
+        metadata.update(device=device, scope=DEVICE_SCOPE)
     return cls(message, reason=error.reason, metadata=metadata, field_violations=violations)

@@ -17,7 +17,7 @@ from accy._launching import (
     ring_timeout,
     settle_session,
 )
-from accy._link import Link
+from accy._link import Link, device_replaced
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
 from accy._ring_path import RingPath
@@ -53,6 +53,7 @@ def new_session(
     session._unwaited = None
     session._packed = {}
     session._where = []
+    session._replaced = False
     session._take(response, link)
     session._key = conn.sessions.add(session._move)
     session._arm(_release_dropped, conn, session._key, session._where)
@@ -62,10 +63,12 @@ def new_session(
 class Session(Resource):
     """A loaded pipeline with its own stream on the daemon: launch it many times, then release.
 
-    When the client attaches to a restarted daemon, the session is loaded
-    again (its scratch too) and keeps working under a new ``id``; if that
-    fails, its calls raise ``SessionLost``. Sessions are made by ``Client.load``;
-    a released one raises ``FailedPrecondition`` (reason ``SESSION_RELEASED``).
+    When the client attaches to a restarted daemon, or after a fault took the
+    session's device alone (the call that met it raises ``Unavailable``,
+    reason ``DEVICE_LOST``), the session is loaded again (its scratch too) and
+    keeps working under a new ``id``; if that fails, its calls raise
+    ``SessionLost``. Sessions are made by ``Client.load``; a released one raises
+    ``FailedPrecondition`` (reason ``SESSION_RELEASED``).
     """
 
     device: int
@@ -86,6 +89,8 @@ class Session(Resource):
     """The ring this session launched on last, if any: ``wait`` waits there too."""
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
+    _replaced: bool
+    """A fault took its device (the daemon lives on): load it again before the next call."""
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("a Session is made by Client.load()")
@@ -117,9 +122,11 @@ class Session(Resource):
         with self._lock:
             if self.closed:
                 return True
-            if self._link is link or self._failure is not None:
+            if (self._link is link and not self._replaced) or self._failure is not None:
                 return self._failure is None
             old_id, why = self._id, self._link.lost or "the client attached again"
+            if self._link is link:
+                why = f"a fault took device {self.device}"
             conn = self._conn
             try:
                 response, _ = conn.call(
@@ -148,6 +155,7 @@ class Session(Resource):
                     raise
                 self._failure = SessionLost(old_id, self.info.target, why, error)
                 return False
+            self._replaced = False
             self._take(response, link)
             return True
 
@@ -159,7 +167,7 @@ class Session(Resource):
                 "again to use it",
                 reason="SESSION_RELEASED",
             )
-        if self._link is not link:
+        if self._link is not link or self._replaced:
             self._move(link)
         if self._failure is not None:
             raise self._failure.with_traceback(None)
@@ -187,12 +195,16 @@ class Session(Resource):
         self._on(self._link)  # a released session says so before anything else
         packed = self._scalars(scalars)
         conn = self._conn
-        response = conn.unary(
-            conn.stub.AllocateIntermediates,
-            lambda link: pb.AllocateIntermediatesRequest(
-                session_id=self._on(link), runtime_scalars=packed
-            ),
-        )
+        try:
+            response = conn.unary(
+                conn.stub.AllocateIntermediates,
+                lambda link: pb.AllocateIntermediatesRequest(
+                    session_id=self._on(link), runtime_scalars=packed
+                ),
+            )
+        except Unavailable as error:
+            self._note(error)
+            raise
         with self._lock:
             self._scratch = dict(scalars)
         return response.byte_size
@@ -219,6 +231,27 @@ class Session(Resource):
         daemon lost its device over raises ``Unavailable`` with reason
         ``DEVICE_LOST`` and ``session`` naming the session that faulted.
         """
+        try:
+            return self._launch(operands, results, wait, timeout, scalars)
+        except Unavailable as error:
+            self._note(error)
+            raise
+
+    def _note(self, error: Unavailable) -> None:
+        """After ``error``: load the session again before its next call if a fault took its
+        device alone (the daemon lives on)."""
+        if device_replaced(error, self.device):
+            with self._lock:
+                self._replaced = True
+
+    def _launch(
+        self,
+        operands: Sequence[Buffer | str],
+        results: Sequence[Buffer | str],
+        wait: bool,
+        timeout: float | None,
+        scalars: dict[str, float],
+    ) -> Launch:
         packed = self._scalars(scalars)
         ring, link = ring_of(self._conn, timeout)
         if ring is not None:
@@ -274,6 +307,13 @@ class Session(Resource):
         it, unless something reported it already. Launches that the daemon lost
         when it restarted raise ``Unavailable`` (once).
         """
+        try:
+            self._wait(timeout)
+        except Unavailable as error:
+            self._note(error)
+            raise
+
+    def _wait(self, timeout: float | None) -> None:
         ring = self._ring
         if ring is not None and self._link.ring is ring:
             with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):

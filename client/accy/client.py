@@ -314,24 +314,29 @@ class Client:
         """The daemon's state as this client may see it."""
         return Status.from_proto(self._conn.unary(self._conn.stub.GetStatus, pb.GetStatusRequest()))
 
-    def load(self, target: str, version: int = 0, format: str = "", *, device: int = 0) -> Session:
+    def load(
+        self, target: str, version: int = 0, format: str = "", *, device: int | None = None
+    ) -> Session:
         """Create (or return, if this client has it) the session for this pipeline.
 
         Each ``Session`` returned holds one load of the daemon's session: closing
         one leaves the session to the others until the last is closed.
+        ``device`` ``None``: this client's device, which the daemon picks (the
+        least loaded) at the client's first session or buffer; ``Session.device``
+        says which.
         """
         response, link = self._conn.call(
             self._conn.stub.LoadPipeline,
             pb.LoadPipelineRequest(target=target, version=version, format=format, device=device),
         )
-        return new_session(self._conn, response, link, device)
+        return new_session(self._conn, response, link, response.device)
 
     def buffer(
         self,
         array_or_nbytes: np.ndarray[Any, Any] | Sequence[Any] | int,
         dtype: DTypeLike | None = None,
         *,
-        device: int = 0,
+        device: int | None = None,
         progress: Progress | None = None,
     ) -> Buffer:
         """A device buffer: of ``nbytes`` bytes, or holding a copy of an array.
@@ -371,12 +376,12 @@ class Client:
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         return _shm.shared_array(pool, dims, _dtypes.to_numpy(dtype), device, self._conn.timeout)
 
-    def empty(self, count: int, dtype: DTypeLike, *, device: int = 0) -> Buffer:
+    def empty(self, count: int, dtype: DTypeLike, *, device: int | None = None) -> Buffer:
         """A device buffer of ``count`` elements of ``dtype`` (contents undefined)."""
         kind = _dtypes.to_numpy(dtype)
         return self._allocate(count * kind.itemsize, kind, device)
 
-    def _allocate(self, nbytes: int, dtype: np.dtype[Any] | None, device: int) -> Buffer:
+    def _allocate(self, nbytes: int, dtype: np.dtype[Any] | None, device: int | None) -> Buffer:
         if nbytes < 0:
             raise InvalidArgument(
                 f"a buffer cannot hold {nbytes} bytes",
@@ -387,7 +392,7 @@ class Client:
             pb.AllocateBufferRequest(byte_size=nbytes, dtype=_dtypes.to_wire(dtype), device=device),
         )
         return new_buffer(
-            self._conn, link, response.buffer_id, nbytes, response.byte_size, dtype, device
+            self._conn, link, response.buffer_id, nbytes, response.byte_size, dtype, response.device
         )
 
     def run(

@@ -98,18 +98,30 @@ class LaunchFailed(AccyError):
 
 
 class DeviceFault(AccyError):
-    """A sticky device error: the context is poisoned and the process must restart.
+    """A sticky device error: the context is poisoned and its process must end.
 
-    ``session`` names the session whose work faulted, where known.
+    ``session`` names the session whose work faulted, where known. ``device``
+    is the device's index where known; ``isolated`` says the device runs in a
+    worker process of its own, so the daemon lives on: the device is replaced,
+    its sessions must be loaded again and its buffers are lost, while every
+    other device is untouched.
     """
 
     reason = DEVICE_LOST
 
     def __init__(
-        self, message: str, *, session: str | None = None, field: str | None = None
+        self,
+        message: str,
+        *,
+        session: str | None = None,
+        field: str | None = None,
+        device: int | None = None,
+        isolated: bool = False,
     ) -> None:
         super().__init__(message, field=field)
         self.session = session
+        self.device = device
+        self.isolated = isolated
 
 
 class NotFound(AccyError):

@@ -26,6 +26,7 @@ __all__ = [
     "CLIENT_ID_METADATA",
     "CLIENT_UNKNOWN",
     "DEVICE_LOST",
+    "DEVICE_SCOPE",
     "DTYPES",
     "ERROR_DOMAIN",
     "SOCKET_NAME",
@@ -57,7 +58,12 @@ ERROR_DOMAIN = "accy.dev"
 DEVICE_LOST = "DEVICE_LOST"
 """``ErrorInfo.reason``: the daemon's device faulted; it is about to restart.
 
-Its ``metadata["session"]`` names the session whose work faulted, where known."""
+Its ``metadata["session"]`` names the session whose work faulted, where known, and
+``metadata["device"]`` the device. With ``metadata["scope"] == DEVICE_SCOPE`` only that
+device was lost: the daemon and every other device live on, the device is replaced at
+once, sessions on it must be loaded again and its buffers are gone."""
+DEVICE_SCOPE = "device"
+"""``metadata["scope"]`` of a ``DEVICE_LOST`` that took one device, not the daemon."""
 CLIENT_UNKNOWN = "CLIENT_UNKNOWN"
 """``ErrorInfo.reason`` of ``NOT_FOUND``: the daemon does not know the calling client id
 (it restarted, or it detached that client). The call did nothing; attach again."""

@@ -33,8 +33,8 @@ A record (``SLOT_SIZE`` bytes)::
 
 An error entry (``ERROR_SIZE`` bytes): seq u64, reason (32 bytes, the domain error's
 reason as gRPC's ErrorInfo carries it, NUL-padded), field (``FIELD_BYTES``), the
-session a device fault names (48 bytes), message length u16, message bytes
-(UTF-8, cut to ``MESSAGE_BYTES``).
+session a device fault names (48 bytes: ``fault_origin``), message length u16,
+message bytes (UTF-8, cut to ``MESSAGE_BYTES``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ __all__ = [
     "VERSION",
     "Kind",
     "error_slots",
+    "fault_origin",
+    "parse_fault_origin",
     "ring_bytes",
 ]
 
@@ -125,3 +127,16 @@ def ring_bytes(slot_count: int) -> int:
 
 def error_slots() -> int:
     return (HEADER_SIZE - ERROR_BASE) // ERROR_SIZE
+
+
+def fault_origin(session: str | None, device: int | None) -> bytes:
+    """The session slot of a ``DEVICE_LOST`` entry: the session that faulted, then
+    ``@<device>`` when the fault took that one device and the daemon lives on."""
+    text = (session or "") + ("" if device is None else f"@{device}")
+    return text.encode()[:48]
+
+
+def parse_fault_origin(text: str) -> tuple[str, str | None]:
+    """``(session, device)`` from a session slot; ``device`` is ``None`` for the whole daemon."""
+    session, at, device = text.partition("@")
+    return session, (device if at else None)

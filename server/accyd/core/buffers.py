@@ -27,6 +27,8 @@ class BufferRecord:
     id: str
     device: int
     buffer: DeviceBuffer
+    backend: Backend
+    """The backend that made ``buffer`` and frees it (a replaced device's is retired)."""
     dtype: DType | None = None
     last_write: Mark | None = None
     readers: list[Mark] = field(default_factory=list)

@@ -14,7 +14,7 @@ from accyd.backends.base import Stream
 from accyd.core.buffers import BufferRecord
 from accyd.core.sessions import Session, SessionKey
 from accyd.core.tenants import Tenant
-from accyd.errors import InvalidRequest, NotFound
+from accyd.errors import DeviceFault, InvalidRequest, NotFound
 
 __all__ = ["Client", "ClientTable"]
 
@@ -38,6 +38,11 @@ class Client:
     this moves (they may name a freed buffer and keep it alive)."""
     last_seen: float = field(default_factory=time.monotonic)
     """When the client last made a call (monotonic seconds): how liveness is judged."""
+    home_device: int | None = None
+    """Where its sessions and buffers go when a request names no device (placed once)."""
+    lost: dict[str, DeviceFault] = field(default_factory=dict)
+    """Sessions and buffers that went with an isolated device's fault: calls naming them
+    get that fault, not ``NotFound``."""
 
     def silent_for(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.last_seen
@@ -46,6 +51,7 @@ class Client:
         _require(session_id, "session_id")
         session = self.sessions.get(session_id)
         if session is None:
+            self._check_lost(session_id)
             raise NotFound(f"no session {session_id!r}", field="session_id")
         return session
 
@@ -67,8 +73,21 @@ class Client:
         _require(buffer_id, field)
         record = self.buffers.get(buffer_id)
         if record is None:
+            self._check_lost(buffer_id, field)
             raise NotFound(f"no buffer {buffer_id!r}", field=field)
         return record
+
+    def _check_lost(self, object_id: str, field: str | None = None) -> None:
+        fault = self.lost.get(object_id)
+        if fault is not None:
+            raise DeviceFault(
+                f"{object_id} was lost with device {fault.device} ({fault.message}); "
+                "the device was replaced: load the pipeline again and write new buffers there",
+                session=fault.session,
+                device=fault.device,
+                isolated=True,
+                field=field,
+            )
 
     def memory_in_use(self) -> int:
         buffers = sum(record.byte_size for record in self.buffers.values())

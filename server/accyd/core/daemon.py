@@ -32,9 +32,10 @@ from accyd.core.holdings import CatalogView, WouldBlock
 from accyd.core.ids import CLIENT, INSTANCE, new_id
 from accyd.core.launching import Launching, LaunchTicket
 from accyd.core.marks import MarkWatch
+from accyd.core.placement import load_of
 from accyd.core.run import run
 from accyd.core.sessions import order_scalars
-from accyd.core.status import DaemonStatus, TenantStatus
+from accyd.core.status import DaemonStatus, DeviceStatus, TenantStatus
 from accyd.core.tenants import DEFAULT_TENANT, Quotas, Usage
 from accyd.errors import AccyError, DeviceFault, NotFound
 
@@ -58,6 +59,7 @@ class LoadedSession:
     created: bool
     pipeline: Pipeline
     format: ArtifactFormat
+    device: int
 
 
 class Daemon(Launching):
@@ -73,7 +75,10 @@ class Daemon(Launching):
         launches_per_client: int | None = DEFAULT_LAUNCHES_PER_CLIENT,
         on_fault: Callable[[DeviceFault], None] | None = None,
         on_quota_refused: Callable[[str, str], None] | None = None,
+        isolated: bool = False,
     ) -> None:
+        """``isolated``: each backend runs in a process of its own, so a fault on one device
+        is that device's alone (``on_fault`` then replaces it: ``replace_device``)."""
         if not backends:
             raise ValueError("the daemon needs at least one device")
         lock = threading.RLock()
@@ -84,7 +89,9 @@ class Daemon(Launching):
             launches_per_client=launches_per_client,
             on_refused=on_quota_refused,
         )
-        super().__init__(dict(backends), lock, ledger, DeviceState(lock, on_fault), ClientTable())
+        table = dict(backends)
+        state = DeviceState(lock, table, on_fault, isolated=isolated)
+        super().__init__(table, lock, ledger, state, ClientTable())
         self.catalog = catalog
         self.instance_id = new_id(INSTANCE, 9)
         self.started_at = time.monotonic()
@@ -105,6 +112,11 @@ class Daemon(Launching):
     @property
     def fault(self) -> DeviceFault | None:
         return self._state.fault
+
+    def device_lost(self, device: int, fault: DeviceFault) -> None:
+        """Isolated ``device`` was lost outside any call (its worker process died): latch it,
+        which has it replaced (``on_fault``)."""
+        self._state.device_lost(device, fault)
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (``Unavailable``); reads, waits and frees still work."""
@@ -182,7 +194,7 @@ class Daemon(Launching):
     def launch_outcome(self, session_id: str, watch: MarkWatch) -> None:
         """Raise what a finished launch of the session failed with; a device fault is
         noted (the daemon stops serving) as every other front door's wait notes it."""
-        with self._state.guard(session_id):
+        with self._state.guard(session_id, watch.backend):
             watch.outcome()
 
     def frees_of(self, client_id: str) -> int:
@@ -213,13 +225,13 @@ class Daemon(Launching):
         target: str,
         version: int = 0,
         format: ArtifactFormat | None = None,
-        device: int = 0,
+        device: int | None = None,
     ) -> LoadedSession:
         """*Blocking* (compiles): the client's session for this key, made if it has none.
 
         Each load counts: the session is freed by the release that matches the last
         one, so two parts of one client that load the same pipeline cannot free it
-        under each other.
+        under each other. ``device`` ``None``: the client's home device (``_place``).
         """
         session, created = self._load(self.catalog, client_id, target, version, format, device)
         if created:
@@ -230,8 +242,11 @@ class Daemon(Launching):
                 target=session.pipeline.target,
                 version=session.pipeline.version,
                 format=session.key.format.value,
+                device=session.key.device,
             )
-        return LoadedSession(session.id, created, session.pipeline, session.key.format)
+        return LoadedSession(
+            session.id, created, session.pipeline, session.key.format, session.key.device
+        )
 
     def allocate_intermediates(
         self, client_id: str, session_id: str, scalars: Mapping[str, Scalar]
@@ -249,12 +264,12 @@ class Daemon(Launching):
             ):
                 return current.byte_size
         with self._ledger.reserve(client, Usage(memory_bytes=sum(needed))) as held:
-            with self._state.guard(session.id):
+            with self._state.guard(session.id, session.backend):
                 scratch = allocate_intermediates(session.backend, session.pipeline, args)
             held.undo(scratch.close)
             with self._lock:
                 self._attached(client)
-                if client.sessions.get(session.id) is not session:
+                if client.session(session.id) is not session:
                     raise NotFound(f"no session {session_id!r}", field="session_id")
                 old, session.scratch = session.scratch, scratch
                 if old is not None:
@@ -263,7 +278,7 @@ class Daemon(Launching):
                 held.keep()
         if old is not None:  # launches enqueued before the swap may still use it
             try:
-                self._wait(tail, session.id)
+                self._wait(tail, session)
             finally:
                 old.close()
         return scratch.byte_size
@@ -309,11 +324,13 @@ class Daemon(Launching):
         self, client_id: str | None = None, tenants: Collection[str] | None = None
     ) -> DaemonStatus:
         """The daemon's numbers; ``tenants`` limits the per-tenant part (``None``: all)."""
+        memory = {device: _memory_in_use(b) for device, b in list(self.backends.items())}
         with self._lock:
             clients = list(self._clients)
             leaving = list(self._leaving.values())
             mine = self._clients.find(client_id) if client_id else None
             backend = self.backend
+            loads = load_of(self.backends, clients + leaving)
             ledger = self._ledger
             shown = [t for t in ledger.tenants.values() if tenants is None or t.name in tenants]
             return DaemonStatus(
@@ -325,7 +342,7 @@ class Daemon(Launching):
                 clients=len(clients),
                 sessions=sum(len(c.sessions) for c in clients + leaving),
                 buffers=sum(len(c.buffers) for c in clients + leaving),
-                device_memory_in_use=sum(b.memory_in_use() for b in self.backends.values()),
+                device_memory_in_use=sum(memory.values()),
                 launches_total=self.launches_total,
                 launches_failed=self.launches_failed,
                 my_sessions=0 if mine is None else len(mine.sessions),
@@ -343,6 +360,22 @@ class Daemon(Launching):
                 ),
                 quota_refusals=sum(ledger.refusals.values()),
                 detaching_clients=len(leaving),
+                devices=tuple(
+                    DeviceStatus(
+                        index=device,
+                        name=b.device_name,
+                        backend=b.kind.value,
+                        serving=self.serving and device not in self._state.lost,
+                        clients=max(loads[device].clients, loads[device].homed),
+                        sessions=loads[device].sessions,
+                        buffers=loads[device].buffers,
+                        memory_in_use=memory.get(device, 0),
+                        launches_in_flight=loads[device].launches_in_flight,
+                        replacements=self._state.replacements.get(device, 0),
+                        isolated=self._state.isolated,
+                    )
+                    for device, b in sorted(self.backends.items())
+                ),
             )
 
     def wait_idle(self, timeout: float) -> bool:
@@ -372,3 +405,11 @@ class Daemon(Launching):
             self.detach(client.id)
         for backend in self.backends.values():
             backend.close()
+
+
+def _memory_in_use(backend: Backend) -> int:
+    """What ``backend`` has allocated; 0 for one lost to a fault (its memory went with it)."""
+    try:
+        return backend.memory_in_use()
+    except AccyError:
+        return 0

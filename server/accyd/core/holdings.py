@@ -26,10 +26,11 @@ from accyd.core.device import DeviceState
 from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
 from accyd.core.marks import Mark, order_after
-from accyd.core.sessions import Session, SessionKey
+from accyd.core.placement import place
+from accyd.core.sessions import Reaped, Session, SessionKey
 from accyd.core.tenants import Usage
 from accyd.core.waits import Deferred, until_done
-from accyd.errors import AccyError, InvalidRequest, NotFound, UnsupportedOperation
+from accyd.errors import AccyError, DeviceFault, InvalidRequest, NotFound, UnsupportedOperation
 
 __all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings", "WouldBlock"]
 
@@ -86,6 +87,25 @@ class Holdings:
             )
         return backend
 
+    def _place(self, client_id: str, device: int | None) -> int:
+        """The device a request goes to: the one it names, else the client's home device,
+        placed at its first unplaced request on the device with the fewest clients homed
+        there (then the least memory in use)."""
+        if device is not None:
+            return device
+        with self._lock:
+            client = self._clients.get(client_id)
+            if client.home_device is None:
+                client.home_device = place(self.backends, self._clients, self._state)
+            return client.home_device
+
+    def _current(self, device: int, backend: Backend) -> None:
+        """Under the lock: raise if ``device`` was lost or replaced since ``backend`` was taken."""
+        self._state.check_alive(device)
+        if self.backends.get(device) is not backend:
+            fault = self._state.retired_fault(backend)
+            raise self._state.noted(fault or DeviceFault("the device was replaced"), None, backend)
+
     def _session(self, client_id: str, session_id: str) -> tuple[Client, Session]:
         client = self._clients.get(client_id)
         return client, client.session(session_id)
@@ -104,23 +124,24 @@ class Holdings:
         target: str,
         version: int,
         format: ArtifactFormat | None,
-        device: int,
+        device: int | None,
     ) -> tuple[Session, bool]:
         if not target:
             raise InvalidRequest("target is empty", field="target")
         pipeline = catalog.find_pipeline(target, version)
+        device = self._place(client_id, device)
         backend = self._backend(device)
         fmt = _pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
         key = SessionKey(pipeline.target, pipeline.version, fmt, device)
         with self._lock:
-            self._state.check_serving()
+            self._state.check_serving(device)
             client = self._clients.get(client_id)
             existing = client.session_for(key)
             if existing is not None:
                 existing.loads += 1
                 return existing, False
         with self._ledger.reserve(client, Usage(sessions=1)) as held:
-            with self._state.guard():
+            with self._state.guard(backend=backend):
                 pool = load_pipeline_artifacts(backend, pipeline, catalog.registry, fmt)
                 held.undo(pool.close)
                 stream = backend.create_stream()
@@ -134,6 +155,7 @@ class Holdings:
                     other.loads += 1
                     return other, False
                 self._attached(client)
+                self._current(device, backend)
                 client.add_session(session)
                 held.keep()
         return session, True
@@ -166,7 +188,7 @@ class Holdings:
 
     def _close_session(self, client: Client, session: Session) -> None:
         try:
-            with self._state.guard(session.id):
+            with self._state.guard(session.id, session.backend):
                 session.backend.synchronize(session.stream)
         except AccyError as error:
             log.warning("session work failed", session_id=session.id, error=str(error))
@@ -209,7 +231,7 @@ class Holdings:
 
         def then() -> None:
             if mark is not None:
-                self._wait(mark, session.id)
+                self._wait(mark, session)
             if reap:
                 self._reap(client, session)
 
@@ -236,10 +258,10 @@ class Holdings:
             self._ledger.launches_over(client, reaped.launches, reaped.scratch_bytes)
         reaped.close()
 
-    def _wait(self, mark: Mark | None, session_id: str) -> None:
+    def _wait(self, mark: Mark | None, session: Session) -> None:
         """Block until ``mark``'s work is over; raise its error (the caller releases it)."""
         if mark is not None:
-            with self._state.guard(session_id):
+            with self._state.guard(session.id, session.backend):
                 mark.wait()
 
     def _finish(self, deferred: Deferred | None) -> None:
@@ -264,7 +286,9 @@ class Holdings:
         await asyncio.shield(task)
 
     async def _settle_now(self, deferred: Deferred) -> None:
-        if await until_done(deferred.marks, lambda: self._state.fault is not None):
+        if await until_done(
+            deferred.marks, lambda: self._state.fault is not None or bool(self._state.lost)
+        ):
             self._finish(deferred)  # the waits in it are over: it returns at once
         else:  # the device was lost with work queued: what is left may block
             await asyncio.to_thread(self._finish, deferred)
@@ -272,7 +296,7 @@ class Holdings:
     # Buffers ----------------------------------------------------------------------
 
     def allocate_buffer(
-        self, client_id: str, byte_size: int, dtype: DType | None = None, device: int = 0
+        self, client_id: str, byte_size: int, dtype: DType | None = None, device: int | None = None
     ) -> BufferRecord:
         """*Blocking* (the device may take a while): a buffer of ``byte_size`` bytes."""
         if not 0 < byte_size <= MAX_BUFFER_BYTES:
@@ -284,12 +308,13 @@ class Holdings:
                 f"byte_size {byte_size} is no whole number of {dtype.value} elements",
                 field="byte_size",
             )
+        device = self._place(client_id, device)
         backend = self._backend(device)
         with self._lock:
-            self._state.check_serving()
+            self._state.check_serving(device)
             client = self._clients.get(client_id)
         with self._ledger.reserve(client, Usage(memory_bytes=byte_size, buffers=1)) as held:
-            with self._state.guard():
+            with self._state.guard(backend=backend):
                 buffer = backend.allocate_buffer(
                     byte_size,
                     zero=True,  # memory is reused between clients: never show old data
@@ -297,9 +322,10 @@ class Holdings:
                     element_count=None if dtype is None else byte_size // dtype.itemsize,
                 )
             held.undo(lambda: backend.destroy(buffer))
-            record = BufferRecord(new_id(BUFFER), device, buffer, dtype)
+            record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype)
             with self._lock:
                 self._attached(client)
+                self._current(device, backend)
                 client.buffers[record.id] = record
                 held.keep()
         return record
@@ -312,8 +338,9 @@ class Holdings:
                 self._state.check_alive()
             client = self._clients.get(client_id)
             record = client.buffer(buffer_id)
-            backend = self.backends[record.device]
-            with self._state.guard():
+            self._state.check_alive(record.device)
+            backend = record.backend
+            with self._state.guard(backend=backend):
                 stream = self._transfer_stream(client, record.device)
                 hazards = record.write_hazards() if writing else record.read_hazards()
                 order_after(backend, stream, hazards)
@@ -355,8 +382,78 @@ class Holdings:
         for mark in marks:
             with contextlib.suppress(AccyError):
                 mark.wait()
-        self.backends[record.device].destroy(record.buffer)
+        record.backend.destroy(record.buffer)
         self._ledger.refund(client, Usage(memory_bytes=record.byte_size, buffers=1))
+
+    # Devices ----------------------------------------------------------------------
+
+    def replace_device(self, device: int, backend: Backend) -> None:
+        """*Blocking*: ``backend`` serves isolated ``device`` from now on, after its fault.
+
+        Every attached client's sessions and buffers on the device are dropped, their
+        usage refunded and their ids remembered as lost with the device's fault (calls
+        naming them say so); the old backend is retired (the caller closes it, ending
+        its worker process and everything it held). Clients that are leaving keep their
+        teardown, which finds the old backend faulted. Nothing on other devices is touched.
+        """
+        dropped: list[Session] = []
+        leftovers: list[Reaped] = []
+        marks: list[Mark] = []
+        with self._lock:
+            old = self.backends[device]
+            fault = self._state.replaced(device, old) or DeviceFault(
+                "the device was replaced", device=device
+            )
+            lost = DeviceFault(fault.message, session=fault.session, device=device, isolated=True)
+            for client in self._clients:
+                memory = buffers = launches = 0
+                sessions = [s for s in client.sessions.values() if s.key.device == device]
+                for session in sessions:
+                    client.pop_session(session.id)
+                    client.lost[session.id] = lost
+                    memory += session.scratch_bytes()
+                    drained = session.drain()
+                    launches += drained.launches
+                    leftovers.append(drained)
+                    dropped.append(session)
+                for record in [r for r in client.buffers.values() if r.device == device]:
+                    del client.buffers[record.id]
+                    client.lost[record.id] = lost
+                    record.closed = True
+                    marks += record.take_marks()
+                    memory += record.byte_size
+                    buffers += 1
+                if buffers:
+                    client.frees += 1  # cached launches naming them are stale
+                client.transfer_streams.pop(device, None)
+                self._ledger.refund(
+                    client,
+                    Usage(
+                        memory_bytes=memory,
+                        sessions=len(sessions),
+                        buffers=buffers,
+                        launches_in_flight=launches,
+                    ),
+                )
+            for leaving in self._leaving.values():
+                leaving.transfer_streams.pop(device, None)
+            self.backends[device] = backend
+        # The old backend is faulted: these free nothing on a device, only their handles.
+        for mark in marks:
+            mark.release()
+        for drained in leftovers:
+            with contextlib.suppress(AccyError):
+                drained.close()
+        for session in dropped:
+            with contextlib.suppress(AccyError):
+                session.close()
+        log.warning(
+            "device replaced",
+            device=device,
+            session_id=fault.session,
+            sessions_lost=len(dropped),
+            error=fault.message,
+        )
 
     # Detach ---------------------------------------------------------------------
 
@@ -387,9 +484,9 @@ class Holdings:
                 self._close_session(client, session)
             for record in list(client.buffers.values()):
                 self._free(client, record, taken[record.id])
-            for device, stream in client.transfer_streams.items():
+            for device, stream in list(client.transfer_streams.items()):
                 backend = self.backends[device]
-                with contextlib.suppress(AccyError), self._state.guard():
+                with contextlib.suppress(AccyError), self._state.guard(backend=backend):
                     backend.synchronize(stream)
                 backend.destroy_stream(stream)
             with self._lock:

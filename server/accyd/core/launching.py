@@ -92,6 +92,8 @@ class Launching(Holdings):
             with self._lock:
                 self._state.check_serving()
                 client, session = self._session(client_id, session_id)
+                if self._state.lost:
+                    self._state.check_alive(session.key.device)
                 checked = self._check_launch(client, session, operands, results, scalars)
                 self._ledger.launches_over(client, session.reap(free_scratch=False).launches)
                 if session.scratch_for(checked.args) is not None or not session.needs_scratch:
@@ -122,8 +124,9 @@ class Launching(Holdings):
         the caller launches it with ``launch`` each time.
         """
         with self._lock:
-            self._state.check_serving()
+            self._state.check_serving(None)
             client, session = self._session(client_id, session_id)
+            self._state.check_alive(session.key.device)
             checked = self._check_launch(client, session, operands, results, scalars)
             if session.needs_scratch and session.scratch_for(checked.args) is None:
                 return None
@@ -170,7 +173,7 @@ class Launching(Holdings):
                 held.keep()
                 note(parked.mark, ops, res)
             if isinstance(error, DeviceFault):
-                raise self._state.noted(error, session.id) from error
+                raise self._state.noted(error, session.id, session.backend) from error
             raise
         held.keep()
         note(record.mark, ops, res)
@@ -187,13 +190,13 @@ class Launching(Holdings):
         session.pipeline.validate_runtime_scalars(args)
         size = sum(intermediate_byte_sizes(session.pipeline, args))
         with self._ledger.reserve(client, Usage(memory_bytes=size, launches_in_flight=1)) as held:
-            with self._state.guard(session.id):  # outside the lock: it may take a while
+            with self._state.guard(session.id, session.backend):  # outside the lock: may be slow
                 transient = allocate_intermediates(session.backend, session.pipeline, args)
             with self._lock:
                 try:  # checked again: buffers or the session may have gone meanwhile
                     self._state.check_serving()
                     self._attached(client)
-                    if client.sessions.get(session.id) is not session:
+                    if client.session(session.id) is not session:
                         raise NotFound(f"no session {session.id!r}", field="session_id")
                     checked = self._check_launch(client, session, operands, results, scalars)
                 except BaseException:
@@ -227,7 +230,7 @@ class Launching(Holdings):
                 held.keep()
                 note(parked.mark, ops, res)
             if isinstance(error, DeviceFault):
-                raise self._state.noted(error, session.id) from error
+                raise self._state.noted(error, session.id, session.backend) from error
             raise
         held.keep()
         note(record.mark, ops, res)

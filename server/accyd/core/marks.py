@@ -95,6 +95,11 @@ class MarkWatch:
         except AccyError:
             return True
 
+    @property
+    def backend(self) -> Backend | None:
+        """The backend the launch ran on (``None`` once closed)."""
+        return None if self._mark is None else self._mark.backend
+
     def outcome(self) -> None:
         """Raise what the launch failed with, if it failed (call once ``done()``)."""
         mark = self._mark

@@ -38,7 +38,7 @@ from accyd.errors import (
     NotFound,
 )
 
-__all__ = ["LaunchRecord", "Session", "SessionKey", "order_scalars"]
+__all__ = ["LaunchRecord", "Reaped", "Session", "SessionKey", "order_scalars"]
 
 _CHECKS = (LaunchArgumentMismatch, InvalidArtifact, FailedPrecondition)
 """What the executor raises from its checks, before anything was launched."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from accyd.core.tenants import Quotas, Usage
 
-__all__ = ["DaemonStatus", "TenantStatus"]
+__all__ = ["DaemonStatus", "DeviceStatus", "TenantStatus"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +19,26 @@ class TenantStatus:
     quotas: Quotas
     usage: Usage
     quota_refusals: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """One device: what clients hold there now, and how often it was replaced after a fault."""
+
+    index: int
+    name: str
+    backend: str
+    serving: bool
+    clients: int
+    """Clients placed there or holding a session or buffer there."""
+    sessions: int
+    buffers: int
+    memory_in_use: int
+    """Bytes the device's backend has allocated (0 while it is being replaced)."""
+    launches_in_flight: int
+    replacements: int
+    isolated: bool
+    """Whether it runs in a worker process of its own (a fault there spares the rest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +65,5 @@ class DaemonStatus:
     """Calls refused by a quota since start, over every tenant."""
     detaching_clients: int = 0
     """Clients gone whose work is still being waited for before their resources are freed."""
+    devices: tuple[DeviceStatus, ...] = ()
+    """Each device the daemon serves, by index."""

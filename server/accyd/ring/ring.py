@@ -368,12 +368,14 @@ class ServerRing:
     # Errors ---------------------------------------------------------------------------
 
     def _refuse(self, seq: int, error: AccyError, what: str = "record") -> None:
-        if isinstance(error, DeviceFault):
-            self.broken = True
+        if isinstance(error, DeviceFault) and not error.isolated:
+            self.broken = True  # the daemon is going away; one device's fault spares the ring
         field = (error.field or "").encode()[: layout.FIELD_BYTES]
         message = f"{what}: {error.message}".encode()[: layout.MESSAGE_BYTES]
         at = layout.ERROR_BASE + (self._errors % layout.error_slots()) * layout.ERROR_SIZE
-        session = (error.session or "").encode()[:48] if isinstance(error, DeviceFault) else b""
+        session = b""
+        if isinstance(error, DeviceFault):
+            session = layout.fault_origin(error.session, error.device if error.isolated else None)
         layout.ERROR_ENTRY.pack_into(
             self.memory.map, at, seq, error.reason.encode()[:32], field, session, len(message)
         )

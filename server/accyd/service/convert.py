@@ -143,6 +143,22 @@ def status_to_proto(status: DaemonStatus) -> pb.GetStatusResponse:
         my_memory_in_use=status.my_memory_in_use,
         tenants=[_tenant_to_proto(tenant) for tenant in status.tenants],
         quota_refusals=status.quota_refusals,
+        devices=[
+            pb.DeviceStatus(
+                index=d.index,
+                name=d.name,
+                backend=d.backend,
+                serving=d.serving,
+                clients=d.clients,
+                sessions=d.sessions,
+                buffers=d.buffers,
+                memory_in_use=d.memory_in_use,
+                launches_in_flight=d.launches_in_flight,
+                replacements=d.replacements,
+                isolated=d.isolated,
+            )
+            for d in status.devices
+        ],
     )
 
 

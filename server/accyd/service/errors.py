@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped, unused-ignore]
 from grpc_status import rpc_status
 
-from accy.protocol import CLIENT_UNKNOWN, ERROR_DOMAIN
+from accy.protocol import CLIENT_UNKNOWN, DEVICE_SCOPE, ERROR_DOMAIN
 from accyd.echo import bounded
 from accyd.errors import (
     AccyError,
@@ -97,8 +97,13 @@ def _details(error: AccyError, message: str, request_id: str) -> list[Message]:
     field = bounded(error.field) if error.field else None
     if field:
         metadata["field"] = field
-    if isinstance(error, DeviceFault) and error.session:
-        metadata["session"] = error.session
+    if isinstance(error, DeviceFault):
+        if error.session:
+            metadata["session"] = error.session
+        if error.device is not None:
+            metadata["device"] = str(error.device)
+        if error.isolated:  # the daemon lives on: reload on that device, its buffers are lost
+            metadata["scope"] = DEVICE_SCOPE
     if isinstance(error, QuotaExceeded):
         metadata["quota"] = error.quota
     details: list[Message] = [

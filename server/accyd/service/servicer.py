@@ -185,7 +185,7 @@ class LaunchServicer(SegmentHandlers):
             target,
             request.version,
             fmt,
-            request.device,
+            request.device if request.HasField("device") else None,
         )
         bind(session_id=loaded.session_id)
         return pb.LoadPipelineResponse(
@@ -195,6 +195,7 @@ class LaunchServicer(SegmentHandlers):
                 loaded.pipeline, self.daemon.formats_of(loaded.pipeline)
             ),
             format=loaded.format.value,
+            device=loaded.device,
         )
 
     @unary
@@ -254,9 +255,11 @@ class LaunchServicer(SegmentHandlers):
             client_id,
             request.byte_size,
             dtype,
-            request.device,
+            request.device if request.HasField("device") else None,
         )
-        return pb.AllocateBufferResponse(buffer_id=record.id, byte_size=record.byte_size)
+        return pb.AllocateBufferResponse(
+            buffer_id=record.id, byte_size=record.byte_size, device=record.device
+        )
 
     @unary
     async def WriteBuffer(
@@ -405,7 +408,11 @@ class LaunchServicer(SegmentHandlers):
         reply = convert.status_to_proto(status)
         reply.tenant = principal.tenant
         reply.restarts = self._lineage.restarts
-        reply.device_faults = self._lineage.device_faults + (self.daemon.fault is not None)
+        reply.device_faults = (
+            self._lineage.device_faults
+            + (self.daemon.fault is not None)
+            + sum(d.replacements for d in status.devices)
+        )
         return reply
 
     def _principal(self) -> Principal:

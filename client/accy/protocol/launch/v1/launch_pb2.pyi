@@ -169,16 +169,18 @@ class LoadPipelineRequest(_message.Message):
     def __init__(self, target: _Optional[str] = ..., version: _Optional[int] = ..., format: _Optional[str] = ..., device: _Optional[int] = ...) -> None: ...
 
 class LoadPipelineResponse(_message.Message):
-    __slots__ = ("session_id", "created", "pipeline", "format")
+    __slots__ = ("session_id", "created", "pipeline", "format", "device")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     created: bool
     pipeline: PipelineInfo
     format: str
-    def __init__(self, session_id: _Optional[str] = ..., created: _Optional[bool] = ..., pipeline: _Optional[_Union[PipelineInfo, _Mapping]] = ..., format: _Optional[str] = ...) -> None: ...
+    device: int
+    def __init__(self, session_id: _Optional[str] = ..., created: _Optional[bool] = ..., pipeline: _Optional[_Union[PipelineInfo, _Mapping]] = ..., format: _Optional[str] = ..., device: _Optional[int] = ...) -> None: ...
 
 class AllocateIntermediatesRequest(_message.Message):
     __slots__ = ("session_id", "runtime_scalars")
@@ -281,12 +283,14 @@ class AllocateBufferRequest(_message.Message):
     def __init__(self, byte_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[int] = ...) -> None: ...
 
 class AllocateBufferResponse(_message.Message):
-    __slots__ = ("buffer_id", "byte_size")
+    __slots__ = ("buffer_id", "byte_size", "device")
     BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     buffer_id: str
     byte_size: int
-    def __init__(self, buffer_id: _Optional[str] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    device: int
+    def __init__(self, buffer_id: _Optional[str] = ..., byte_size: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
 
 class WriteBufferChunk(_message.Message):
     __slots__ = ("buffer_id", "offset", "data")
@@ -448,7 +452,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("instance_id", "backend", "device_name", "serving", "uptime_seconds", "clients", "sessions", "buffers", "device_memory_in_use", "launches_total", "launches_failed", "my_sessions", "my_buffers", "my_memory_in_use", "tenant", "tenants", "quota_refusals", "restarts", "device_faults")
+    __slots__ = ("instance_id", "backend", "device_name", "serving", "uptime_seconds", "clients", "sessions", "buffers", "device_memory_in_use", "launches_total", "launches_failed", "my_sessions", "my_buffers", "my_memory_in_use", "tenant", "tenants", "quota_refusals", "restarts", "device_faults", "devices")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -468,6 +472,7 @@ class GetStatusResponse(_message.Message):
     QUOTA_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     backend: str
     device_name: str
@@ -487,7 +492,34 @@ class GetStatusResponse(_message.Message):
     quota_refusals: int
     restarts: int
     device_faults: int
-    def __init__(self, instance_id: _Optional[str] = ..., backend: _Optional[str] = ..., device_name: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_seconds: _Optional[float] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., device_memory_in_use: _Optional[int] = ..., launches_total: _Optional[int] = ..., launches_failed: _Optional[int] = ..., my_sessions: _Optional[int] = ..., my_buffers: _Optional[int] = ..., my_memory_in_use: _Optional[int] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., quota_refusals: _Optional[int] = ..., restarts: _Optional[int] = ..., device_faults: _Optional[int] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceStatus]
+    def __init__(self, instance_id: _Optional[str] = ..., backend: _Optional[str] = ..., device_name: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_seconds: _Optional[float] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., device_memory_in_use: _Optional[int] = ..., launches_total: _Optional[int] = ..., launches_failed: _Optional[int] = ..., my_sessions: _Optional[int] = ..., my_buffers: _Optional[int] = ..., my_memory_in_use: _Optional[int] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., quota_refusals: _Optional[int] = ..., restarts: _Optional[int] = ..., device_faults: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ...) -> None: ...
+
+class DeviceStatus(_message.Message):
+    __slots__ = ("index", "name", "backend", "serving", "clients", "sessions", "buffers", "memory_in_use", "launches_in_flight", "replacements", "isolated")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_IN_USE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    ISOLATED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    name: str
+    backend: str
+    serving: bool
+    clients: int
+    sessions: int
+    buffers: int
+    memory_in_use: int
+    launches_in_flight: int
+    replacements: int
+    isolated: bool
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., backend: _Optional[str] = ..., serving: _Optional[bool] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., memory_in_use: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., replacements: _Optional[int] = ..., isolated: _Optional[bool] = ...) -> None: ...
 
 class TenantStatus(_message.Message):
     __slots__ = ("name", "clients", "memory_bytes", "sessions", "buffers", "launches_in_flight", "quotas", "quota_refusals")
