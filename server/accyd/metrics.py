@@ -70,6 +70,20 @@ class Metrics:
             "accy_quota_refusals", "Calls refused by a quota.", ["tenant", "quota"], registry=r
         )
         self.device_faults = Counter("accy_device_faults", "Sticky device faults.", registry=r)
+        self.device_serving = Gauge(
+            "accy_device_serving", "1 while the device takes work.", ["device"], registry=r
+        )
+        self.device_memory = Gauge(
+            "accy_device_memory_in_use_bytes", "Memory the device's backend has allocated.",
+            ["device"], registry=r,
+        )  # fmt: skip
+        self.device_sessions = Gauge(
+            "accy_device_sessions", "Live sessions on the device.", ["device"], registry=r
+        )
+        self.device_replacements = Gauge(
+            "accy_device_replacements", "Faults the device's worker was replaced after.",
+            ["device"], registry=r,
+        )  # fmt: skip
         self.restarts = Gauge(
             "accy_restarts", "Times the supervisor restarted the server process.", registry=r
         )
@@ -111,6 +125,12 @@ class Metrics:
         self.buffers.set(status.buffers)
         for tenant in status.tenants:
             self.memory.labels(tenant.name).set(tenant.usage.memory_bytes)
+        for device in status.devices:
+            label = str(device.index)
+            self.device_serving.labels(label).set(1 if device.serving else 0)
+            self.device_memory.labels(label).set(device.memory_in_use)
+            self.device_sessions.labels(label).set(device.sessions)
+            self.device_replacements.labels(label).set(device.replacements)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` on ``address:port`` (0 picks a port) in a background thread."""

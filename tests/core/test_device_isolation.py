@@ -20,6 +20,7 @@ from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.errors import DeviceFault
+from accyd.metrics import Metrics
 
 FAULTY = Path(__file__).parents[1] / "catalogs" / "faulty"
 SAXPY, FAULT = "accy.kernel.saxpy", "accy.test.fault"
@@ -134,6 +135,12 @@ def test_a_fault_on_one_device_spares_the_other_and_the_device_serves_again(
     # The lost buffers' memory was given back: only what is alive is charged.
     assert status.tenants[0].usage.memory_bytes == 4 * N * 4
     assert status.tenants[0].usage.buffers == 4
+    metrics = Metrics()
+    metrics.show(status)
+    text = metrics.render()
+    assert 'accy_device_replacements{device="1"} 1.0' in text
+    assert 'accy_device_serving{device="1"} 1.0' in text
+    assert 'accy_device_sessions{device="0"} 1.0' in text
 
 
 def test_placement_spreads_clients_and_keeps_each_on_its_device(
