@@ -94,7 +94,8 @@ class Kernels:
 
 
 def worker_children() -> set[int]:
-    """Pids of this process's children running the device worker (from /proc)."""
+    """Pids of this process's children running the device worker, and of any child left a
+    zombie (not reaped: its command line is gone), from /proc."""
     found = set()
     me = os.getpid()
     for entry in Path("/proc").iterdir():
@@ -105,10 +106,15 @@ def worker_children() -> set[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == me and b"accyd.workers.worker" in cmdline:
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == me and (state == "Z" or b"accyd.workers.worker" in cmdline):
             found.add(int(entry.name))
     return found
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited and been reaped (no zombie left)."""
+    return not Path(f"/proc/{pid}").exists()
 
 
 @pytest.fixture(scope="module")

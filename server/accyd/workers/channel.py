@@ -20,17 +20,17 @@ import contextlib
 import functools
 import itertools
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
-from multiprocessing.connection import Connection
 from typing import Any
 
 import structlog
 
 from accyd.backends.host_streams import call_quietly
 from accyd.errors import AccyError, DeviceFault, RuntimeUnavailable, Unavailable
-from accyd.workers.protocol import Op, decode_error, recv_frame, send_frame
+from accyd.workers.protocol import FrameReader, Op, decode_error, send_frame
 
 __all__ = ["Channel"]
 
@@ -81,21 +81,21 @@ def _exit_reason(status: int | None) -> str:
 class Channel:
     """One worker process and its connection, for one ``WorkerBackend`` (see the module doc).
 
-    Owns the process (reaped by the reader or by ``close``) and the connection
-    (closed by ``close``/``kill``). ``name`` starts every error message:
+    Owns the process and the socket (both reaped and closed by the reader once
+    the worker is gone; ``close`` waits for that). ``name`` starts every error message:
     ``"the device worker for device 0 (host)"``.
     """
 
     def __init__(
         self,
         process: subprocess.Popen[bytes],
-        conn: Connection,
+        sock: socket.socket,
         name: str,
         on_fault: Callable[[DeviceFault], None] | None = None,
     ) -> None:
         self.name = name
         self.process = process
-        self._conn = conn
+        self._sock = sock
         self._on_fault = on_fault
         self._out = threading.Lock()
         self._batch: list[tuple[Any, ...]] = []
@@ -157,8 +157,8 @@ class Channel:
         """Send under ``_out``; a broken channel dies (its callbacks run on another thread,
         never under ``_out``) and this says False."""
         try:
-            send_frame(self._conn, frame)
-        except (OSError, ValueError) as error:  # ValueError: the connection was closed
+            send_frame(self._sock, frame)
+        except OSError as error:
             after = self._die(f"sending to it failed: {error}")
             threading.Thread(target=after, name="accy-worker-lost", daemon=True).start()
             return False
@@ -202,10 +202,10 @@ class Channel:
     # -- receiving -------------------------------------------------------------------------------
 
     def _read(self) -> None:
-        conn = self._conn
+        reader = FrameReader(self._sock)
         try:
             while True:
-                frame = recv_frame(conn)
+                frame = reader.recv()
                 kind = frame[0]
                 if kind == Op.REPLY:
                     call = self._calls.pop(frame[1], None)
@@ -235,7 +235,7 @@ class Channel:
             log.exception("device worker channel broke", worker=self.name)
         self._lost(None)
         self._reap()
-        self._conn.close()
+        self._sock.close()
 
     def _reap(self) -> None:
         try:

@@ -101,6 +101,31 @@ class DevicePool:
         with self._lock:
             return {device: slot.active for device, slot in self._slots.items()}
 
+    @property
+    def spares(self) -> dict[int, WorkerBackend]:
+        """The ready spare of each device that has one now."""
+        ready = {}
+        with self._lock:
+            for device, slot in self._slots.items():
+                spare = slot.spare
+                if spare is not None and spare.done() and spare.exception() is None:
+                    ready[device] = spare.result()
+        return ready
+
+    def wait_for_spares(self, timeout: float) -> bool:
+        """Block until every device's spare is ready (at most ``timeout`` s); whether they are."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            futures = [slot.spare for slot in self._slots.values()]
+        for future in futures:
+            if future is None:
+                return False
+            try:
+                future.result(max(0.0, deadline - time.monotonic()))
+            except Exception:
+                return False
+        return True
+
     def _spawn(self, device: int) -> WorkerBackend:
         """Start a worker (not yet ready) whose loss comes to ``_faulted``."""
         pool = weakref.ref(self)

@@ -1,16 +1,21 @@
 """The device worker's wire protocol: frames, opcodes, and how errors cross the channel.
 
-One ``multiprocessing.connection.Connection`` over a ``socketpair`` joins the
-front (``WorkerBackend``, in the daemon) and one worker (``accyd.workers.worker``,
-a child process). Everything here is the single place the protocol is written.
+One ``socketpair`` joins the front (``WorkerBackend``, in the daemon) and one
+worker (``accyd.workers.worker``, a child process). Everything here is the
+single place the protocol is written.
 
 Frames
 ------
-A frame is one ``send_bytes`` holding a 4-byte little-endian count ``n`` and a
-pickle (protocol 5) of the frame's object, then ``n`` more ``send_bytes``: the
-pickle's out-of-band buffers (``pickle.PickleBuffer``, used for bulk data so it
-is never copied into the pickle). Each side writes a frame under one lock, so
-frames from many threads never interleave.
+The channel is a ``socketpair`` (``SOCK_STREAM``). A frame is a header
+(``<II``: the pickle's length, how many out-of-band buffers follow), one ``<Q``
+length per buffer, the pickle (protocol 5) of the frame's object, then the
+buffers' bytes: the pickle's ``pickle.PickleBuffer`` objects, used for bulk data
+so it is never copied into the pickle. A frame without buffers is one
+``sendall``; each side sends a frame under one lock, so frames from many
+threads never interleave. ``FrameReader`` reads ahead (one ``recv`` may bring
+many frames) and lands bulk bytes straight in their own buffer. (This is
+``multiprocessing.connection``'s idea without its Python-level framing, which
+cost 8 µs more per frame on the hot path.)
 
 Front to worker: each frame is a ``list`` of ops, in the order the front's
 callers made them (one-way ops batch up until a flush, see ``WorkerBackend``).
@@ -77,8 +82,8 @@ from __future__ import annotations
 
 import builtins
 import pickle
+import socket
 import struct
-from multiprocessing.connection import Connection
 from typing import Any
 
 from accyd import errors
@@ -87,10 +92,10 @@ __all__ = [
     "ALL_STREAMS",
     "CHUNK_BYTES",
     "EncodedError",
+    "FrameReader",
     "Op",
     "decode_error",
     "encode_error",
-    "recv_frame",
     "send_frame",
 ]
 
@@ -141,24 +146,85 @@ class Op:
     FATAL = 105
 
 
-_COUNT = struct.Struct("<I")
+_HEAD = struct.Struct("<II")
+_SIZE = struct.Struct("<Q")
+_READ_AHEAD = 256 << 10
 
 
-def send_frame(conn: Connection, obj: Any) -> None:
+def send_frame(sock: socket.socket, obj: Any) -> None:
     """Send ``obj`` as one frame; the caller holds its side's send lock."""
     buffers: list[pickle.PickleBuffer] = []
     body = pickle.dumps(obj, 5, buffer_callback=buffers.append)
-    conn.send_bytes(_COUNT.pack(len(buffers)) + body)
-    for buffer in buffers:
-        conn.send_bytes(buffer.raw())
+    if not buffers:
+        sock.sendall(_HEAD.pack(len(body), 0) + body)
+        return
+    raws = [buffer.raw() for buffer in buffers]
+    sizes = b"".join(_SIZE.pack(raw.nbytes) for raw in raws)
+    sock.sendall(_HEAD.pack(len(body), len(raws)) + sizes + body)
+    for raw in raws:
+        sock.sendall(raw)
 
 
-def recv_frame(conn: Connection) -> Any:
-    """Receive one frame (blocking); ``EOFError`` or ``OSError`` once the peer is gone."""
-    head = conn.recv_bytes()
-    (count,) = _COUNT.unpack_from(head)
-    buffers = [conn.recv_bytes() for _ in range(count)]
-    return pickle.loads(memoryview(head)[_COUNT.size :], buffers=buffers)
+class FrameReader:
+    """Reads frames from one socket, for one thread. ``recv`` raises ``EOFError`` at the
+    end of the stream (the peer is gone) and ``OSError`` if the socket breaks."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray(_READ_AHEAD)
+        self._view = memoryview(self._buffer)
+        self._start = 0
+        self._end = 0
+
+    def _fill(self, need: int) -> None:
+        """Make ``need`` bytes available from ``_start`` (``need`` <= the read-ahead)."""
+        if self._end - self._start >= need:
+            return
+        if self._start:
+            kept = self._end - self._start
+            self._view[:kept] = self._view[self._start : self._end]
+            self._start, self._end = 0, kept
+        while self._end < need:
+            got = self._sock.recv_into(self._view[self._end :])
+            if not got:
+                raise EOFError("the channel closed")
+            self._end += got
+
+    def _take(self, size: int) -> memoryview | bytearray:
+        """The next ``size`` bytes: a view of the read-ahead (valid until the next take)
+        or, past it, a buffer of their own filled straight from the socket."""
+        if size <= _READ_AHEAD:
+            self._fill(size)
+            view = self._view[self._start : self._start + size]
+            self._start += size
+            return view
+        own = bytearray(size)
+        target = memoryview(own)
+        have = min(self._end - self._start, size)
+        target[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        while have < size:
+            got = self._sock.recv_into(target[have:])
+            if not got:
+                raise EOFError("the channel closed")
+            have += got
+        return own
+
+    def recv(self) -> Any:
+        """The next frame's object (blocking)."""
+        self._fill(_HEAD.size)
+        length, count = _HEAD.unpack_from(self._buffer, self._start)
+        self._start += _HEAD.size
+        sizes = []
+        for _ in range(count):
+            self._fill(_SIZE.size)
+            sizes.append(_SIZE.unpack_from(self._buffer, self._start)[0])
+            self._start += _SIZE.size
+        if not sizes:  # the hot path: unpickle straight from the read-ahead
+            return pickle.loads(self._take(length))
+        body = bytes(self._take(length))  # copied: the next takes may move the read-ahead
+        buffers = [bytes(self._take(n)) if n <= _READ_AHEAD else self._take(n) for n in sizes]
+        return pickle.loads(body, buffers=buffers)
 
 
 EncodedError = tuple[str, str, dict[str, Any]]

@@ -115,9 +115,9 @@ class WorkerBackend:
         self.device = device
         self.close_timeout = close_timeout
         command = WorkerCommand(kind, device, cache_dir, host_memory_limit, log_format, log_level)
-        process, conn = spawn_worker(command)
+        process, sock = spawn_worker(command)
         self._channel = Channel(
-            process, conn, f"the device worker for device {device} ({kind})", on_fault
+            process, sock, f"the device worker for device {device} ({kind})", on_fault
         )
         self._finalizer = weakref.finalize(self, self._channel.kill)
         self._ids = itertools.count(1)
@@ -156,6 +156,11 @@ class WorkerBackend:
     def reaped(self) -> bool:
         """Whether the worker process has exited and been waited for."""
         return self._channel.process.returncode is not None
+
+    @property
+    def returncode(self) -> int | None:
+        """The worker's exit status once reaped (``-9``: killed; 75: it faulted)."""
+        return self._channel.process.returncode
 
     @property
     def alive(self) -> bool:

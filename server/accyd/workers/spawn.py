@@ -1,6 +1,6 @@
 """Starting a device worker process: its command line, environment and channel.
 
-The front keeps one end of a ``socketpair`` as a ``Connection``; the child
+The front keeps one end of a ``socketpair``; the child
 inherits the other end's descriptor (``pass_fds``, nothing else) and finds its
 number in ``--fd``. The front closes its copy of the child's end at once, so the
 channel reaches end-of-file when the child dies, and the child's end reaches it
@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import accy
@@ -72,10 +71,10 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def spawn_worker(command: WorkerCommand) -> tuple[subprocess.Popen[bytes], Connection]:
+def spawn_worker(command: WorkerCommand) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start the worker ``command`` describes; its channel, not yet ready (it sends ``READY``).
 
-    The caller owns both: it reaps the process and closes the connection."""
+    The caller owns both: it reaps the process and closes the socket."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         process = subprocess.Popen(
@@ -89,4 +88,4 @@ def spawn_worker(command: WorkerCommand) -> tuple[subprocess.Popen[bytes], Conne
         raise
     finally:
         theirs.close()
-    return process, Connection(ours.detach())
+    return process, ours

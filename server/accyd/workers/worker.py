@@ -19,9 +19,9 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,7 +31,7 @@ from accyd.backends.select import make_backend
 from accyd.errors import DeviceFault
 from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY
 from accyd.logs import configure_logging
-from accyd.workers.protocol import Op, encode_error, recv_frame, send_frame
+from accyd.workers.protocol import FrameReader, Op, encode_error, send_frame
 from accyd.workers.served import Served
 
 __all__ = ["main"]
@@ -67,13 +67,13 @@ def _log_as_device(device: int, log_format: str, level: str) -> None:
 class _Channel:
     """The worker's end: one lock over every frame it sends, from any thread."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self._lock = threading.Lock()
 
     def send(self, frame: Any) -> None:
         with self._lock:
-            send_frame(self.conn, frame)
+            send_frame(self.sock, frame)
 
     def fatal(self, error: BaseException, status: int = EXIT_DEVICE_LOST) -> NoReturn:
         """Tell the front why, then end the process now (no teardown: the device is lost)."""
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _log_as_device(args.device, args.log_format, args.log_level)
     started = time.perf_counter()
-    channel = _Channel(Connection(args.fd))
+    channel = _Channel(socket.socket(fileno=args.fd))
     try:
         backend = make_backend(
             args.backend,
@@ -118,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         startup_ms=round((time.perf_counter() - started) * 1000, 1),
     )
     why = "its channel closed"
+    reader = FrameReader(channel.sock)
     while True:
         try:
-            frame = recv_frame(channel.conn)
+            frame = reader.recv()
         except (EOFError, OSError):
             break
         try:
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             log.exception("device worker op failed")
     log.info("device worker closing", reason=why)
     served.close()
-    channel.conn.close()
+    channel.sock.close()
     return 0
 
 
