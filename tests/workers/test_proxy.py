@@ -80,6 +80,10 @@ def test_copies_larger_than_a_frame_arrive_whole(shared: WorkerBackend) -> None:
     stream = shared.create_stream()
     shared.write(buffer, 0, memoryview(data.reshape(3, -1)), stream)  # 2-D: cast to bytes
     assert shared.read(buffer, 0, size, stream) == data.tobytes()
+    for part in (0, 1000, 600_000):  # nothing, within one read-ahead, one frame of its own
+        got = shared.read(buffer, 5, part, stream)
+        assert type(got) is bytes and got == data[5 : 5 + part].tobytes()
+    shared.write(buffer, 0, b"", stream)
     out = np.zeros(size - 7, dtype=np.uint8)
     shared.read_into(buffer, 7, out, stream)
     assert np.array_equal(out, data[7:])

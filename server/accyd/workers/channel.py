@@ -315,10 +315,9 @@ class Channel:
             else:
                 self._closing = first = True
         if first and not self.dead:
-            with self._out:
-                batch, self._batch = self._batch, []
-                batch.append((Op.CLOSE,))
-                self._send(batch)
+            # On a thread: a hung worker reads nothing, and a full socket would block the
+            # send until the kill below breaks it.
+            threading.Thread(target=self._send_close, name="accy-worker-close", daemon=True).start()
         if first:
             try:
                 self.process.wait(timeout)
@@ -326,6 +325,12 @@ class Channel:
                 log.warning("device worker did not close in time; killing it", worker=self.name)
                 self.process.kill()
         self._finish()
+
+    def _send_close(self) -> None:
+        with self._out:
+            batch, self._batch = self._batch, []
+            batch.append((Op.CLOSE,))
+            self._send(batch)
 
     def kill(self) -> None:
         """End the worker now (SIGKILL); idempotent, never blocks for long."""

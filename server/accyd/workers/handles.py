@@ -48,13 +48,15 @@ class Track:
 
 
 class EventState:
-    """``Event.native`` of a worker event: its stream's track and its place on it."""
+    """``Event.native`` of a worker event: its stream, that stream's track, its place on it."""
 
-    __slots__ = ("seq", "track", "waiter")
+    __slots__ = ("seq", "sid", "track", "waiter")
 
-    def __init__(self, track: Track, seq: int) -> None:
+    def __init__(self, track: Track, seq: int, sid: int | None) -> None:
         self.track = track
         self.seq = seq
+        self.sid = sid
+        """The id of the stream it was recorded on (``None``: the default stream)."""
         self.waiter: threading.Event | None = None
         """Set once a notification for this event is registered (``wait_event_for``)."""
 

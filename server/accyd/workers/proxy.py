@@ -328,10 +328,10 @@ class WorkerBackend:
 
     def record_event(self, stream: Stream | None) -> Event:
         """One-way, and the flush: the batch (this launch's ops) goes as one frame."""
-        track = self._track(stream)
+        track, sid = self._track(stream), stream_id(stream)
         eid = next(self._ids)
-        seq = self._channel.flush((Op.RECORD, eid, stream_id(stream)), track)
-        return Event(eid, EventState(track, seq))
+        seq = self._channel.flush((Op.RECORD, eid, sid), track)
+        return Event(eid, EventState(track, seq, sid))
 
     @staticmethod
     def _state(event: Event) -> EventState:
@@ -375,12 +375,13 @@ class WorkerBackend:
                     waiter = state.waiter = threading.Event()
             if fresh:
                 try:
-                    self._watch(event.id, state, waiter.set)
+                    self._notify_event(event.id, state, waiter.set)
                 except (DeviceFault, Unavailable):
                     return True
         return waiter.wait(seconds) or state.known_done() or self._channel.dead
 
-    def _watch(self, eid: int, state: EventState, callback: Callable[[], None]) -> None:
+    def _notify_event(self, eid: int, state: EventState, callback: Callable[[], None]) -> None:
+        """Register ``callback`` for the event's work, on the stream it was recorded on."""
         track, seq = state.track, state.seq
 
         def reached() -> None:
@@ -388,7 +389,7 @@ class WorkerBackend:
             callback()
 
         nid = self._channel.watch(reached)
-        self._channel.flush((Op.NOTIFY_EVENT, nid, eid, None))
+        self._channel.flush((Op.NOTIFY_EVENT, nid, eid, state.sid))
 
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         """Flushes; ``callback`` runs on the reader thread once the stream's work so far is over."""
@@ -405,7 +406,8 @@ class WorkerBackend:
     def notify_event(
         self, event: Event, stream: Stream | None, callback: Callable[[], None]
     ) -> None:
-        """At once (on this thread) when the event is known over; else as ``notify``."""
+        """At once (on this thread) when the event is known over; else on the reader thread
+        once it is (``stream`` is ignored: the event names the stream it was recorded on)."""
         state = self._state(event)
         channel = self._channel
         if channel.dead:
@@ -413,14 +415,7 @@ class WorkerBackend:
         if state.known_done():
             call_quietly(callback)
             return
-        track, seq = state.track, state.seq
-
-        def reached() -> None:
-            track.advance(seq)
-            callback()
-
-        nid = channel.watch(reached)
-        channel.flush((Op.NOTIFY_EVENT, nid, event.id, stream_id(stream)))
+        self._notify_event(event.id, state, callback)
 
     def drop_queued(self, stream: Stream) -> None:
         """A round trip (rare: at a detach), so kernels not started by its return are dropped,
@@ -465,7 +460,9 @@ class WorkerBackend:
         """A round trip; the bytes come in 1 MiB frames."""
         chunks: list[bytes] = []
         self._read(buffer, offset, size, stream, chunks.append)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if len(chunks) == 1 and type(chunks[0]) is bytes:
+            return chunks[0]
+        return b"".join(chunks)  # frames past 256 KiB arrive as views of their own buffer
 
     def read_into(
         self, buffer: DeviceBuffer, offset: int, out: bytearray | memoryview, stream: Stream | None
