@@ -239,6 +239,13 @@ def test_errors_of_one_way_ops_come_with_the_next_wait_on_their_stream(
     kernels.launch("append", stream, [freed], 1)
     with pytest.raises(LaunchFailed, match="not allocated"):
         shared.read(log, 0, 8, stream)  # a copy on the stream waits for it too
+    kernels.launch("append", stream, [freed], 1)  # kept by the worker...
+    kernels.launch("boom", stream)  # ...while the stream's own wait fails: that comes first
+    with pytest.raises(LaunchFailed, match="ZeroDivisionError"):
+        shared.synchronize(stream)
+    with pytest.raises(LaunchFailed, match="not allocated"):
+        shared.synchronize()  # the whole device's wait covers the stream
+    shared.synchronize(stream)
     shared.destroy(log)
 
 

@@ -8,16 +8,22 @@ one-way ops need no answer. What differs from an in-process backend:
   ``destroy_*`` are appended to a batch. The batch goes to the worker as one
   frame at ``record_event`` (every daemon launch ends with one: one write per
   launch), at ``notify``/``notify_event`` (a callback nobody sent would never
-  run), and before any round trip. Ops keep the
-  order they were made in; a frame is sent under the same lock its ops were
-  appended under, so each stream's order is the callers' order.
+  run), and before any round trip. Ops keep the order they were made in: a
+  frame is sent under the lock its ops were appended under, and the worker
+  runs one-way ops in frame order, so each stream's order is its callers'.
+- **Round trips**: allocations, compiles, loads, ``prepare``, stream creation,
+  synchronizations, copies, ``drop_queued``, and ``event_done`` unless the
+  front already knows the event is over (see ``handles``: a synchronize, a
+  copy or a notification that proved the work over answers it locally).
+  ``wait_event_for`` registers one notification per event and waits for it here.
 - **Errors of one-way ops** (a launch the worker refuses: a freed buffer, an
   unloaded kernel, a dead stream) are not raised by that call. They are raised,
   once, by the next ``synchronize`` of that stream or of the whole device, the
   next ``synchronize_event`` of an event recorded on that stream after the
-  failed op, or the next ``write``/``read``/``read_into`` on that stream.
-  ``event_done``/``wait_event_for`` count such work as over. Round trips raise
-  their own errors, with the worker's class, message and fields.
+  failed op, or the next ``write``/``read``/``read_into`` on that stream; a
+  wait that fails itself raises its own error first and leaves that one for
+  the next. ``event_done``/``wait_event_for`` count such work as over. Round
+  trips raise their own errors, with the worker's class, message and fields.
 - **Faults.** A ``DeviceFault`` in the worker ends it. From then on (and after
   the worker dies for any reason) every call raises ``DeviceFault("the device
   worker for device N (kind) faulted: <reason>")``, except the frees (``destroy``,
@@ -25,10 +31,12 @@ one-way ops need no answer. What differs from an in-process backend:
   artifacts and prepared launches), ``close``, ``memory_in_use`` and the
   identity properties; ``wait_event_for`` returns True and ``event_done``
   raises. Calls waiting are woken with the fault, registered notifications all
-  run, and ``on_fault`` is called once, on the reader thread.
+  run, and ``on_fault`` is called once, on the reader thread. The call whose
+  work faulted raises the worker's own ``DeviceFault`` (the backend's message).
 - **Host memory.** The worker cannot see the front's memory: ``pin_host``
   returns a token and pins nothing, and every copy carries its bytes over the
-  channel (in 1 MiB frames; ``read_into`` lands them in ``out`` on the reader thread).
+  channel (1 MiB frames; ``read_into`` lands them in ``out`` on the reader
+  thread, ``read`` joins them into one ``bytes``).
 - **Callbacks** of ``notify``/``notify_event`` run on the channel's reader
   thread and must not call back into this backend.
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from accyd.backends.base import Backend, Event
-from accyd.errors import DeviceFault, LaunchArgumentMismatch, LaunchFailed, RuntimeUnavailable
+from accyd.errors import LaunchArgumentMismatch, LaunchFailed, RuntimeUnavailable
 from accyd.workers.protocol import ALL_STREAMS, CHUNK_BYTES, Op
 from accyd.workers.served_state import ServedState
 
@@ -190,15 +190,8 @@ class Served(ServedState):
         _, call, sid = op
 
         def synchronize() -> None:
-            earlier = self._take_error(sid)
-            try:
-                self.backend.synchronize(None if sid == ALL_STREAMS else self._stream(sid))
-            except BaseException as error:
-                if earlier is None or isinstance(error, DeviceFault):
-                    raise
-                self._failed(None if sid == ALL_STREAMS else sid, error)  # reported next
-            if earlier is not None:
-                raise earlier
+            self.backend.synchronize(None if sid == ALL_STREAMS else self._stream(sid))
+            self._raise_kept(sid)
 
         self._blocking(call, synchronize)
 
@@ -271,16 +264,9 @@ class Served(ServedState):
             if recorded is None:
                 raise LaunchArgumentMismatch(f"event {eid} is not a live event")
             event, sid, index = recorded
-            earlier = self._take_error(sid, before=index)
             if event is not None:
-                try:
-                    self.backend.synchronize_event(event)
-                except BaseException as error:
-                    if earlier is None or isinstance(error, DeviceFault):
-                        raise
-                    self._failed(sid, error)
-            if earlier is not None:
-                raise earlier
+                self.backend.synchronize_event(event)
+            self._raise_kept(sid, before=index)
 
         recorded = self.events.get(eid)
         if recorded is None or self._over(recorded[0]):
@@ -316,10 +302,8 @@ class Served(ServedState):
 
     def _start_write(self, call: int, bid: int, offset: int, sid: int | None, data: Any) -> None:
         def write() -> None:
-            earlier = self._take_error(sid)
             self.backend.write(self._buffer(bid), offset, data, self._stream(sid))
-            if earlier is not None:
-                raise earlier
+            self._raise_kept(sid)
 
         self._blocking(call, write)
 
@@ -327,10 +311,8 @@ class Served(ServedState):
         _, call, bid, offset, size, sid = op
 
         def read() -> None:
-            earlier = self._take_error(sid)
             data = memoryview(self.backend.read(self._buffer(bid), offset, size, self._stream(sid)))
-            if earlier is not None:
-                raise earlier
+            self._raise_kept(sid)
             for start in range(0, size, CHUNK_BYTES):
                 chunk = pickle.PickleBuffer(data[start : start + CHUNK_BYTES])
                 self._send((Op.DATA, call, chunk))

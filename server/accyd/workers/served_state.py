@@ -103,18 +103,19 @@ class ServedState:
             if sid not in self._errors:
                 self._errors[sid] = (self._records.get(sid, 0), error)
 
-    def _take_error(self, sid: int | None, before: int | None = None) -> BaseException | None:
-        """The kept error of stream ``sid`` (of any stream: ``ALL_STREAMS``), now reported.
-
-        With ``before``: only an error kept before the stream's ``before``-th record."""
+    def _raise_kept(self, sid: int | None, before: int | None = None) -> None:
+        """Raise (once) the error kept for stream ``sid`` (for any stream: ``ALL_STREAMS``),
+        after a wait for that stream succeeded; with ``before``, only an error kept before
+        the stream's ``before``-th record. A wait that fails raises its own error first
+        and leaves the kept one for the next."""
         with self._errors_lock:
             if sid == ALL_STREAMS:
                 sid = next(iter(self._errors), None)
             kept = self._errors.get(sid)
             if kept is None or (before is not None and kept[0] >= before):
-                return None
+                return
             del self._errors[sid]
-            return kept[1]
+        raise kept[1]
 
     def _free(self, work: Callable[[], None]) -> None:
         self._last_free = self._frees.submit(work)
