@@ -17,6 +17,7 @@ is replaced in the background, up to ``SPARE_RETRIES`` times in a row.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import weakref
@@ -84,6 +85,9 @@ class DevicePool:
         self._slots: dict[int, _Slot] = {}
         self._workers: list[WorkerBackend] = []
         self._closed = False
+        self._requests: queue.SimpleQueue[tuple[int, Future[WorkerBackend]] | None]
+        self._requests = queue.SimpleQueue()
+        threading.Thread(target=self._starter, name="accy-spares", daemon=True).start()
         try:
             starting = {device: self._spawn(device) for device in dict.fromkeys(devices)}
             for worker in starting.values():
@@ -160,22 +164,39 @@ class DevicePool:
         return worker
 
     def _start_spare(self, device: int) -> Future[WorkerBackend]:
-        """A spare starting on a thread of its own; the future is its ready worker."""
+        """Ask the starter thread for a spare; the future is its ready worker. Quick: a
+        ``replace`` calls it, and a thread's start would wait for that thread to run."""
         future: Future[WorkerBackend] = Future()
+        self._requests.put((device, future))
+        return future
 
-        def start() -> None:
+    def _starter(self) -> None:
+        """Start each spare asked for (``Popen``), then wait for it on a thread of its own."""
+        while (request := self._requests.get()) is not None:
+            device, future = request
             try:
                 worker = self._spawn(device)
-                worker.wait_ready(self._start_timeout)
             except BaseException as error:
-                if not self._closed:
-                    log.warning("spare device worker did not start", device=device, error=error)
                 future.set_exception(error)
-                return
-            future.set_result(worker)
+                continue
+            threading.Thread(
+                target=self._await_spare,
+                args=(device, worker, future),
+                name=f"accy-spare-{device}",
+                daemon=True,
+            ).start()
 
-        threading.Thread(target=start, name=f"accy-spare-{device}", daemon=True).start()
-        return future
+    def _await_spare(
+        self, device: int, worker: WorkerBackend, future: Future[WorkerBackend]
+    ) -> None:
+        try:
+            worker.wait_ready(self._start_timeout)
+        except BaseException as error:
+            if not self._closed:
+                log.warning("spare device worker did not start", device=device, error=error)
+            future.set_exception(error)
+            return
+        future.set_result(worker)
 
     def _faulted(self, device: int, worker: WorkerBackend, fault: DeviceFault) -> None:
         """A worker was lost (on its reader thread): report an active one, replace a spare."""
@@ -253,6 +274,8 @@ class DevicePool:
         """End every worker, active and spare (each asked to close, killed past 5 s); idempotent.
         Returns once every worker process has been reaped."""
         with self._lock:
+            if not self._closed:
+                self._requests.put(None)  # the starter ends
             self._closed = True
             workers, self._workers = self._workers, []
         closers = [
