@@ -8,7 +8,9 @@ as the daemon's launch path does (a mark per launch), timed:
   ``CudaBackend``), and through a worker (``WorkerBackend``) of the same kind;
 - as plain launches and as prepared replays (``Backend.prepare``);
 - *caller*: the time the calling thread spends per launch (what the daemon's
-  submitting thread pays); *drained*: including a synchronize at the end.
+  submitting thread pays); *drained*: including a synchronize at the end;
+  *worker paused*: the caller's time with the worker stopped (SIGSTOP), the
+  front's own cost without the worker competing for a small machine's CPUs.
 
 Then the round trips (``event_done`` of an event not yet known done, and
 ``synchronize`` of an idle stream), a worker's cold start, and
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -82,6 +86,24 @@ def per_launch(backend: Backend, kind: str, launches: int, prepared: bool) -> tu
     return caller / launches * 1e6, drained / launches * 1e6
 
 
+def front_only(worker: WorkerBackend, kind: str, launches: int = 100) -> float:
+    """µs per launch the calling thread pays with the worker paused (SIGSTOP): the front's own
+    cost, without the worker competing for the CPU (``launches`` frames must fit the socket)."""
+    request, free = _request(worker, kind)
+    stream = request.stream
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        started = time.perf_counter()
+        for _ in range(launches):
+            worker.launch(request)
+            worker.destroy_event(worker.record_event(stream))
+        took = time.perf_counter() - started
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+    free()
+    return took / launches * 1e6
+
+
 def round_trips(backend: Backend, count: int) -> tuple[float, float]:
     """(event_done µs, synchronize of an idle stream µs), medians."""
     stream = backend.create_stream()
@@ -139,6 +161,10 @@ def main() -> None:
                 label = f"{name} {'replay' if prepared else 'launch'}"
                 results[f"{label}: caller us/launch"] = statistics.median(r[0] for r in runs)
                 results[f"{label}: drained us/launch"] = statistics.median(r[1] for r in runs)
+            if isinstance(backend, WorkerBackend):
+                results["worker launch: caller us/launch, worker paused"] = statistics.median(
+                    front_only(backend, args.backend) for _ in range(args.repeat)
+                )
             done, sync = round_trips(backend, 500)
             results[f"{name}: event_done us"] = done
             results[f"{name}: synchronize idle stream us"] = sync
