@@ -1,6 +1,6 @@
 """The front's end of one worker's channel: batched sends, round trips, notifications, loss.
 
-``Channel`` owns the worker process and the connection. Callers ``post`` one-way
+``Channel`` owns the worker process and its socket. Callers ``post`` one-way
 ops (appended to a batch), ``flush`` them (the batch and one more op, as ONE
 frame), or ``call`` (a round trip: the batch and the op, then block for the
 answer). One reader thread takes every frame the worker sends: answers wake
@@ -79,7 +79,7 @@ def _exit_reason(status: int | None) -> str:
 
 
 class Channel:
-    """One worker process and its connection, for one ``WorkerBackend`` (see the module doc).
+    """One worker process and its socket, for one ``WorkerBackend`` (see the module doc).
 
     Owns the process and the socket (both reaped and closed by the reader once
     the worker is gone; ``close`` waits for that). ``name`` starts every error message:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "device worker ready",
         backend=backend.kind.value,
         device_name=backend.device_name,
-        startup_ms=round((time.perf_counter() - started) * 1000, 1),
+        backend_ms=round((time.perf_counter() - started) * 1000, 1),  # imports not counted
     )
     why = "its channel closed"
     reader = FrameReader(channel.sock)
