@@ -13,7 +13,7 @@ import pytest
 from accyd.backends.base import Backend
 from accyd.backends.select import cuda_present
 from accyd.catalog import ArtifactFormat, load_catalog
-from accyd.errors import DeviceFault, Unavailable
+from accyd.errors import DeviceFault, LaunchArgumentMismatch, Unavailable
 from accyd.workers.pool import DevicePool
 from accyd.workers.proxy import WorkerBackend
 from tests.pipeline_harness import CASES, run_case
@@ -44,6 +44,7 @@ def test_replace_promotes_the_warm_spare_and_starts_the_next() -> None:
         spare = pool.spares[0]
         old = first[0]
         assert isinstance(old, WorkerBackend)
+        stale = old.allocate_buffer(64)
         started = time.perf_counter()
         replaced = pool.replace(0)
         took = time.perf_counter() - started
@@ -51,6 +52,10 @@ def test_replace_promotes_the_warm_spare_and_starts_the_next() -> None:
         assert took < 1.0, took  # measured: about a millisecond (bench/worker_overhead.py)
         assert pool.backends == {0: spare, 1: first[1]}  # the other device is untouched
         assert works(replaced) and works(first[1])
+        fresh = [replaced.allocate_buffer(64) for _ in range(3)]
+        assert stale.id not in {b.id for b in fresh}  # ids are unique across workers
+        with pytest.raises(LaunchArgumentMismatch, match="not allocated"):
+            replaced.read(stale, 0, 8, None)  # a stale handle names nothing in the new one
         assert eventually(lambda: gone(old.pid))
         with pytest.raises(Unavailable, match="is closed"):
             old.allocate_buffer(8)

@@ -85,6 +85,10 @@ from accyd.workers.spawn import WorkerCommand, spawn_worker
 
 __all__ = ["WorkerBackend"]
 
+_IDS = itertools.count(1)
+"""Handle ids, unique across every worker of this process: a stale handle of a replaced
+worker names nothing in its successor (an error), never another of its buffers."""
+
 
 class WorkerBackend(WorkerStreams):
     """One device's backend in a worker process (see the module doc for what differs).
@@ -121,7 +125,7 @@ class WorkerBackend(WorkerStreams):
             process, sock, f"the device worker for device {device} ({kind})", on_fault
         )
         self._finalizer = weakref.finalize(self, self._channel.kill)
-        self._ids = itertools.count(1)
+        self._ids = _IDS
         self._lock = threading.Lock()
         self._buffers: dict[int, int] = {}
         self._kernels: set[int] = set()
