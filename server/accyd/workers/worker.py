@@ -1,0 +1,140 @@
+"""A device worker process: one device's backend, served to the front over an inherited channel.
+
+Run as ``python -m accyd.workers.worker --backend host|cuda --device N --fd FD``
+(``accyd.workers.spawn`` writes the command). It makes the backend with
+``make_backend`` (for CUDA: ``cuInit``, the device, its primary context), sends
+``READY``, then runs the front's ops (``accyd.workers.served``) until the channel
+closes or ``CLOSE`` comes; then it closes the backend and exits 0.
+
+A ``DeviceFault`` from the backend, or a backend that cannot be made, is sent
+as ``FATAL`` and the process exits at once (``EXIT_DEVICE_LOST`` /
+``EXIT_NEVER_READY``): a sticky CUDA error cannot be cleared in-process, and
+nothing it holds is worth a clean teardown. SIGINT is ignored: the front
+decides when a worker ends (a Ctrl-C reaches the whole process group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import structlog
+
+from accyd.backends.select import make_backend
+from accyd.errors import DeviceFault
+from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY
+from accyd.logs import configure_logging
+from accyd.workers.protocol import FrameReader, Op, encode_error, send_frame
+from accyd.workers.served import Served
+
+__all__ = ["main"]
+
+log = structlog.get_logger("accyd.workers")
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="accyd.workers.worker", description=__doc__)
+    parser.add_argument("--backend", choices=["cuda", "host"], required=True)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--fd", type=int, required=True, help="the inherited channel")
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--host-memory-limit", type=int, default=None)
+    parser.add_argument("--log-format", choices=["console", "json"], default="console")
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+def _log_as_device(device: int, log_format: str, level: str) -> None:
+    """The daemon's logging (``accyd.logs``), every line naming this worker's device."""
+    configure_logging(log_format, level)
+
+    def add_device(logger: object, method: str, event: Any) -> Any:
+        event.setdefault("device", device)
+        event.setdefault("worker_pid", os.getpid())
+        return event
+
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[add_device, *processors])
+
+
+class _Channel:
+    """The worker's end: one lock over every frame it sends, from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, frame: Any) -> None:
+        with self._lock:
+            send_frame(self.sock, frame)
+
+    def fatal(self, error: BaseException, status: int = EXIT_DEVICE_LOST) -> NoReturn:
+        """Tell the front why, then end the process now (no teardown: the device is lost)."""
+        log.error("device worker exiting", reason=str(error), error=type(error).__name__)
+        with contextlib.suppress(OSError):
+            self.send((Op.FATAL, encode_error(error)))
+        os._exit(status)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _log_as_device(args.device, args.log_format, args.log_level)
+    started = time.perf_counter()
+    channel = _Channel(socket.socket(fileno=args.fd))
+    try:
+        backend = make_backend(
+            args.backend,
+            device=args.device,
+            cache_dir=args.cache_dir,
+            host_memory_limit=args.host_memory_limit,
+        )
+    except BaseException as error:
+        lost = isinstance(error, DeviceFault)
+        channel.fatal(error, EXIT_DEVICE_LOST if lost else EXIT_NEVER_READY)
+    served = Served(backend, channel.send, channel.fatal)
+    channel.send(
+        (
+            Op.READY,
+            {
+                "kind": backend.kind.value,
+                "formats": sorted(f.value for f in backend.formats),
+                "device_name": backend.device_name,
+                "pid": os.getpid(),
+            },
+        )
+    )
+    log.info(
+        "device worker ready",
+        backend=backend.kind.value,
+        device_name=backend.device_name,
+        backend_ms=round((time.perf_counter() - started) * 1000, 1),  # imports not counted
+    )
+    why = "its channel closed"
+    reader = FrameReader(channel.sock)
+    while True:
+        try:
+            frame = reader.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            if not served.run(frame):
+                why = "asked to close"
+                break
+        except Exception:  # a bug here must not take the device's other work down
+            log.exception("device worker op failed")
+    log.info("device worker closing", reason=why)
+    served.close()
+    channel.sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Fixtures for the device worker tests: workers on the host backend, test kernels, gates.
+
+A kernel cannot share a ``threading.Event`` with the test across the process
+boundary, so ``blocked`` waits for a gate file instead: ``Kernels.gate(n)``
+opens gate ``n`` (the kernel's first scalar names its gate).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from accyd.backends.base import (
+    ArtifactRequest,
+    Backend,
+    DeviceBuffer,
+    LaunchRequest,
+    LoadedKernel,
+    Stream,
+)
+from accyd.catalog import ArtifactFormat, Scalar
+from accyd.catalog.model import FixedGeometry
+from accyd.workers.proxy import WorkerBackend
+
+ONE = FixedGeometry((1, 1, 1), (1, 1, 1))
+
+KERNELS = """
+import os
+import time
+
+from accyd.errors import DeviceFault
+
+GATES = {gates!r}
+
+def append(grid, block, buffers, scalars):
+    # Writes scalars[0] at the next free slot: the order of launches shows in the buffer.
+    view = buffers[0].view("uint32")
+    count = int(view[0])
+    view[count + 1] = int(scalars[0])
+    view[0] = count + 1
+
+def blocked(grid, block, buffers, scalars):
+    # Holds its stream until the test opens gate scalars[0] (10 s at most).
+    gate = os.path.join(GATES, str(int(scalars[0])))
+    deadline = time.monotonic() + 10
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+def boom(grid, block, buffers, scalars):
+    raise ZeroDivisionError("planted")
+
+def fault(grid, block, buffers, scalars):
+    raise DeviceFault("planted")
+"""
+
+_GATE_NUMBERS = itertools.count(1)
+
+
+class Kernels:
+    """The test kernels loaded on one backend, and the gates ``blocked`` waits for."""
+
+    def __init__(self, backend: Backend, gates: Path) -> None:
+        self.backend = backend
+        self.gates = gates
+        source = KERNELS.format(gates=str(gates))
+        self.loaded: dict[str, LoadedKernel] = {}
+        for name in ("append", "blocked", "boom", "fault"):
+            request = ArtifactRequest(name, ArtifactFormat.HOST_PY, 1, 1, source, origin="test")
+            artifact = backend.create_artifact(request)
+            self.loaded[name] = backend.load_artifact(artifact)
+            artifact.close()
+
+    def launch(
+        self,
+        name: str,
+        stream: Stream | None,
+        buffers: Sequence[DeviceBuffer] = (),
+        value: int = 0,
+    ) -> None:
+        request = LaunchRequest(
+            None, self.loaded[name], list(buffers), [Scalar.u32(value)], ONE, stream
+        )
+        self.backend.launch(request)
+
+    def new_gate(self) -> int:
+        return next(_GATE_NUMBERS)
+
+    def open(self, gate: int) -> None:
+        (self.gates / str(gate)).touch()
+
+
+def worker_children() -> set[int]:
+    """Pids of this process's children running the device worker, and of any child left a
+    zombie (not reaped: its command line is gone), from /proc."""
+    found = set()
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if int(parent) == me and (state == "Z" or b"accyd.workers.worker" in cmdline):
+            found.add(int(entry.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited and been reaped (no zombie left)."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.fixture(scope="module")
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[WorkerBackend]:
+    """One host worker for the tests that leave it healthy (a start costs ~0.5 s here)."""
+    backend = WorkerBackend("host", 0, host_memory_limit=64 << 20)
+    yield backend
+    backend.close()
+    assert backend.reaped
+
+
+@pytest.fixture(scope="module")
+def kernels(shared: WorkerBackend, gates: Path) -> Kernels:
+    return Kernels(shared, gates)
