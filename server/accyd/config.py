@@ -71,6 +71,13 @@ class Config:
     devices: tuple[int, ...] = setting(
         (0,), "GPU ordinal (repeatable)", int_text, flag="--device", metavar="N", separator=","
     )
+    device_workers: bool | None = setting(
+        None, "run each device's backend in a worker process of its own, with a warm spare: "
+        "a sticky fault then costs that device's sessions and buffers only, and it serves "
+        "again in a fraction of a second", optional(bool_text, "auto"), switch=True,
+        shown_default="on with more than one --device",
+    )  # fmt: skip
+    """Device worker processes (``accyd.workers``); ``None``: on with more than one device."""
     catalog_dirs: tuple[Path, ...] = setting(
         (), "a catalog folder of manifests and kernels (repeatable)", path, flag="--catalog",
         metavar="DIR", separator=CATALOG_SEPARATOR,
@@ -206,6 +213,13 @@ class Config:
     0 leaves glibc's adaptive defaults, which make every streamed chunk fault in new pages."""
     quotas: Quotas = field(default_factory=Quotas)
     """The default quotas (``QUOTAS``: ``--quota-*`` and ``ACCYD_QUOTA_*``)."""
+
+    @property
+    def uses_device_workers(self) -> bool:
+        """Whether each device runs in a worker process (``device_workers``, or auto)."""
+        if self.device_workers is not None:
+            return self.device_workers
+        return len(set(self.devices)) > 1
 
     @property
     def listen_addresses(self) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +51,7 @@ from accyd.shm import Segments
 from accyd.signals import capture_signals
 from accyd.spinloop import set_loop_spin
 from accyd.unixsocket import SocketClaim
+from accyd.workers.pool import DevicePool
 
 __all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
 
@@ -86,6 +88,8 @@ class Server:
         self.exit_code = 0
         self._claims: list[SocketClaim] = []
         self.rings: RingDoor | None = None
+        self._pool: DevicePool | None = None
+        """The device worker processes, when each device runs in one of its own."""
         self._health_grpc: grpc.aio.Server | None = None
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
@@ -99,15 +103,30 @@ class Server:
         self._stop_requested = asyncio.Event()
         tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
         credentials = server_credentials(config)
-        backends = self._backends or {
-            device: make_backend(
+        isolated = self._backends is None and config.uses_device_workers
+        if self._backends is not None:
+            backends: Mapping[int, Backend] = self._backends
+        elif isolated:
+            self._pool = DevicePool(
                 config.backend,
-                device=device,
+                sorted(set(config.devices)),
                 cache_dir=config.cache_dir,
                 host_memory_limit=config.host_memory_limit,
+                on_fault=lambda device, fault: self.daemon.device_lost(device, fault),
+                log_format=config.log_format,
+                log_level=config.log_level,
             )
-            for device in config.devices
-        }
+            backends = self._pool.backends
+        else:
+            backends = {
+                device: make_backend(
+                    config.backend,
+                    device=device,
+                    cache_dir=config.cache_dir,
+                    host_memory_limit=config.host_memory_limit,
+                )
+                for device in config.devices
+            }
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
         kinds = {backend.kind.value for backend in backends.values()}
         self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
@@ -115,7 +134,9 @@ class Server:
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread
-            if _on_loop(loop):  # at once, before the faulting call's reply goes out
+            if fault.isolated:  # on a thread of its own: replace that device alone
+                self._replace_device(fault)
+            elif _on_loop(loop):  # at once, before the faulting call's reply goes out
                 self._on_fault(fault)
             else:
                 loop.call_soon_threadsafe(self._on_fault, fault)
@@ -127,6 +148,7 @@ class Server:
             quotas=config.quotas,
             on_fault=on_fault,
             on_quota_refused=metrics.quota_refused,
+            isolated=isolated,
         )
         metrics.watch(self.daemon.status)
         metrics.restarts.set(self.lineage.restarts)
@@ -168,7 +190,9 @@ class Server:
             self._release_sockets()
             metrics.close()
             self._executor.shutdown(wait=False)
-            if self._backends is None:
+            if self._pool is not None:
+                self._pool.close()
+            elif self._backends is None:
                 for backend in backends.values():
                     backend.close()
             raise
@@ -259,6 +283,27 @@ class Server:
         for claim in self._claims:
             claim.release()
 
+    def _replace_device(self, fault: DeviceFault) -> None:
+        """After a fault on one isolated device: its warm spare serves it (other devices and
+        their clients see nothing); the faulted worker process ends."""
+        device, pool = fault.device, self._pool
+        if device is None or pool is None:
+            return
+        self.metrics.device_faults.inc()
+        started = time.monotonic()
+        try:
+            backend = pool.replace(device)
+        except Exception as error:  # the device stays lost; its calls say so
+            log.error("device replacement failed", device=device, error=str(error))
+            return
+        self.daemon.replace_device(device, backend)
+        log.info(
+            "device serving again",
+            device=device,
+            session_id=fault.session,
+            seconds=round(time.monotonic() - started, 4),
+        )
+
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
         self.metrics.device_faults.inc()
@@ -346,6 +391,8 @@ class Server:
             log.warning("device still busy after the grace; dropping its work", grace=grace)
             self.exit_code = self.exit_code or EXIT_STOPPED_BUSY
         self._executor.shutdown(wait=not abandon, cancel_futures=True)
+        if self._pool is not None:  # every worker process ends, spares too
+            await asyncio.to_thread(self._pool.close)
         # The metrics server takes up to half a second to stop: not worth waiting for after
         # a device fault, since the process exits at once.
         closing = threading.Thread(target=self.metrics.close, name="accyd-metrics-close")
