@@ -79,6 +79,10 @@ class Server:
         self._backends = dict(backends) if backends is not None else None
         self._catalog = catalog
         self.lineage = Lineage.from_env() if lineage is None else lineage
+        pid = self.lineage.supervisor_pid
+        # Judged now, at start: the supervisor may die (or be a shell that exits once the
+        # socket appears) before serving begins, and its pid is then no proof either way.
+        self._supervised = pid is not None and (os.getppid() == pid or not _alive(pid))
         self.addresses: list[str] = []
         self._loop_spin = 0.0
         self._malloc_tuned = False
@@ -233,8 +237,7 @@ class Server:
     @property
     def supervised(self) -> bool:
         """Whether a supervisor started this process (it may have died since)."""
-        pid = self.lineage.supervisor_pid
-        return pid is not None and (os.getppid() == pid or not _alive(pid))
+        return self._supervised
 
     def _tenant_of_client(self, client_id: str) -> str | None:
         try:
