@@ -21,6 +21,7 @@ from accyd.settings import (
     choice,
     float_text,
     from_environment,
+    index_pair,
     int_text,
     optional,
     path,
@@ -69,7 +70,12 @@ class Config:
         metavar="|".join(BACKEND_CHOICES),
     )
     devices: tuple[int, ...] = setting(
-        (0,), "GPU ordinal (repeatable)", int_text, flag="--device", metavar="N", separator=","
+        (0,),
+        "a device to serve: its GPU ordinal (repeatable)",
+        int_text,
+        flag="--device",
+        metavar="N",
+        separator=",",
     )
     device_workers: bool | None = setting(
         None, "run each device's backend in a worker process of its own, with a warm spare: "
@@ -78,6 +84,12 @@ class Config:
         shown_default="on with more than one --device",
     )  # fmt: skip
     """Device worker processes (``accyd.workers``); ``None``: on with more than one device."""
+    device_gpus: tuple[tuple[int, int], ...] = setting(
+        (), "serve device INDEX on GPU ORDINAL (repeatable; needs device workers): devices "
+        "sharing a GPU are fault domains of their own, a fault in one spares the others",
+        index_pair, flag="--device-gpu", metavar="INDEX=ORDINAL", separator=",",
+        shown_default="each device on the GPU of its own index",
+    )  # fmt: skip
     catalog_dirs: tuple[Path, ...] = setting(
         (), "a catalog folder of manifests and kernels (repeatable)", path, flag="--catalog",
         metavar="DIR", separator=CATALOG_SEPARATOR,
@@ -221,6 +233,10 @@ class Config:
             return self.device_workers
         return len(set(self.devices)) > 1
 
+    def gpu_of(self, device: int) -> int:
+        """The GPU ordinal device ``device`` runs on (``--device-gpu``, else its own index)."""
+        return dict(self.device_gpus).get(device, device)
+
     @property
     def listen_addresses(self) -> tuple[str, ...]:
         return self.listen or (f"unix:{default_socket_path()}",)
@@ -250,6 +266,11 @@ class Config:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
+        if self.device_gpus and not self.uses_device_workers:
+            raise ValueError("--device-gpu needs device workers (--device-workers)")
+        unknown = sorted({index for index, _ in self.device_gpus} - set(self.devices))
+        if unknown:
+            raise ValueError(f"--device-gpu names devices not served (--device): {unknown}")
         if self.log_format not in ("console", "json"):
             raise ValueError(f"log_format must be console or json, not {self.log_format!r}")
         if (self.tls_cert is None) != (self.tls_key is None):

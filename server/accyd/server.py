@@ -119,6 +119,7 @@ class Server:
                 on_fault=lambda device, fault: self.daemon.device_lost(device, fault),
                 log_format=config.log_format,
                 log_level=config.log_level,
+                gpus=dict(config.device_gpus),
             )
             backends = self._pool.backends
         else:

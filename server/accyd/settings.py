@@ -218,6 +218,14 @@ def int_text(raw: str) -> int:
     return int(raw)
 
 
+def index_pair(raw: str) -> tuple[int, int]:
+    """``INDEX=ORDINAL`` as a pair of whole numbers."""
+    index, sep, ordinal = raw.partition("=")
+    if not sep:
+        raise ValueError("expected INDEX=ORDINAL, for example 1=0")
+    return int(index), int(ordinal)
+
+
 def float_text(raw: str) -> float:
     return float(raw)
 

@@ -38,6 +38,8 @@ def test_environment_and_flags_set_tokens_tls_metrics_and_quotas(tmp_path: Path)
         ({"tls_client_ca": Path("ca.pem")}, "--tls-cert"),
         ({"metrics_port": 70000}, "metrics_port"),
         ({"quotas": Quotas(sessions=-1)}, "sessions"),
+        ({"devices": (0, 1), "device_gpus": ((1, 0),), "device_workers": False}, "workers"),
+        ({"devices": (0, 1), "device_gpus": ((2, 0),)}, r"not served .*\[2\]"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(settings: dict[str, object], problem: str) -> None:
@@ -146,3 +148,17 @@ def test_the_host_memory_limit_takes_a_share_of_physical_memory() -> None:
     assert config.host_memory_limit == physical_memory() // 4
     with pytest.raises(ValueError, match="share"):
         Config.from_env({"ACCYD_HOST_MEMORY_LIMIT": "150%"})
+
+
+def test_devices_workers_and_their_gpus_from_flags_and_the_environment() -> None:
+    assert not Config().uses_device_workers  # one device: in this process
+    assert Config(devices=(0, 1)).uses_device_workers  # more: a worker each
+    assert not Config(devices=(0, 1), device_workers=False).uses_device_workers
+    args = parser().parse_args(["serve", "--device", "0", "--device", "1", "--device-gpu", "1=0"])
+    flags = Config.from_env({}, **flag_values(args, SETTINGS))
+    env = Config.from_env({"ACCYD_DEVICES": "0,1", "ACCYD_DEVICE_GPUS": "1=0"})
+    for config in (flags, env):
+        assert (config.devices, config.device_gpus) == ((0, 1), ((1, 0),))
+        assert (config.gpu_of(0), config.gpu_of(1), config.uses_device_workers) == (0, 0, True)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve", "--device-gpu", "1"])

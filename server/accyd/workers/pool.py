@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -71,6 +71,7 @@ class DevicePool:
         start_timeout: float = 60.0,
         log_format: str = "console",
         log_level: str = "info",
+        gpus: Mapping[int, int] | None = None,
     ) -> None:
         if kind == "auto":
             kind = "cuda" if cuda_present() else "host"
@@ -78,6 +79,8 @@ class DevicePool:
             raise UnsupportedOperation(f"unknown backend {kind!r}; choose auto, cuda or host")
         self.kind = kind
         self._options = (cache_dir, host_memory_limit, log_format, log_level)
+        self._gpus = dict(gpus or {})
+        """The GPU ordinal of each device whose index is not its ordinal."""
         self._spares = spares
         self._on_fault = on_fault
         self._start_timeout = start_timeout
@@ -145,7 +148,7 @@ class DevicePool:
         cache_dir, host_memory_limit, log_format, log_level = self._options
         worker = WorkerBackend(
             self.kind,
-            device,
+            self._gpus.get(device, device),
             cache_dir=cache_dir,
             host_memory_limit=host_memory_limit,
             on_fault=on_fault,
