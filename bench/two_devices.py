@@ -81,9 +81,14 @@ def device_workers_flag() -> bool:
 
 
 @contextmanager
-def two_device_daemon(backend: str, ready_timeout: float = 120.0) -> Iterator[RunningDaemon]:
-    """``accyd serve --device 0 --device 1`` with device workers and the faulty catalog."""
-    extra = ("--device", "0", "--device", "1", "--catalog", str(FAULTY))
+def two_device_daemon(
+    backend: str, ready_timeout: float = 120.0, *, one_gpu: bool = False
+) -> Iterator[RunningDaemon]:
+    """``accyd serve --device 0 --device 1`` with device workers and the faulty catalog;
+    ``one_gpu``: both devices on GPU 0 (``--device-gpu 1=0``), two fault domains of one GPU."""
+    extra: tuple[str, ...] = ("--device", "0", "--device", "1", "--catalog", str(FAULTY))
+    if one_gpu:
+        extra += ("--device-gpu", "1=0")
     env = {"ACCYD_DEVICE_WORKERS": "1"}
     with running_daemon(
         backend=backend, tcp=False, extra=extra, env=env, ready_timeout=ready_timeout
@@ -273,6 +278,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--check-every", type=int, default=8, help="check this many's last (A, B)")
     parser.add_argument("--lead", type=float, help="seconds C loops before the fault, and after")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH", help="JSON to PATH or -")
+    parser.add_argument(
+        "--one-gpu",
+        action="store_true",
+        help="serve device 1 on GPU 0 too (two fault domains of one GPU): C shows a real fault "
+        "spared by the neighbour on a one-GPU machine; B/A then says nothing about scaling",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -301,7 +312,7 @@ def measure(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """Phases A, B and C on one daemon; their findings go into ``report``."""
     started = time.monotonic()
     clients, n = args.clients, args.n
-    with two_device_daemon(args.backend) as daemon:
+    with two_device_daemon(args.backend, one_gpu=args.one_gpu) as daemon:
         target = daemon.unix_target
         report["a"] = _step(
             "A: all clients on device 0",
@@ -345,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": args.seconds,
         "check_every": args.check_every,
         "lead": args.lead,
+        "one_gpu": args.one_gpu,
         "device_workers_flag": device_workers_flag(),
     }
     if not report["device_workers_flag"]:
@@ -360,7 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(text)
         else:
             Path(args.json).write_text(text + "\n")
-    print(f"\n{args.backend} backend, device_scan n={args.n}, {args.clients} clients\n")
+    where = ", both devices on GPU 0" if args.one_gpu else ""
+    print(f"\n{args.backend} backend, device_scan n={args.n}, {args.clients} clients{where}\n")
     if "error" not in report:
         print(table(report))
     phases_ran = all("error" not in report.get(k, {"error": 1}) for k in ("a", "b", "c"))
