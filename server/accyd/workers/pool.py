@@ -146,9 +146,11 @@ class DevicePool:
                 owner._faulted(device, worker, fault)
 
         cache_dir, host_memory_limit, log_format, log_level = self._options
+        gpu = self._gpus.get(device, device)
         worker = WorkerBackend(
             self.kind,
-            self._gpus.get(device, device),
+            gpu,
+            name=f"device {device}" if gpu == device else f"device {device} (GPU {gpu})",
             cache_dir=cache_dir,
             host_memory_limit=host_memory_limit,
             on_fault=on_fault,

@@ -112,9 +112,11 @@ class WorkerBackend(WorkerStreams):
         log_format: str = "console",
         log_level: str = "info",
         close_timeout: float = 5.0,
+        name: str | None = None,
     ) -> None:
-        """Start the worker; with ``start_timeout`` (seconds), wait until it is ready
-        (``None``: return at once and call ``wait_ready`` later)."""
+        """Start the worker on GPU (or host device) ``device``; with ``start_timeout``
+        (seconds), wait until it is ready (``None``: return at once and call ``wait_ready``
+        later). ``name``: what errors call the device (``device N`` by default)."""
         if kind not in ("cuda", "host"):
             raise UnsupportedOperation(f"a device worker runs a cuda or host backend, not {kind!r}")
         self.device = device
@@ -122,7 +124,7 @@ class WorkerBackend(WorkerStreams):
         command = WorkerCommand(kind, device, cache_dir, host_memory_limit, log_format, log_level)
         process, sock = spawn_worker(command)
         self._channel = Channel(
-            process, sock, f"the device worker for device {device} ({kind})", on_fault
+            process, sock, f"the device worker for {name or f'device {device}'} ({kind})", on_fault
         )
         self._finalizer = weakref.finalize(self, self._channel.kill)
         self._ids = _IDS
