@@ -228,7 +228,11 @@ def test_errors_of_one_way_ops_come_with_the_next_wait_on_their_stream(
     kernels.launch("append", other, [log], 6)
     shared.synchronize(other)  # another stream's wait does not see it
     shared.synchronize_event(before)  # nor an event recorded before the failure
-    assert shared.event_done(after)  # failed work counts as over
+    # Failed work counts as over; the front learns it from a notification, not a round trip.
+    deadline = time.monotonic() + 5
+    while not shared.event_done(after) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert shared.event_done(after)
     with pytest.raises(LaunchFailed, match=rf"buffers \[{freed.id}\] are not allocated"):
         shared.synchronize_event(after)
     shared.synchronize(stream)  # reported once

@@ -112,17 +112,23 @@ class WorkerStreams:
             raise self._channel.dead_error()
 
     def event_done(self, event: Event) -> bool:
-        """Answered here when the front knows; else a round trip (the worker does not block)."""
+        """Answered here, never by a round trip: ``False`` until the front learns the work is
+        over. The first ask registers a notification (once per event), so a poll (a session's
+        reap, a ring's settle) sees ``True`` soon after the device finished, without blocking
+        its thread for a round trip on each ask."""
         channel = self._channel
         if channel.dead:
             raise channel.dead_error()
         state = self._state(event)
         if state.known_done():
             return True
-        done = bool(channel.call(lambda c: (Op.EVENT_DONE, c, event.id)))
-        if done:
-            state.track.advance(state.seq)
-        return done
+        try:
+            self._watched(event, state)
+        except (DeviceFault, Unavailable):
+            if channel.dead:
+                raise channel.dead_error() from None
+            raise
+        return state.known_done()
 
     def wait_event_for(self, event: Event, seconds: float) -> bool:
         """A notification registered once per event, waited for here: True at once when the
@@ -130,19 +136,26 @@ class WorkerStreams:
         state = self._state(event)
         if self._channel.dead or state.known_done():
             return True
-        waiter = state.waiter
-        if waiter is None:
-            with self._lock:
-                waiter = state.waiter
-                fresh = waiter is None
-                if waiter is None:
-                    waiter = state.waiter = threading.Event()
-            if fresh:
-                try:
-                    self._notify_event(event.id, state, waiter.set)
-                except (DeviceFault, Unavailable):
-                    return True
+        try:
+            waiter = self._watched(event, state)
+        except (DeviceFault, Unavailable):
+            return True
         return waiter.wait(seconds) or state.known_done() or self._channel.dead
+
+    def _watched(self, event: Event, state: EventState) -> threading.Event:
+        """The event's waiter, set once its work is over: registered with the worker at the
+        first call for this event, shared by every later one."""
+        waiter = state.waiter
+        if waiter is not None:
+            return waiter
+        with self._lock:
+            waiter = state.waiter
+            fresh = waiter is None
+            if waiter is None:
+                waiter = state.waiter = threading.Event()
+        if fresh:
+            self._notify_event(event.id, state, waiter.set)
+        return waiter
 
     def _notify_event(self, eid: int, state: EventState, callback: Callable[[], None]) -> None:
         """Register ``callback`` for the event's work, on the stream it was recorded on."""
