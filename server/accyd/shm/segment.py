@@ -46,7 +46,7 @@ class HostSegment:
             raise
         self.view = memoryview(self._map)
         try:
-            self._pinned = backend.pin_host(self.view)
+            self._pinned = backend.pin_host(self.view, fd=self.fd)
         except BaseException:
             self.view.release()
             self._map.close()
