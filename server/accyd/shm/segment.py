@@ -20,6 +20,8 @@ class HostSegment:
     Sealed against shrinking and growing before the client sees it, so nothing
     the client does to its copy can make a daemon copy fault. ``lock`` is held
     by each copy and by ``close``, so a segment never goes while a copy uses it.
+    Pinned with its memfd (``pin_host(view, fd=...)``): a device worker maps the
+    same file and copies from its own mapping; the fd stays open until unpinned.
     """
 
     def __init__(
