@@ -8,6 +8,14 @@ into a pooled segment), and over gRPC (``shared_memory=False``). On CUDA it
 adds the yardstick: an in-process ``cuMemcpyHtoD``/``DtoH`` of the same size
 from ``cuMemHostAlloc`` memory. Best of ``--repeat`` runs, in GB/s; prints a
 table last.
+
+``--device-workers on`` serves the device from a worker process
+(``ACCYD_DEVICE_WORKERS=1``): segments are then pinned and copied by the worker
+from its own mapping of the same memfd; ``off`` keeps the backend in the daemon
+(the default for one device).
+
+    python bench/shm_transfer.py [--backend host|cuda] [--sizes 64M,1G] [--repeat N]
+                                 [--device-workers on|off]
 """
 
 from __future__ import annotations
@@ -93,9 +101,16 @@ def main() -> None:
     parser.add_argument("--backend", choices=["host", "cuda"], default="cuda")
     parser.add_argument("--sizes", default="64M,1G", help="comma-separated: 64M, 1G")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--device-workers",
+        choices=["on", "off"],
+        default="off",
+        help="serve the device from a worker process (ACCYD_DEVICE_WORKERS)",
+    )
     args = parser.parse_args()
     table: dict[str, dict[str, float]] = {}
-    with running_daemon(backend=args.backend, tcp=False) as daemon:
+    workers = {"ACCYD_DEVICE_WORKERS": "1" if args.device_workers == "on" else "0"}
+    with running_daemon(backend=args.backend, tcp=False, env=workers) as daemon:
         for name in args.sizes.split(","):
             nbytes = SIZES[name]
             rows = through_daemon(daemon.unix_target, nbytes, args.repeat)
@@ -105,7 +120,8 @@ def main() -> None:
                 table.setdefault(row, {})[name] = gbps
                 print(f"{name:>4} {row:<36} {gbps:7.2f} GB/s", flush=True)
     names = args.sizes.split(",")
-    print(f"\n| {args.backend} backend, GB/s (best of {args.repeat}) | " + " | ".join(names) + " |")
+    title = f"{args.backend} backend, device workers {args.device_workers}, GB/s"
+    print(f"\n| {title} (best of {args.repeat}) | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for row, values in table.items():
         print(f"| {row} | " + " | ".join(f"{values.get(n, 0):.2f}" for n in names) + " |")

@@ -16,13 +16,23 @@ Then the round trips (``event_done`` of an event not yet known done, and
 ``synchronize`` of an idle stream), a worker's cold start, and
 ``DevicePool.replace`` with a ready spare. Medians of ``--repeat`` runs.
 
-    python bench/worker_overhead.py [--backend host|cuda] [--launches N] [--repeat N] [--json]
+Last, copies with host-shared memory (a sealed memfd mapped whole, as a
+daemon's segment): a ``--copy-mib`` write and read of one buffer, in MB/s
+(best of ``--repeat``), in-process and through a worker, the worker's both
+ways: the *bytes path* (pinned without the descriptor: the bytes cross the
+channel) and the *shared path* (``pin_host(view, fd)``: the worker maps the
+same pages and the channel carries an op). ``--copies-only`` runs only these.
+
+    python bench/worker_overhead.py [--backend host|cuda] [--launches N] [--repeat N]
+                                    [--copy-mib N] [--copies-only] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import mmap
 import os
 import signal
 import statistics
@@ -141,14 +151,61 @@ def replace_ms(kind: str, repeat: int) -> tuple[float, float]:
     return statistics.median(starts) * 1e3, statistics.median(swaps) * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["host", "cuda"], default="host")
-    parser.add_argument("--launches", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    args = parser.parse_args()
+def copy_rates(backend: Backend, nbytes: int, repeat: int, *, with_fd: bool) -> tuple[float, float]:
+    """(write MB/s, read MB/s), best of ``repeat``: one buffer, from and into a memfd mapping
+    pinned with ``pin_host`` (given the memfd when ``with_fd``)."""
+    fd = os.memfd_create("accy-bench-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 2 * nbytes)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    mapping = mmap.mmap(fd, 2 * nbytes)
+    view = memoryview(mapping)
+    view[:nbytes] = os.urandom(1 << 20) * (nbytes >> 20)
+    pinned = backend.pin_host(view, fd) if with_fd else backend.pin_host(view)
+    buffer = backend.allocate_buffer(nbytes)
+    source, target = view[:nbytes], view[nbytes:]
+    writes, reads = [], []
+    try:
+        for _ in range(repeat):
+            started = time.perf_counter()
+            backend.write(buffer, 0, source, None)
+            writes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            backend.read_into(buffer, 0, target, None)
+            reads.append(time.perf_counter() - started)
+        if source != target:
+            raise RuntimeError("the copies changed the data")
+    finally:
+        backend.destroy(buffer)
+        backend.unpin_host(pinned)
+        source.release()
+        target.release()
+        view.release()
+        mapping.close()
+        os.close(fd)
+    return nbytes / min(writes) / 1e6, nbytes / min(reads) / 1e6
+
+
+def copies(kind: str, mib: int, repeat: int) -> dict[str, float]:
+    nbytes = mib << 20
     results: dict[str, float] = {}
+    direct = make_backend(kind)
+    worker = WorkerBackend(kind, 0, log_level="warning")
+    try:
+        for label, backend, with_fd in (
+            ("in-process", direct, True),
+            ("worker, bytes path", worker, False),
+            ("worker, shared path", worker, True),
+        ):
+            write, read = copy_rates(backend, nbytes, repeat, with_fd=with_fd)
+            results[f"{label}: {mib} MiB write MB/s"] = write
+            results[f"{label}: {mib} MiB read MB/s"] = read
+    finally:
+        worker.close()
+        direct.close()
+    return results
+
+
+def launches_and_round_trips(args: argparse.Namespace, results: dict[str, float]) -> None:
     direct = make_backend(args.backend)
     worker = WorkerBackend(args.backend, 0, log_level="warning")
     try:
@@ -174,8 +231,26 @@ def main() -> None:
     cold, swap = replace_ms(args.backend, args.repeat)
     results["worker cold start ms"] = cold
     results["DevicePool.replace with a ready spare ms"] = swap
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["host", "cuda"], default="host")
+    parser.add_argument("--launches", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--copy-mib", type=int, default=64, help="the copies' size, MiB")
+    parser.add_argument("--copies-only", action="store_true", help="time the copies only")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args()
+    results: dict[str, float] = {}
+    if not args.copies_only:
+        launches_and_round_trips(args, results)
+    results.update(copies(args.backend, args.copy_mib, args.repeat))
     width = max(len(key) for key in results)
-    print(f"backend {args.backend}, {args.launches} launches x {args.repeat} runs (medians)")
+    print(
+        f"backend {args.backend}: launches {args.launches} x {args.repeat} runs (medians), "
+        f"copies best of {args.repeat}"
+    )
     for key, value in results.items():
         print(f"  {key:<{width}}  {value:10.2f}")
     if args.json:

@@ -7,10 +7,12 @@ opens gate ``n`` (the kernel's first scalar names its gate).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +136,52 @@ def shared() -> Iterator[WorkerBackend]:
 @pytest.fixture(scope="module")
 def kernels(shared: WorkerBackend, gates: Path) -> Kernels:
     return Kernels(shared, gates)
+
+
+class Traffic:
+    """What moved between the front and one worker meanwhile (``traffic``)."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.sent = 0
+        """Bytes the front sent through the channel's socket."""
+        self.received = 0
+        """Bytes of ``DATA`` frames (a read's bytes) the front received."""
+        self.calls: list[int] = []
+        """The opcode of each round trip, in order."""
+
+    def sendall(self, data: Any) -> None:
+        self.sent += memoryview(data).nbytes
+        self.sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+@contextlib.contextmanager
+def traffic(backend: WorkerBackend) -> Iterator[Traffic]:
+    """Count what moves through ``backend``'s channel within the block (test only: it wraps
+    the channel's socket and its ``call``)."""
+    channel = backend._channel
+    counted = Traffic(channel._sock)
+    call = channel.call
+
+    def counting_call(build: Callable[[int], tuple[Any, ...]], **options: Any) -> Any:
+        counted.calls.append(build(0)[0])
+        sink = options.get("sink")
+        if sink is not None:
+
+            def counting_sink(chunk: Any) -> None:
+                counted.received += memoryview(chunk).nbytes
+                sink(chunk)
+
+            options["sink"] = counting_sink
+        return call(build, **options)
+
+    channel._sock = counted  # type: ignore[assignment]
+    channel.call = counting_call  # type: ignore[method-assign]
+    try:
+        yield counted
+    finally:
+        channel._sock = counted.sock
+        del channel.call

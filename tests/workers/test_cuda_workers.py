@@ -138,3 +138,36 @@ def test_a_cuda_worker_killed_while_idle_is_reported(tmp_path: Path) -> None:
     assert eventually(lambda: len(faults) == 1, 30)
     assert "killed by SIGKILL" in faults[0].message
     backend.close()
+
+
+def test_a_segment_pinned_through_a_cuda_worker_copies_with_no_bytes_on_the_channel(
+    worker: WorkerBackend,
+) -> None:
+    from accyd.workers.pins import PinnedRange
+    from accyd.workers.protocol import Op
+    from tests.workers.conftest import traffic
+    from tests.workers.test_shared_memory import Segment, mapped_in
+
+    half = 32 << 20
+    segment = Segment(2 * half)
+    before = mapped_in(worker.pid)
+    pinned = worker.pin_host(segment.view, fd=segment.fd)  # cuMemHostRegister in the worker
+    buffer = worker.allocate_buffer(half)
+    try:
+        assert isinstance(pinned, PinnedRange)
+        assert mapped_in(worker.pid) == before + 1
+        data = np.random.default_rng(9).integers(0, 256, half, dtype=np.uint8)
+        segment.array[:half] = data
+        stream = worker.create_stream()
+        with traffic(worker) as moved:
+            worker.write(buffer, 0, segment.view[:half], stream)
+            worker.read_into(buffer, 0, segment.view[half:], stream)
+        worker.destroy_stream(stream)
+        assert moved.calls == [Op.WRITE_SHARED, Op.READ_SHARED]
+        assert moved.sent < 2048 and moved.received == 0
+        np.testing.assert_array_equal(segment.array[half:], data)
+    finally:
+        worker.destroy(buffer)
+        worker.unpin_host(pinned)
+        segment.close()
+    assert mapped_in(worker.pid) == before

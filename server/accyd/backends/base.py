@@ -296,9 +296,14 @@ class Backend(Protocol):
         ``out``, in ``stream``'s order; done on return."""
         ...
 
-    def pin_host(self, memory: memoryview) -> object:
+    def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
         """Page-lock the writable host ``memory`` so copies with it run at full speed; held
-        until ``unpin_host`` (costly: done once per shared segment, never per copy)."""
+        until ``unpin_host`` (costly: done once per shared segment, never per copy).
+
+        ``fd``, when given, is a descriptor of the file ``memory`` maps whole, from offset 0
+        (a shared segment's memfd): a backend in another process maps the same memory
+        through it, so copies with ``memory`` carry no bytes (``accyd.workers``). In-process
+        backends ignore it; the caller keeps it open until ``unpin_host``."""
         ...
 
     def unpin_host(self, pinned: object) -> None:

@@ -369,7 +369,7 @@ class HostBackend:
         worker.submit(lambda: np.copyto(target, source))
         worker.synchronize()
 
-    def pin_host(self, memory: memoryview) -> object:
+    def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
         return None  # host memory is copied by the stream worker: nothing to lock
 
     def unpin_host(self, pinned: object) -> None:

@@ -20,6 +20,8 @@ class HostSegment:
     Sealed against shrinking and growing before the client sees it, so nothing
     the client does to its copy can make a daemon copy fault. ``lock`` is held
     by each copy and by ``close``, so a segment never goes while a copy uses it.
+    Pinned with its memfd (``pin_host(view, fd=...)``): a device worker maps the
+    same file and copies from its own mapping; the fd stays open until unpinned.
     """
 
     def __init__(
@@ -46,7 +48,7 @@ class HostSegment:
             raise
         self.view = memoryview(self._map)
         try:
-            self._pinned = backend.pin_host(self.view)
+            self._pinned = backend.pin_host(self.view, fd=self.fd)
         except BaseException:
             self.view.release()
             self._map.close()

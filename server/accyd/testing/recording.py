@@ -209,7 +209,7 @@ class RecordingBackend:
         view = memoryview(out).cast("B")
         view[:] = bytes(view.nbytes)
 
-    def pin_host(self, memory: memoryview) -> object:
+    def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
         return None  # host memory is copied by the stream worker: nothing to lock
 
     def unpin_host(self, pinned: object) -> None:

@@ -54,6 +54,7 @@ class _Call:
 
     def finish(self, value: Any = None, error: BaseException | None = None) -> None:
         self.value, self.error = value, error
+        self.sink = None  # the reader may hold this call a while: not the caller's buffer
         self.done.release()
 
     def wait(self) -> Any:

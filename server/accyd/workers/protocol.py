@@ -53,11 +53,25 @@ op                 fields after the opcode                               answer
 ``WRITE``          call, bid, offset, total, sid, first chunk            None
 ``WRITE_MORE``     call, next chunk (until ``total`` bytes came)         (the WRITE)
 ``READ``           call, bid, offset, size, sid                          ``DATA``..., None
+``PIN``            call, hid, front pid, fd, size, st_dev, st_ino        None/why
+``UNPIN``          call, hid                                             None
+``WRITE_SHARED``   call, bid, offset, sid, hid, start, size              None
+``READ_SHARED``    call, bid, offset, sid, hid, start, size              None
 =================  ====================================================  =========
 
 *launch* is ``kid, bids, scalars, grid, block, shared_memory_bytes,
 diagnostic_id`` with ``scalars`` as ``(dtype value, number)`` pairs (enums and
 dataclasses cost 20 µs to pickle; plain tuples 1 µs).
+
+Shared host memory (``accyd.workers.pins`` in the front, ``served_pins`` in the
+worker): ``PIN`` asks the worker to map the file the front holds as descriptor
+``fd`` (through ``/proc/<front pid>/fd/<fd>``; ``st_dev``/``st_ino`` say which
+file it must be) for ``size`` bytes and pin that mapping with its backend's
+``pin_host``, as pin ``hid``; the answer is None, or why it could not map it
+(the front then copies bytes). ``WRITE_SHARED``/``READ_SHARED`` copy between
+bytes ``start..start+size`` of pin ``hid`` and the buffer: a round trip like
+``WRITE``/``READ``, with no bytes on the channel. ``UNPIN`` waits for the copies
+using the pin, unpins and unmaps it.
 
 Worker to front: each frame is one tuple.
 
@@ -135,7 +149,11 @@ class Op:
     WRITE = 22
     WRITE_MORE = 23
     READ = 24
-    COUNT = 25
+    PIN = 25
+    UNPIN = 26
+    WRITE_SHARED = 27
+    READ_SHARED = 28
+    COUNT = 29
 
     # worker -> front
     READY = 100

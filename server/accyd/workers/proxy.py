@@ -33,10 +33,16 @@ one-way ops need no answer. What differs from an in-process backend:
   raises. Calls waiting are woken with the fault, registered notifications all
   run, and ``on_fault`` is called once, on the reader thread. The call whose
   work faulted raises the worker's own ``DeviceFault`` (the backend's message).
-- **Host memory.** The worker cannot see the front's memory: ``pin_host``
-  returns a token and pins nothing, and every copy carries its bytes over the
-  channel (1 MiB frames; ``read_into`` lands them in ``out`` on the reader
-  thread, ``read`` joins them into one ``bytes``).
+- **Host memory.** ``pin_host(memory, fd)`` with the descriptor of the file
+  ``memory`` maps (a shared segment's memfd) has the worker map that file too
+  and pin its own mapping (a round trip; ``accyd.workers.pins``). A ``write``
+  from, or a ``read_into`` into, a view wholly inside such memory then names
+  (pin, offset, size) and carries no bytes: the worker copies from its mapping
+  of the same pages. Every other copy carries its bytes over the channel
+  (1 MiB frames; ``read_into`` lands them in ``out`` on the reader thread,
+  ``read`` joins them into one ``bytes``), as do copies with memory pinned
+  without ``fd``, or whose file the worker could not map (logged once).
+  ``unpin_host`` unpins and unmaps in the worker (a round trip).
 - **Callbacks** of ``notify``/``notify_event`` run on the channel's reader
   thread and must not call back into this backend.
 
@@ -47,12 +53,16 @@ unclosed.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import structlog
 
 from accyd.backends.base import (
     BUFFER_ALIGNMENT,
@@ -69,6 +79,7 @@ from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
     DeviceFault,
     RuntimeUnavailable,
+    Unavailable,
     UnsupportedOperation,
 )
 from accyd.workers.channel import Channel
@@ -79,11 +90,14 @@ from accyd.workers.handles import (
     launch_fields,
     stream_id,
 )
+from accyd.workers.pins import PinnedRange, PinnedRanges, address_of, file_identity, maps_file
 from accyd.workers.protocol import Op
 from accyd.workers.proxy_streams import WorkerStreams
 from accyd.workers.spawn import WorkerCommand, spawn_worker
 
 __all__ = ["WorkerBackend"]
+
+log = structlog.get_logger("accyd.workers")
 
 _IDS = itertools.count(1)
 """Handle ids, unique across every worker of this process: a stale handle of a replaced
@@ -137,6 +151,10 @@ class WorkerBackend(WorkerStreams):
         self._kind = BackendKind(kind)
         self._formats: frozenset[ArtifactFormat] = frozenset()
         self._name = ""
+        self._pins = PinnedRanges()
+        self._front_pid = os.getpid()
+        """Whose descriptors ``PIN`` names (the worker opens ``/proc/<pid>/fd/<fd>``)."""
+        self._copying_bytes = False
         if start_timeout is not None:
             self.wait_ready(start_timeout)
 
@@ -280,12 +298,53 @@ class WorkerBackend(WorkerStreams):
         self._channel.call(lambda c: (Op.PREPARE, c, pid, launches))
         return RemotePrepared(self._channel, pid)
 
-    def pin_host(self, memory: memoryview) -> object:
-        """Nothing to pin: the worker cannot see this memory (copies carry the bytes)."""
-        return _Unpinned()
+    def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
+        """With ``fd`` (the file ``memory`` maps whole, from offset 0): the worker maps that file
+        and pins its mapping (a round trip), so copies within ``memory`` carry no bytes; its
+        backend's errors (``OutOfMemory``...) are raised. Without ``fd``, when ``memory`` is
+        not that file's mapping, or when the worker cannot map it: nothing is pinned and
+        copies carry their bytes (the last two logged once)."""
+        if fd is None:
+            return _Unpinned()
+        view = memoryview(memory)
+        if not view.c_contiguous or view.nbytes == 0:
+            return _Unpinned()
+        view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        base, size = address_of(view), view.nbytes
+        identity = file_identity(fd)
+        if not maps_file(base, size, identity):
+            self._copy_bytes(f"the memory is not descriptor {fd}'s file mapped from offset 0")
+            return _Unpinned()
+        hid, pid = next(self._ids), self._front_pid
+        why = self._channel.call(
+            lambda c: (Op.PIN, c, hid, pid, fd, size, identity.dev, identity.ino)
+        )
+        if why is not None:
+            self._copy_bytes(f"the worker could not map it: {why}")
+            return _Unpinned()
+        pinned = PinnedRange(hid, base, base + size)
+        self._pins.add(pinned)
+        return pinned
+
+    def _copy_bytes(self, why: str) -> None:
+        if not self._copying_bytes:
+            self._copying_bytes = True
+            log.warning(
+                "shared host memory is copied through the device worker's channel",
+                worker=self._channel.name,
+                reason=why,
+            )
 
     def unpin_host(self, pinned: object) -> None:
-        return None
+        """A round trip that unpins and unmaps in the worker (after copies still using it);
+        nothing after a fault or ``close``, or for memory pinned without ``fd``."""
+        if not isinstance(pinned, PinnedRange) or not self._pins.remove(pinned):
+            return
+        if self._channel.dead:
+            return
+        hid = pinned.hid
+        with contextlib.suppress(DeviceFault, Unavailable):
+            self._channel.call(lambda c: (Op.UNPIN, c, hid))
 
     def __repr__(self) -> str:
         state = "lost" if self._channel.fault else ("closed" if self._channel.dead else "serving")
@@ -293,7 +352,7 @@ class WorkerBackend(WorkerStreams):
 
 
 class _Unpinned:
-    """What ``WorkerBackend.pin_host`` returns: a token, nothing pinned."""
+    """What ``WorkerBackend.pin_host`` returns when nothing is pinned: a token."""
 
     __slots__ = ()
 

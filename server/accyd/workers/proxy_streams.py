@@ -20,6 +20,7 @@ from accyd.backends.host_streams import call_quietly
 from accyd.errors import DeviceFault, LaunchArgumentMismatch, Unavailable
 from accyd.workers.channel import Channel
 from accyd.workers.handles import EventState, Track, stream_id
+from accyd.workers.pins import PinnedRanges
 from accyd.workers.protocol import ALL_STREAMS, CHUNK_BYTES, Op
 
 __all__ = ["WorkerStreams"]
@@ -36,6 +37,7 @@ class WorkerStreams:
     _ids: itertools.count[int]
     _default: Track
     _tracks: dict[int, Track]
+    _pins: PinnedRanges
 
     # -- streams and events ----------------------------------------------------------------------
 
@@ -213,7 +215,8 @@ class WorkerStreams:
     def write(
         self, buffer: DeviceBuffer, offset: int, data: bytes | memoryview, stream: Stream | None
     ) -> None:
-        """A round trip carrying ``data`` (in 1 MiB frames); done on return."""
+        """A round trip carrying ``data`` (in 1 MiB frames), or naming it when it lies in memory
+        the worker mapped (``pin_host`` with a descriptor); done on return."""
         view = memoryview(data)
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
@@ -221,6 +224,14 @@ class WorkerStreams:
         total = view.nbytes
         track = self._track(stream)
         sid, bid = stream_id(stream), buffer.id
+        found = self._pins.find(view) if self._pins.ranges and type(data) is not bytes else None
+        if found is not None:
+            hid, start = found
+            self._waited(
+                lambda c: (Op.WRITE_SHARED, c, bid, offset, sid, hid, start, total),
+                [(track, track.recorded)],
+            )
+            return
         first = pickle.PickleBuffer(view[:CHUNK_BYTES])
 
         def more(c: int) -> Iterator[tuple[Any, ...]]:
@@ -244,11 +255,22 @@ class WorkerStreams:
     def read_into(
         self, buffer: DeviceBuffer, offset: int, out: bytearray | memoryview, stream: Stream | None
     ) -> None:
-        """A round trip; each frame's bytes are copied into ``out`` on the reader thread."""
+        """A round trip; each frame's bytes are copied into ``out`` on the reader thread, or
+        none at all when ``out`` lies in memory the worker mapped (``pin_host`` with a
+        descriptor): the worker copies into its mapping of the same pages."""
         view = memoryview(out)
         if view.readonly or not view.c_contiguous:
             raise LaunchArgumentMismatch("read_into needs a writable, C-contiguous buffer")
         target = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+        found = self._pins.find(target) if self._pins.ranges else None
+        if found is not None:
+            track = self._track(stream)
+            sid, bid, (hid, start), size = stream_id(stream), buffer.id, found, target.nbytes
+            self._waited(
+                lambda c: (Op.READ_SHARED, c, bid, offset, sid, hid, start, size),
+                [(track, track.recorded)],
+            )
+            return
         filled = [0]
 
         def sink(chunk: bytes) -> None:

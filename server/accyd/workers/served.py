@@ -4,7 +4,8 @@ Threads. The worker's main thread reads frames and runs the quick ops itself,
 in the order the front sent them, so each stream's order is the front's:
 launches, replays, records, waits, notifications, event queries, stream
 creation, drops. Ops that may block run on ``_calls`` (a thread pool): allocations,
-compiles and loads, ``prepare``, synchronizations and copies. Frees (buffers,
+compiles and loads, ``prepare``, synchronizations, copies, and pinning and
+unpinning the front's shared memory (``served_pins``). Frees (buffers,
 kernels, prepared launches, streams) run one after another on ``_frees``: a CUDA
 free may wait for the device, and an allocation first waits for the frees sent
 before it, so a freed buffer's memory is back before the next one is asked for.
@@ -69,6 +70,10 @@ class Served(ServedState):
             Op.WRITE: self._write,
             Op.WRITE_MORE: self._write_more,
             Op.READ: self._read,
+            Op.PIN: self._pin,
+            Op.UNPIN: self._unpin,
+            Op.WRITE_SHARED: self._write_shared,
+            Op.READ_SHARED: self._read_shared,
         }.items():
             handlers[code] = handler
         self.handlers: Sequence[_Handler | None] = handlers
@@ -316,5 +321,35 @@ class Served(ServedState):
             for start in range(0, size, CHUNK_BYTES):
                 chunk = pickle.PickleBuffer(data[start : start + CHUNK_BYTES])
                 self._send((Op.DATA, call, chunk))
+
+        self._blocking(call, read)
+
+    # -- shared host memory (``served_pins``) -----------------------------------------------------
+
+    def _pin(self, op: tuple[Any, ...]) -> None:
+        _, call, hid, pid, fd, size, dev, ino = op
+        self._blocking(call, lambda: self.shared.pin(hid, pid, fd, size, dev, ino))
+
+    def _unpin(self, op: tuple[Any, ...]) -> None:
+        _, call, hid = op
+        self._blocking(call, lambda: self.shared.unpin(hid))
+
+    def _write_shared(self, op: tuple[Any, ...]) -> None:
+        _, call, bid, offset, sid, hid, start, size = op
+
+        def write() -> None:
+            with self.shared.get(hid).part(start, size) as part:
+                self.backend.write(self._buffer(bid), offset, part, self._stream(sid))
+            self._raise_kept(sid)
+
+        self._blocking(call, write)
+
+    def _read_shared(self, op: tuple[Any, ...]) -> None:
+        _, call, bid, offset, sid, hid, start, size = op
+
+        def read() -> None:
+            with self.shared.get(hid).part(start, size) as part:
+                self.backend.read_into(self._buffer(bid), offset, part, self._stream(sid))
+            self._raise_kept(sid)
 
         self._blocking(call, read)

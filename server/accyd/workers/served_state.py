@@ -28,6 +28,7 @@ from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import FixedGeometry
 from accyd.errors import DeviceFault, LaunchArgumentMismatch, LaunchFailed
 from accyd.workers.protocol import ALL_STREAMS, Op, encode_error
+from accyd.workers.served_pins import SharedMappings
 
 __all__ = ["CALL_THREADS", "ServedState"]
 
@@ -74,6 +75,7 @@ class ServedState:
         self._errors: dict[int | None, tuple[int, BaseException]] = {}
         self._errors_lock = threading.Lock()
         self._writes: dict[int, list[Any]] = {}
+        self.shared = SharedMappings(backend)
         self._geometry: dict[tuple[Any, Any], FixedGeometry] = {}
         self._calls = ThreadPoolExecutor(CALL_THREADS, "accy-worker-call")
         self._frees = ThreadPoolExecutor(1, "accy-worker-free")
@@ -183,7 +185,9 @@ class ServedState:
     # -- teardown ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Let blocking ops and frees finish, then close the backend (frees what is left)."""
+        """Let blocking ops and frees finish, unpin and unmap the front's memory left, then
+        close the backend (frees what is left)."""
         self._calls.shutdown(wait=True)
         self._frees.shutdown(wait=True)
+        self.shared.close()
         self.backend.close()

@@ -156,8 +156,9 @@ class CudaBackend(Kernels, Events):
         free, total = self._check(self._cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
-    def pin_host(self, memory: memoryview) -> object:
-        """``cuMemHostRegister`` (portable) on ``memory``; the returned anchor keeps it exported."""
+    def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
+        """``cuMemHostRegister`` (portable) on ``memory``; the returned anchor keeps it exported.
+        ``fd`` is not needed in-process (ignored)."""
         self._enter()
         anchor = (ctypes.c_char * memory.nbytes).from_buffer(memory)
         self._check(
