@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import accy
+import accy.protocol as protocol
 import accyd
 
 __all__ = ["WorkerCommand", "spawn_worker"]
@@ -62,8 +62,8 @@ def _environment() -> dict[str, str]:
     (a daemon run from a source tree finds the same code in its workers)."""
     env = dict(os.environ)
     roots = []
-    for package in (accyd, accy):
-        root = str(Path(package.__file__ or ".").resolve().parents[1])
+    for module, depth in ((accyd, 1), (protocol, 2)):  # accyd/__init__, accy/protocol/__init__
+        root = str(Path(module.__file__ or ".").resolve().parents[depth])
         if root not in roots:
             roots.append(root)
     existing = env.get("PYTHONPATH")
