@@ -301,11 +301,14 @@ class Server:
             log.error("device replacement failed", device=device, error=str(error))
             return
         self.daemon.replace_device(device, backend)
+        serving = time.monotonic() - started
+        repinned = self.servicer.segments.repin(device, backend)
         log.info(
             "device serving again",
             device=device,
             session_id=fault.session,
-            seconds=round(time.monotonic() - started, 4),
+            seconds=round(serving, 4),
+            segments_repinned=repinned,
         )
 
     def _on_fault(self, fault: DeviceFault) -> None:

@@ -129,3 +129,31 @@ def test_a_served_worker_maps_the_clients_segments_while_they_live(daemon: Runni
     while sum(segment_maps(pid) for pid in workers) != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sum(segment_maps(pid) for pid in workers) == before, "a worker still maps a segment"
+
+
+def test_segments_are_pinned_again_for_the_worker_that_replaced_their_device(
+    world: World,
+) -> None:
+    daemon, segments, handoff = world
+    old = daemon.backends[0]
+    assert isinstance(old, WorkerBackend)
+    client = daemon.attach("r").id
+    offer = segments.open(client, 4096)
+    new = WorkerBackend("host", 0, log_level="warning")
+    try:
+        assert segments.repin(0, new) == 1
+        assert (segment_maps(old.pid), segment_maps(new.pid)) == (0, 1)
+        shared = core.take(handoff, offer.segment_id, offer.ticket, offer.byte_size)
+        shared[:4096] = bytes(range(256)) * 16
+        buffer = new.allocate_buffer(4096)
+        segment = segments._segment(client, offer.segment_id)
+        with traffic(new) as moved:
+            new.write(buffer, 0, segment.range(0, 4096), None)
+        assert Op.WRITE_SHARED in moved.calls and moved.sent < 4096
+        assert new.read(buffer, 0, 4096, None) == bytes(range(256)) * 16
+        new.destroy(buffer)
+        shared.close()
+        segments.close(client, offer.segment_id)
+        assert segment_maps(new.pid) == 0
+    finally:
+        new.close()

@@ -58,6 +58,17 @@ class HostSegment:
     def fds(self) -> list[int]:
         return [self.fd]
 
+    def repin(self, backend: Backend) -> None:
+        """Pin for ``backend``, which replaced the faulted one of this segment's device (the
+        old pinning went with its worker); waits for a copy in flight. Without it copies
+        through the new worker would carry their bytes."""
+        with self.lock:
+            if self.closed or backend is self._backend:
+                return
+            old, self._backend = (self._backend, self._pinned), backend
+            self._pinned = backend.pin_host(self.view, fd=self.fd)
+        old[0].unpin_host(old[1])  # a no-op on the faulted one
+
     def range(self, offset: int, size: int) -> memoryview:
         """Bytes ``offset..offset+size`` of the segment (the caller checked the range)."""
         return self.view[offset : offset + size]

@@ -15,11 +15,18 @@ from dataclasses import dataclass
 
 import structlog
 
+from accyd.backends.base import Backend
 from accyd.core.daemon import Daemon
 from accyd.core.holdings import MAX_BUFFER_BYTES
 from accyd.core.ids import new_id
 from accyd.core.tenants import Usage
-from accyd.errors import FailedPrecondition, InvalidRequest, NotFound, QuotaExceeded
+from accyd.errors import (
+    AccyError,
+    FailedPrecondition,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+)
 from accyd.handoff import Handoff, Offered
 from accyd.shm.segment import HostSegment
 
@@ -161,6 +168,23 @@ class Segments:
             clients = list(self._by_client)
         for client_id in clients:
             self.close_client(client_id)
+
+    def repin(self, device: int, backend: Backend) -> int:
+        """*Blocking*: pin every open segment of ``device`` for ``backend``, which replaced
+        the device's faulted one; how many there were."""
+        with self._lock:
+            segments = [
+                segment
+                for held in self._by_client.values()
+                for segment in held.values()
+                if segment.device == device
+            ]
+        for segment in segments:
+            try:
+                segment.repin(backend)
+            except AccyError as error:  # its copies then carry their bytes: slower, still right
+                log.warning("segment not pinned again", segment_id=segment.id, error=str(error))
+        return len(segments)
 
     def count(self, client_id: str) -> int:
         with self._lock:
