@@ -12,10 +12,11 @@ one-way ops need no answer. What differs from an in-process backend:
   frame is sent under the lock its ops were appended under, and the worker
   runs one-way ops in frame order, so each stream's order is its callers'.
 - **Round trips**: allocations, compiles, loads, ``prepare``, stream creation,
-  synchronizations, copies, ``drop_queued``, and ``event_done`` unless the
-  front already knows the event is over (see ``handles``: a synchronize, a
-  copy or a notification that proved the work over answers it locally).
-  ``wait_event_for`` registers one notification per event and waits for it here.
+  synchronizations, copies and ``drop_queued``. ``event_done`` never is: it
+  answers from what the front knows (see ``handles``: a synchronize, a copy or
+  a notification that proved the work over) and its first ask of an event
+  registers a notification, so a poll sees the work over soon after it is.
+  ``wait_event_for`` waits here for that same notification.
 - **Errors of one-way ops** (a launch the worker refuses: a freed buffer, an
   unloaded kernel, a dead stream) are not raised by that call. They are raised,
   once, by the next ``synchronize`` of that stream or of the whole device, the
