@@ -29,6 +29,8 @@ LOST_ANSWER_SECONDS = 1.0
 """How long answers already on their way may still arrive on an abandoned stream."""
 DEFAULT_WINDOW = 256
 """Launches sent without waiting that may be unanswered at once on one stream."""
+BATCH_MOST = 255
+"""Launches queued behind one that go out in its message (``LaunchRequest.more``)."""
 CLOSE_DRAIN_SECONDS = 10.0
 """How long closing the client waits for the answers to launches it sent without waiting."""
 
@@ -348,19 +350,25 @@ class LaunchStream:
             self._fail(self._ended(self._translate(error)))
             return
         with self._lock:
-            waiter = self._waiting.get(answer.tag)
-            if waiter is None:  # a ping's answer, or its caller gave up waiting
-                return
-            outcome = answer.WhichOneof("outcome")
-            if outcome == "launch":
-                waiter.answer = answer.launch
-            elif outcome == "error":
-                waiter.error = self._hint(from_rpc_status(answer.error))
-            if isinstance(waiter, Sent):  # nobody blocks on it: keep a refusal for later
-                del self._waiting[answer.tag]
-                self._unanswered -= 1
-                if waiter.error is not None:
-                    self._faults.setdefault(waiter.session_id, []).append(waiter)
+            self._take(answer)
+            for more in answer.more:
+                self._take(more)
+
+    def _take(self, answer: pb.LaunchStreamResponse) -> None:
+        """(Under the lock.) Give one answer to its waiter."""
+        waiter = self._waiting.get(answer.tag)
+        if waiter is None:  # a ping's answer, or its caller gave up waiting
+            return
+        outcome = answer.WhichOneof("outcome")
+        if outcome == "launch":
+            waiter.answer = answer.launch
+        elif outcome == "error":
+            waiter.error = self._hint(from_rpc_status(answer.error))
+        if isinstance(waiter, Sent):  # nobody blocks on it: keep a refusal for later
+            del self._waiting[answer.tag]
+            self._unanswered -= 1
+            if waiter.error is not None:
+                self._faults.setdefault(waiter.session_id, []).append(waiter)
 
     def _collect(self) -> None:
         """The collector thread: read answers while launches sent without waiting lack theirs.
@@ -385,8 +393,26 @@ class LaunchStream:
                     self._changed.notify_all()
 
     def _requests(self) -> Iterator[pb.LaunchRequest]:
-        while (request := self._outbox.get()) is not _END:
+        """The messages to send: each launch, with those queued behind it in its ``more``
+        (up to ``BATCH_MOST``), so launches made faster than messages go out share one."""
+        outbox = self._outbox
+        while (request := outbox.get()) is not _END:
+            batch: list[pb.LaunchRequest] = []
+            ended = False
+            while len(batch) < BATCH_MOST:
+                try:
+                    more = outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _END:
+                    ended = True
+                    break
+                batch.append(more)
+            if batch:
+                request.more.extend(batch)
             yield request
+            if ended:
+                return
 
     def _fail(self, error: AccyError) -> None:
         """Fail every launch waiting with ``error``, and every later one (the first error wins)."""

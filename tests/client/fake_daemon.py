@@ -293,11 +293,12 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         def read() -> None:  # launches in order on one worker; pings answered at once
             try:
                 with futures.ThreadPoolExecutor(1) as worker:
-                    for request in requests:
-                        if request.ping and not self.ignore_pings:
-                            answers.put(pb.LaunchStreamResponse(tag=request.tag))
-                        elif not request.ping:
-                            worker.submit(work, request)
+                    for message in requests:  # a message may carry more launches
+                        for request in [message, *message.more]:
+                            if request.ping and not self.ignore_pings:
+                                answers.put(pb.LaunchStreamResponse(tag=request.tag))
+                            elif not request.ping:
+                                worker.submit(work, request)
             except grpc.RpcError:
                 pass
             finally:

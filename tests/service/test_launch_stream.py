@@ -153,3 +153,40 @@ def test_a_cancelled_stream_leaves_nothing_in_flight(
     assert [t.launches_in_flight for t in client.GetStatus(pb.GetStatusRequest()).tenants] == [0]
     done = download(client, by)
     assert done[0] in (3.0, 4.0) and np.all(done == done[0])  # the 4th ran or was never read
+
+
+def flat(answers: Iterator[pb.LaunchStreamResponse]) -> Iterator[pb.LaunchStreamResponse]:
+    """Every answer, those a message carries in its ``more`` too."""
+    for answer in answers:
+        yield answer
+        yield from answer.more
+
+
+def test_a_message_carries_more_launches_in_order_each_answered_once(client: Attached) -> None:
+    session = client.LoadPipeline(pb.LoadPipelineRequest(target="accy.kernel.saxpy")).session_id
+    x, y = RNG.random(N, dtype=np.float32), RNG.random(N, dtype=np.float32)
+    bx, by = upload(client, x), upload(client, y)
+    expected = y.copy()
+    launches = []
+    for step in range(1, 9):
+        a = np.float32(0.25 * step)
+        expected = a * x + expected
+        launches.append(saxpy(session, bx, by, float(a), tag=step, wait=step == 8))
+    message = launches[0]
+    message.more.extend(launches[1:])
+    message.more.append(pb.LaunchRequest(tag=50, ping=True))
+    nested = saxpy(session, bx, by, 1.0, tag=60, wait=False)
+    nested.more.append(saxpy(session, bx, by, 1.0, tag=61, wait=False))
+    message.more.append(nested)
+    message.more.append(saxpy(session, "buf_nope", by, 1.0, tag=70, wait=False))
+    answers = list(client.LaunchStream(iter([message])))
+    assert len(answers) < 11, "the answers ready together should share messages"
+    found = by_tag(flat(iter(answers)))
+    assert sorted(found) == [*range(1, 9), 50, 60, 70]
+    assert all(found[t].WhichOneof("outcome") == "launch" for t in range(1, 9))
+    assert found[8].launch.completed
+    assert found[50].WhichOneof("outcome") is None  # the ping's answer carries only its tag
+    assert found[60].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "`more` of its own" in found[60].error.message  # nested: refused, not launched
+    assert found[70].error.code == grpc.StatusCode.NOT_FOUND.value[0]
+    np.testing.assert_allclose(download(client, by), expected, rtol=1e-5)

@@ -15,7 +15,10 @@ session's launches keep the stream's order; a waited one is answered by a task
 of its own when it finishes, while the stream reads on (one already over after
 the spin is answered at once, without a task). A refused launch is
 answered in-band with the ``google.rpc.Status`` a unary call would have failed
-with.
+with. A message may carry more launches (``LaunchRequest.more``, what a client
+had ready at once); the answers ready when its last one is taken go back as one
+message (``LaunchStreamResponse.more``): one read and one write for many
+launches, which is what a pipelined remote client is limited by.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import structlog
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon, LaunchTicket, WouldBlock
 from accyd.core.ids import new_request_id
+from accyd.errors import InvalidRequest
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
@@ -194,37 +198,69 @@ class Launcher:
     async def stream(
         self, client_id: str, requests: AsyncIterator[pb.LaunchRequest], context: Context
     ) -> None:
-        """Serve one LaunchStream until the client stops sending and every answer is out."""
+        """Serve one LaunchStream until the client stops sending and every answer is out.
+
+        Each message may carry more launches (``more``): they are handled in order, and
+        the answers ready by the end of a message go out together, as one message.
+        """
         answers = _Answers(context)
         finishing = TaskSet()
         try:
-            async for request in _until_stopped(requests, self.daemon):
-                if request.ping:
-                    await answers.pong(request.tag)
-                    continue
-                started = time.perf_counter()
-                self.calls.enter(_LAUNCH)
-                try:
-                    try:
-                        pending = self.enqueue(client_id, request, started)
-                    except WouldBlock:  # in order: the stream reads on once it is enqueued
-                        pending = await self.calls.blocking_for(
-                            client_id, self.enqueue, client_id, request, started, may_block=True
-                        )
-                except Exception as error:
-                    self.calls.leave(_LAUNCH)
-                    await answers.refuse(request.tag, error)
-                    continue
-                if pending.wait and not pending.settled:
-                    finishing.start(self._answer(client_id, request.tag, pending, answers))
-                else:  # enqueued, or over already: answer here, without a task
-                    try:
-                        await self._answer_now(client_id, request.tag, pending, answers)
-                    finally:
-                        self.calls.leave(_LAUNCH)
+            async for message in _until_stopped(requests, self.daemon):
+                ready: list[pb.LaunchStreamResponse] = []
+                reap: list[str] = []
+                for request, nested in _launches_in(message):
+                    if nested:
+                        ready.append(_refusal(request.tag, NESTED))
+                        continue
+                    answer = await self._take(client_id, request, answers, finishing, ready, reap)
+                    if answer is not None:
+                        ready.append(answer)
+                await answers.send_all(ready)
+                for session_id in reap:  # after the answers: tidying only
+                    self.daemon.reap(client_id, session_id)
             await finishing.settle()  # the client is done sending: answer what still runs
         finally:
             finishing.cancel()
+
+    async def _take(
+        self,
+        client_id: str,
+        request: pb.LaunchRequest,
+        answers: _Answers,
+        finishing: TaskSet,
+        ready: list[pb.LaunchStreamResponse],
+        reap: list[str],
+    ) -> pb.LaunchStreamResponse | None:
+        """One launch of a message: its answer if it is ready now; else one task answers it."""
+        if request.ping:
+            return pb.LaunchStreamResponse(tag=request.tag)
+        started = time.perf_counter()
+        self.calls.enter(_LAUNCH)
+        try:
+            try:
+                pending = self.enqueue(client_id, request, started)
+            except WouldBlock:  # in order: the stream reads on once it is enqueued
+                await answers.send_all(ready)  # those ready need not wait for an allocation
+                ready.clear()
+                pending = await self.calls.blocking_for(
+                    client_id, self.enqueue, client_id, request, started, may_block=True
+                )
+        except Exception as error:
+            self.calls.leave(_LAUNCH)
+            return _refusal(request.tag, error)
+        if pending.wait and not pending.settled:
+            finishing.start(self._answer(client_id, request.tag, pending, answers))
+            return None
+        try:  # enqueued, or over already: answered with the message's others, without a task
+            response = await self.finish(client_id, pending, reap=False)
+        except Exception as error:
+            return _refusal(request.tag, error)
+        finally:
+            self.calls.leave(_LAUNCH)
+        if pending.wait:
+            reap.append(pending.ticket.session_id)
+        return pb.LaunchStreamResponse(tag=request.tag, launch=response)
 
     async def _answer_now(
         self, client_id: str, tag: int, pending: _Pending, answers: _Answers
@@ -248,6 +284,21 @@ class Launcher:
             log.debug("launch answer not sent", tag=tag)
         finally:
             self.calls.leave(_LAUNCH)
+
+
+def _launches_in(message: pb.LaunchRequest) -> Iterator[tuple[pb.LaunchRequest, bool]]:
+    """``(launch, nested)``: the message's launch, then those in its ``more``; ``nested``
+    marks one in ``more`` with a ``more`` of its own (refused: one level only)."""
+    yield message, False
+    for request in message.more:
+        yield request, bool(request.more)
+
+
+NESTED = InvalidRequest(
+    "a launch in `more` carries `more` of its own: put every launch of a message in the "
+    "first one's `more`",
+    field="more",
+)
 
 
 async def _until_stopped(
@@ -281,10 +332,24 @@ class _Answers:
         await self._write(pb.LaunchStreamResponse(tag=tag, launch=response))
 
     async def refuse(self, tag: int, error: Exception) -> None:
-        request_id = new_request_id()
-        log_failure("launch", error, tag=tag, request_id=request_id)
-        await self._write(pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id)))
+        await self._write(_refusal(tag, error))
+
+    async def send_all(self, ready: list[pb.LaunchStreamResponse]) -> None:
+        """Send the answers ``ready`` as one message: the first, the others in its ``more``."""
+        if not ready:
+            return
+        first = ready[0]
+        if len(ready) > 1:
+            first.more.extend(ready[1:])
+        await self._write(first)
 
     async def _write(self, message: pb.LaunchStreamResponse) -> None:
         async with self._lock:
             await self._context.write(message)
+
+
+def _refusal(tag: int, error: Exception) -> pb.LaunchStreamResponse:
+    """The answer for a launch refused with ``error`` (logged, with a request id)."""
+    request_id = new_request_id()
+    log_failure("launch", error, tag=tag, request_id=request_id)
+    return pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id))
