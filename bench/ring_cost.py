@@ -2,30 +2,34 @@
 
 Run from the repository root (no GPU needed):
 
-    python bench/ring_cost.py [--backend recording|host] [--count 20000] [--rtt 2000]
-                              [--profile client|submitter]
+    python bench/ring_cost.py [--backend recording|host|cuda] [--count 20000] [--rtt 2000]
+                              [--spin auto|on|off] [--profile client|submitter] [--json F]
 
 It runs the daemon's server in this process (its event loop on a thread, the
 ring's submitter thread as ``accyd serve`` runs it) and one client in a child
 process that uses only the public client API on the Unix socket: saxpy on one
 element (``recording``: no device at all, so only accy's own Python shows;
-``host``: the CI backend, whose numpy kernels share the daemon's GIL). Series:
+``host``: the CI backend, whose numpy kernels share the daemon's GIL; ``cuda``).
+Series:
 
+- *bursts*: ``launch(wait=False)`` in bursts of 256 (fewer than the ring's slots,
+  so none blocks), waited after each: the client's wall and CPU time per launch
+  (median burst), and the same through ``RingPath.launch`` (no ``Session``) and
+  ``Ring.launch`` (the record alone);
 - *stream*: ``launch(wait=False)`` with ``session.wait()`` after every 16 (the
-  sharing benchmark's one-client loop): launches/s, and the client's time inside
-  ``launch`` per launch;
+  sharing benchmark's one-client loop): launches/s;
 - *window*: ``launch(wait=False)`` only, one wait at the end: the pipeline's rate,
   bounded by the slower of the two sides;
 - *rtt*: ``launch(wait=True)``, p50 / p99, and (traced, a second run) where one
   round trip goes: the client before its record is published, publish to the
-  submitter taking it, the take, take to ``done`` published, ``done`` to the
-  client's return;
-- *ring only*: ``accy._ring.Ring.launch`` on the same ring (no ``Session``), the
-  record writing alone.
+  submitter taking it (and the submitter's poll interval around then), the
+  take, take to ``done`` published, ``done`` to the client's return.
 
-The daemon side is measured by wrapping ``ServerRing.take`` and ``settle``: time
-per record taken, per batch, and the submitter thread's CPU time (spinning
-included). ``--profile`` prints the top functions of one side (cProfile).
+The daemon side is measured by wrapping ``ServerRing.take`` and ``settle``:
+wall and CPU time per record taken, records per take, and the submitter
+thread's CPU time (spinning included). ``--profile`` prints the top functions
+of one side (cProfile); ``--spin`` makes the submitter spin as on a machine of
+many CPUs, or nap as on one of few (by default: by this machine's CPUs).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import json
 import logging
 import multiprocessing as mp
 import pstats
@@ -158,6 +163,17 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
         finally:
             Ring._publish = publish  # type: ignore[method-assign]
         out["trace"] = trace
+
+        phase("path")  # the ring path without Session: RingPath.launch with ids and scalars
+        specs = session._ring_specs
+        assert specs is not None
+        ids = ([x.id, y.id], [z.id])
+        values = {"n": 1, "a": 1.0}
+        out["path"] = _bursts(
+            lambda: ring.launch(session.id, specs, values, *ids, wait=False, timeout=10.0),
+            lambda: ring.wait(None, 10.0),
+            bursts,
+        )
 
         phase("ring")  # the record alone: Ring.launch on the session's own handles
         raw = ring.ring
@@ -335,7 +351,13 @@ def _phases(trace: list[tuple[int, int, int, int]], meter: Meter) -> dict[str, f
     return {name: statistics.median(values) for name, values in parts.items() if values}
 
 
-def run(backend: str, count: int, rtt: int, bursts: int, profile: str) -> dict[str, Any]:
+def run(
+    backend: str, count: int, rtt: int, bursts: int, profile: str, spin: str = "auto"
+) -> dict[str, Any]:
+    if spin != "auto":  # as on a machine of many CPUs (on) or few (off)
+        from accyd.ring import submitter
+
+        submitter.SPIN_CPUS = 0 if spin == "on" else 1 << 20
     meter = Meter(profile == "submitter")
     meter.install()
     folder = Path(tempfile.mkdtemp(prefix="accy-ring-cost-"))
@@ -387,11 +409,15 @@ def report(backend: str, result: dict[str, Any]) -> str:
     from accy._table import markdown
 
     sides = result["submitter"]
-    burst, ring = result["burst"], result["ring"]
+    burst, path, ring = result["burst"], result["path"], result["ring"]
     rows = [
         [
             "client: Session.launch, µs each (wall / CPU)",
             f"{burst['wall_us']:.2f} / {burst['cpu_us']:.2f}",
+        ],
+        [
+            "client: RingPath.launch (no Session), µs each (wall / CPU)",
+            f"{path['wall_us']:.2f} / {path['cpu_us']:.2f}",
         ],
         [
             "client: Ring.launch alone, µs each (wall / CPU)",
@@ -430,11 +456,20 @@ def main() -> int:
     parser.add_argument("--rtt", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=60, help=f"of {BURST} launches")
     parser.add_argument("--profile", choices=("", "client", "submitter"), default="")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--spin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the submitter spins between rounds: by CPU count, or as if on many or few",
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    result = run(args.backend, args.count, args.rtt, args.bursts, args.profile)
+    result = run(args.backend, args.count, args.rtt, args.bursts, args.profile, args.spin)
     if "profile" in result:
-        print(result["profile"])
+        print(result.pop("profile"))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
     print(report(args.backend, result))
     return 0
 

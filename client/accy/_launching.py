@@ -198,11 +198,15 @@ class Launch:
     _sent: Sent | None = None
     """The answer still to come, for a launch sent without waiting."""
     _given_id: str | None = None
-    """The daemon's launch id (``None`` for a ring launch: named by its record)."""
+    """The daemon's launch id, once its answer came (a ring launch has none)."""
 
     @property
     def _id(self) -> str:
-        return f"ring-{self._seq}" if self._given_id is None else self._given_id
+        """A ring launch is named by its record; another by the daemon's answer (read only
+        once it came)."""
+        if self._ring is not None:
+            return f"ring-{self._seq}"
+        return self._given_id or ""
 
     def _learn(self, response: pb.LaunchResponse) -> None:
         self._given_id = response.launch_id

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from accy._ring import Ring
@@ -14,11 +17,12 @@ from accyd.backends.base import BackendKind
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ScalarSpec
 from accyd.errors import QuotaExceeded
-from accyd.ring.door import flight_spin_for
+from accyd.ring.door import RingDoor, flight_spin_for
 from accyd.ring.memory import RingMemory
 from accyd.ring.records import Batch
 from accyd.ring.ring import ServerRing
-from accyd.ring.submitter import FLIGHT_SPIN_SECONDS
+from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
+from tests.core.daemon_fixtures import host_daemon
 
 SAXPY_SCALARS = struct.Struct("<I4xf4x48x")
 
@@ -27,7 +31,7 @@ SAXPY_SCALARS = struct.Struct("<I4xf4x48x")
 def pair() -> Iterator[tuple[RingMemory, Ring]]:
     """A ring's memory (the daemon's side) and a client mapping the same memfd."""
     memory = RingMemory(8)
-    fds = [__import__("os").dup(fd) for fd in memory.fds()]
+    fds = [os.dup(fd) for fd in memory.fds()]
     ring = Ring(*fds)
     try:
         yield memory, ring
@@ -195,3 +199,37 @@ def test_a_run_checked_again_keeps_its_launches_until_they_are_over(
     core.watch.over = True
     assert server.settle() and ring.done == 7
     assert core.watch.closed
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_launches_complete_whether_the_submitter_spins_or_naps(tmp_path: Path, spin: bool) -> None:
+    daemon, _ = host_daemon()
+    submitter = Submitter(spin=spin)
+    assert submitter.flight_spin_seconds == (FLIGHT_SPIN_SECONDS if spin else 0.0)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", submitter=submitter)
+    ring_door.start()
+    try:
+        client = daemon.attach("spin").id
+        session = daemon.load_pipeline(client, "accy.kernel.saxpy").session_id
+        x, y = (daemon.allocate_buffer(client, 16, DType.F32).id for _ in range(2))
+        with daemon.open_write(client, x) as transfer:
+            transfer.write(0, np.ones(4, np.float32).tobytes())
+        offer = ring_door.offer(client, 64)
+        ring = Ring.connect(ring_door.path, offer.ring_id, offer.ticket)
+        try:
+            ring.bind(layout.Kind.BIND_SESSION, 1, session, 1.0)
+            ring.bind(layout.Kind.BIND_BUFFER, 2, x, 1.0)
+            ring.bind(layout.Kind.BIND_BUFFER, 3, y, 1.0)
+            fixed = Ring.fixed_part(1, [2, 3], [3], 2)
+            for step in range(100):  # y = 1 * x + y, a hundred times, some waited for
+                last = ring.launch_fixed(fixed, SAXPY_SCALARS, (4, 1.0), step % 10 == 9, 5.0)
+                if step % 10 == 9:
+                    ring.wait(last, 10.0)
+            assert ring.errors() == []
+            got = np.frombuffer(daemon.open_read(client, y).read(0, 16), np.float32)
+            np.testing.assert_array_equal(got, np.full(4, 100.0, np.float32))
+        finally:
+            ring.close()
+    finally:
+        ring_door.close()
+        daemon.close()

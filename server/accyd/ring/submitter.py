@@ -5,16 +5,20 @@ It spins while there is work (records to take or launches in flight) and for
 keeps running; idle, it sleeps on the rings' ``submit`` eventfds (a client
 wakes it only when it has said it sleeps, so a busy ring costs no system call).
 
-Between rounds it yields with ``sched_yield`` (the GIL is let go in the call),
-not ``time.sleep(0)``: a sleep, even of zero, is a timer that Linux lets run
-late by the thread's timer slack (50 µs by default), so each round of a
-"spin" that sleeps took about 60 µs and a record waited half of that on
-average. A thread waiting for the GIL still gets it within tens of
-microseconds (measured: a thread waking every millisecond ran 30 µs later at
-the median while the submitter spun, against never before the 5 ms switch
-interval without the yield). Launches in flight are looked at in the same
-spin for ``flight_spin_seconds`` after the last progress, then every
-``IDLE_POLL_SECONDS`` (a long kernel does not keep a core busy).
+Where this process may use ``SPIN_CPUS`` CPUs or more, it yields between
+rounds with ``sched_yield`` (the GIL is let go in the call) rather than
+``time.sleep(0)``: a sleep, even of zero, is a timer that Linux lets run late
+by the thread's timer slack (50 µs by default), so each round of a "spin" that
+sleeps takes about 60 µs and a record waits half of that on average. A thread
+waiting for the GIL still gets it within tens of microseconds (measured: a
+thread waking every millisecond ran 30 µs later at the median while a thread
+spun so, against not before the 5 ms switch interval without the yield).
+Launches in flight are then looked at in the same spin for
+``flight_spin_seconds`` after the last progress, then every
+``IDLE_POLL_SECONDS`` (a long kernel does not keep a core busy). On fewer
+CPUs a spinning thread takes a core from the clients, the event loop and the
+host backend's kernels, and is itself put off for milliseconds whenever
+another process runs: there it naps between rounds, as a sleep does.
 """
 
 from __future__ import annotations
@@ -31,15 +35,22 @@ import structlog
 from accy.protocol import ring as layout
 from accyd.ring.ring import ServerRing
 
-__all__ = ["FLIGHT_SPIN_SECONDS", "Submitter"]
+__all__ = ["FLIGHT_SPIN_SECONDS", "SPIN_CPUS", "Submitter", "may_spin"]
 
 log = structlog.get_logger("accyd.ring")
 
+SPIN_CPUS = 8
+"""From how many usable CPUs the submitter spins between rounds (see above)."""
 FLIGHT_SPIN_SECONDS = 2e-3
 """On a device, how long after the last progress launches in flight are spun on."""
 IDLE_POLL_SECONDS = 50e-6
 """With launches in flight for longer than ``flight_spin_seconds`` and nothing to take, how
 long to sleep between looks (about 100 µs with the timer's slack)."""
+
+
+def may_spin() -> bool:
+    """Whether this process may use enough CPUs for the submitter to spin."""
+    return len(os.sched_getaffinity(0)) >= SPIN_CPUS
 
 
 class Submitter:
@@ -48,13 +59,16 @@ class Submitter:
     def __init__(
         self,
         *,
+        spin: bool | None = None,
         spin_seconds: float = 200e-6,
         flight_spin_seconds: float = FLIGHT_SPIN_SECONDS,
         batch: int = 64,
     ) -> None:
+        self.spin = may_spin() if spin is None else spin
+        """Yield between rounds with ``sched_yield`` (else a nap of about 60 µs)."""
         self.spin_seconds = spin_seconds
         """With nothing in flight, how long to keep looking for records before sleeping."""
-        self.flight_spin_seconds = flight_spin_seconds
+        self.flight_spin_seconds = flight_spin_seconds if self.spin else 0.0
         """With launches in flight, how long after the last progress to keep spinning."""
         self.batch = batch
         self._rings: dict[str, ServerRing] = {}
@@ -122,7 +136,8 @@ class Submitter:
             change()
 
     def _run(self) -> None:
-        monotonic, yield_gil = time.monotonic, os.sched_yield
+        monotonic = time.monotonic
+        yield_gil = os.sched_yield if self.spin else _nap
         last_busy = monotonic()
         rings: tuple[ServerRing, ...] = ()
         while not self._stopping:
@@ -169,3 +184,7 @@ class Submitter:
             with contextlib.suppress(ValueError):
                 ring.memory.set_u32(layout.DAEMON_WAITS, 0)
                 ring.memory.drain_submit()
+
+
+def _nap() -> None:
+    time.sleep(0)  # lets the GIL go for the timer's slack (about 60 µs)
