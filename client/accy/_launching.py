@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from accy._connection import UNSET, Connection
@@ -39,6 +39,9 @@ _opening = threading.Lock()
 
 def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, Link]:
     """The current link and its ring (opened on first use), or ``None`` for gRPC launches."""
+    link = conn.link
+    if link is not None and link.ring_tried:  # every launch but a link's first
+        return link.ring, link
     left = conn.timeout_of(timeout)
     link = conn.current_link(None if left is None else time.monotonic() + left)
     if link.ring_tried:
@@ -58,24 +61,40 @@ def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, L
     return link.ring, link
 
 
-@contextlib.contextmanager
-def ring_errors(conn: Connection, link: Link, what: str) -> Iterator[None]:
+class ring_errors:
     """Errors of ring work, judged as a call's are (a device fault loses the link); a ring
-    closed under ``what`` raises why: the link's loss, else that it closed."""
-    try:
-        yield
-    except AccyError as error:
-        judged = conn.judged(error, link)
-        if judged is error:
-            raise
-        raise judged from error
-    except RingClosed as error:
-        if link.lost is not None:
-            raise link.lost_error(what) from error
-        raise Unavailable(
-            f"{what}: the daemon closed this client's ring ({error}); launch it again",
-            reason="RING_CLOSED",
-        ) from error
+    closed under ``what`` raises why: the link's loss, else that it closed.
+
+    A class rather than a generator: it is entered on every launch.
+    """
+
+    __slots__ = ("conn", "link", "what")
+
+    def __init__(self, conn: Connection, link: Link, what: str) -> None:
+        self.conn = conn
+        self.link = link
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if isinstance(error, AccyError):
+            judged = self.conn.judged(error, self.link)
+            if judged is not error:
+                raise judged from error
+        elif isinstance(error, RingClosed):
+            if self.link.lost is not None:
+                raise self.link.lost_error(self.what) from error
+            raise Unavailable(
+                f"{self.what}: the daemon closed this client's ring ({error}); launch it again",
+                reason="RING_CLOSED",
+            ) from error
 
 
 def ring_timeout(conn: Connection, timeout: float | None) -> float:
@@ -92,11 +111,7 @@ def ring_launch(
     launch._conn = conn
     launch._link = link
     launch._session_id = session.id
-    launch._id = f"ring-{seq}"
     launch.completed = waited
-    launch._enqueue_seconds = 0.0
-    launch._elapsed_seconds = 0.0
-    launch._sent = None
     launch._ring = ring
     launch._seq = seq
     return launch
@@ -173,19 +188,28 @@ class Launch:
 
     session: Session
     completed: bool
-    _id: str
-    _enqueue_seconds: float
-    _elapsed_seconds: float
+    _enqueue_seconds: float = 0.0
+    _elapsed_seconds: float = 0.0
     _conn: Connection
     _link: Link
     _session_id: str
     _ring: RingPath | None = None
     _seq: int = 0
-    _sent: Sent | None
+    _sent: Sent | None = None
     """The answer still to come, for a launch sent without waiting."""
+    _given_id: str | None = None
+    """The daemon's launch id, once its answer came (a ring launch has none)."""
+
+    @property
+    def _id(self) -> str:
+        """A ring launch is named by its record; another by the daemon's answer (read only
+        once it came)."""
+        if self._ring is not None:
+            return f"ring-{self._seq}"
+        return self._given_id or ""
 
     def _learn(self, response: pb.LaunchResponse) -> None:
-        self._id = response.launch_id
+        self._given_id = response.launch_id
         self.completed = response.completed
         self._enqueue_seconds = response.enqueue_seconds
         self._elapsed_seconds = response.elapsed_seconds

@@ -23,9 +23,25 @@ from pathlib import Path
 from accy import _handoff
 from accy.protocol import ring as layout
 
-__all__ = ["Ring", "RingClosed", "RingError", "RingFull"]
+__all__ = ["Ring", "RingClosed", "RingError", "RingFull", "wait_spin_seconds"]
 
 _HEADER_READ = struct.Struct("<IIIII")
+_HEAD, _DONE, _ERRORS = layout.HEAD >> 3, layout.DONE >> 3, layout.ERRORS >> 3
+"""Word indexes (u64) of the counters."""
+_CLOSED, _DAEMON_WAITS = layout.CLOSED >> 2, layout.DAEMON_WAITS >> 2
+"""Half-word indexes (u32) of the flags."""
+_FLAGS = 10
+"""A record's flags' low byte."""
+_SCALAR_BYTES = layout.ID_OFFSET - layout.SCALARS_OFFSET
+SPIN_CPUS = 8
+"""From how many usable CPUs a wait spins long (``wait_spin_seconds``)."""
+
+
+def wait_spin_seconds() -> float:
+    """How long a wait spins on ``done`` before it sleeps: 1 ms where this process may run on
+    8 CPUs or more (CUDA's own automatic policy spins where cores are plenty), else 100 µs.
+    Waking a client that sleeps costs tens of microseconds; a spin only its own core."""
+    return 1e-3 if len(os.sched_getaffinity(0)) >= SPIN_CPUS else 100e-6
 
 
 class RingClosed(Exception):
@@ -67,14 +83,15 @@ class Ring:
         # Counters through word views: one aligned store or load each (never torn).
         self._words = memoryview(self._map).cast("Q")
         self._halves = memoryview(self._map).cast("I")
-        self.slots = slots
+        self.slots: int = slots
+        self._mask: int = slots - 1
         self._error_slots = error_slots
         self._submit_fd = submit_fd
         self._complete_fd = complete_fd
         self._head = int(self._words[layout.HEAD >> 3])
         self._errors_seen = 0
         self._next_handle = 1
-        self.spin_seconds = 100e-6
+        self.spin_seconds = wait_spin_seconds()
         self.abandoned: Callable[[], bool] | None = None
         """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
         self._closed = False
@@ -136,41 +153,68 @@ class Ring:
         timeout: float,
     ) -> int:
         """Publish a launch record; its seq. ``scalars``: each value's bytes in 8-byte fields."""
+        fixed = self.fixed_part(session, operands, results, n_scalars)
+        values = scalars[:_SCALAR_BYTES].ljust(_SCALAR_BYTES, b"\0")
+        slot = self._slot(timeout)
+        self._map[slot + layout.SCALARS_OFFSET : slot + layout.ID_OFFSET] = values
+        self._write(slot, fixed, notify)
+        return self._publish()
+
+    @staticmethod
+    def fixed_part(
+        session: int, operands: Sequence[int], results: Sequence[int], n_scalars: int
+    ) -> bytes:
+        """The part of a launch record that repeats from one launch to the next (no seq, no
+        scalar values), for ``launch_fixed``."""
         handles = [*operands, *results]
         if len(handles) > layout.MAX_BUFFERS:
             raise ValueError(f"a ring launch takes at most {layout.MAX_BUFFERS} buffers")
         handles += [0] * (layout.MAX_BUFFERS - len(handles))
-        slot = self._slot(timeout)
-        layout.RECORD.pack_into(
-            self._map,
-            slot,
-            self._head,
-            layout.Kind.LAUNCH,
-            layout.NOTIFY if notify else 0,
-            session,
-            len(operands),
-            len(results),
-            n_scalars,
-            *handles,
-            scalars,
+        return layout.RECORD_FIXED.pack(
+            layout.Kind.LAUNCH, 0, session, len(operands), len(results), n_scalars, *handles
         )
+
+    def launch_fixed(
+        self,
+        fixed: bytes,
+        scalars: struct.Struct,
+        values: Sequence[object],
+        notify: bool,
+        timeout: float,
+    ) -> int:
+        """Publish a launch record from its ``fixed_part`` and its scalar values, packed by
+        ``scalars`` (a struct of the record's 64 scalar bytes) straight into the slot; its seq.
+
+        A value ``scalars`` cannot pack raises ``struct.error``, and nothing is published.
+        """
+        slot = self._slot(timeout)
+        scalars.pack_into(self._map, slot + layout.SCALARS_OFFSET, *values)
+        self._write(slot, fixed, notify)
         return self._publish()
+
+    def _write(self, slot: int, fixed: bytes, notify: bool) -> None:
+        """Write a record's seq and fixed part into its slot (free: the daemon took it)."""
+        self._words[slot >> 3] = self._head
+        self._map[slot + 8 : slot + layout.SCALARS_OFFSET] = fixed
+        if notify:
+            self._map[slot + _FLAGS] = layout.NOTIFY
 
     def _slot(self, timeout: float) -> int:
         """The offset of the next record's slot, once the daemon has taken what was there."""
-        if self._closed or self._u32(layout.CLOSED):
+        if self._closed or self._halves[_CLOSED]:
             raise RingClosed("the daemon closed this ring")
         # A slot is free once taken, but launches in flight are also bounded by the ring's
         # size, so done (not tail) is the window: one client cannot queue without end.
-        if self._head - self.done >= self.slots:
+        head = self._head
+        if head - self._words[_DONE] >= self.slots:
             self._await(lambda: self._head - self.done < self.slots, timeout, RingFull)
-        return int(layout.HEADER_SIZE + (self._head & (self.slots - 1)) * layout.SLOT_SIZE)
+        return layout.HEADER_SIZE + (head & self._mask) * layout.SLOT_SIZE
 
     def _publish(self) -> int:
         seq = self._head
-        self._head += 1
-        self._words[layout.HEAD >> 3] = self._head
-        if self._u32(layout.DAEMON_WAITS):
+        self._head = seq + 1
+        self._words[_HEAD] = seq + 1
+        if self._halves[_DAEMON_WAITS]:
             with contextlib.suppress(BlockingIOError):
                 os.eventfd_write(self._submit_fd, 1)
         return seq
@@ -192,6 +236,8 @@ class Ring:
 
     def wait(self, seq: int, timeout: float) -> None:
         """Wait until record ``seq`` (and every one before it) finished or was refused."""
+        if not self._closed and self._words[_DONE] > seq:
+            return
         self._await(lambda: self.done > seq, timeout, TimeoutError)
 
     def _await(self, ready: Callable[[], bool], timeout: float, error: type[Exception]) -> None:
@@ -231,11 +277,17 @@ class Ring:
 
     # Errors -----------------------------------------------------------------------------
 
+    def has_errors(self) -> bool:
+        """Whether the daemon wrote errors that ``errors()`` has not returned yet."""
+        if self._closed:
+            raise RingClosed("the ring was closed")
+        return bool(self._words[_ERRORS] != self._errors_seen)
+
     def errors(self) -> list[RingError]:
         """Errors written since the last call (the oldest may be lost if more than fit)."""
         if self._closed:
             raise RingClosed("the ring was closed")
-        written = int(self._words[layout.ERRORS >> 3])
+        written = int(self._words[_ERRORS])
         first = max(self._errors_seen, written - self._error_slots)
         found = []
         for index in range(first, written):

@@ -11,13 +11,15 @@ asynchronous errors. ``ACCY_RING=0`` keeps a client on gRPC.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -47,6 +49,15 @@ _CODES = {
 
 ENTRY_GRACE_SECONDS = 0.5
 """How long a wait whose daemon went away still looks for the daemon's word on its work."""
+
+PLANS_KEPT = 256
+"""Launch records (sessions and buffers) a ring keeps ready; past this it starts over."""
+
+_NO_SCALARS = struct.Struct(f"{layout.ID_OFFSET - layout.SCALARS_OFFSET}x")
+
+_Plan = tuple[bytes, struct.Struct, Callable[[Mapping[str, float]], tuple[object, ...]], bytes]
+"""A launch's record without seq and scalars, its scalars' struct, what picks their values out
+of the caller's scalars in order, and the record that says the scalars did not pack."""
 
 _PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "u8": "B7x"}
 
@@ -88,6 +99,8 @@ class RingPath:
         self._buffers: dict[str, int] = {}
         self._failed: dict[int, RingError] = {}
         """Errors the daemon wrote and nobody raised yet, by record."""
+        self._plans: dict[tuple[str | None, ...], _Plan] = {}
+        """Launches made before, by session and buffers: their records' fixed parts."""
 
     # Binding ---------------------------------------------------------------------------
 
@@ -118,6 +131,7 @@ class RingPath:
             handle = self._buffers.pop(object_id, None)
             if handle is None:
                 return
+            self._plans.clear()  # some may name the handle
             with contextlib.suppress(RingClosed, RingFull, ValueError):
                 self.ring.unbind(handle, 1.0)
 
@@ -127,45 +141,68 @@ class RingPath:
         self,
         session_id: str,
         scalar_specs: Sequence[tuple[str, str]],
-        scalars: dict[str, float],
+        scalars: Mapping[str, float],
         operands: Sequence[str],
         results: Sequence[str],
         *,
         wait: bool,
         timeout: float,
     ) -> int:
-        """Publish one launch; with ``wait``, return once it finished. Its record's seq."""
-        if len(scalar_specs) > layout.MAX_SCALARS:
-            raise ValueError("too many runtime scalars for a ring record")
+        """Publish one launch; with ``wait``, return once it finished. Its record's seq.
+
+        A launch of a session on buffers it used before reuses that launch's record (its
+        handles and counts), so only the seq, the flags and the scalars are written.
+        """
+        key = (session_id, *operands, None, *results)
         with self.lock:
-            self._raise_failed()
-            names = [name for name, _ in scalar_specs]
-            handle, packer, _ = self._session(
-                session_id, names, [dtype for _, dtype in scalar_specs], timeout
-            )
+            ring = self.ring
+            if self._failed or ring.has_errors():
+                self._raise_failed()
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plan(key, session_id, scalar_specs, operands, results, timeout)
+            fixed, packer, values_of, unpacked = plan
             try:
-                values = packer.pack(*(scalars[name] for name in names))
-            except (KeyError, struct.error):
-                values = b""  # the daemon says which scalar is missing or wrong
-            ops = [self._buffer(b, timeout) for b in operands]
-            res = [self._buffer(b, timeout) for b in results]
-            seq = self.ring.launch(
-                handle,
-                ops,
-                res,
-                values,
-                len(names) if values else layout.MAX_SCALARS + 1,
-                notify=wait,
-                timeout=timeout,
-            )
+                seq = ring.launch_fixed(fixed, packer, values_of(scalars), wait, timeout)
+            except (KeyError, struct.error):  # the daemon says which scalar is missing or wrong
+                seq = ring.launch_fixed(unpacked, _NO_SCALARS, (), wait, timeout)
         if wait:
             self.wait(seq, timeout)
         return seq
 
+    def _plan(
+        self,
+        key: tuple[str | None, ...],
+        session_id: str,
+        scalar_specs: Sequence[tuple[str, str]],
+        operands: Sequence[str],
+        results: Sequence[str],
+        timeout: float,
+    ) -> _Plan:
+        """Bind what a launch names (once) and keep its record's fixed part under ``key``."""
+        if len(scalar_specs) > layout.MAX_SCALARS:
+            raise ValueError("too many runtime scalars for a ring record")
+        names = tuple(name for name, _ in scalar_specs)
+        handle, packer, _ = self._session(
+            session_id, names, [dtype for _, dtype in scalar_specs], timeout
+        )
+        ops = [self._buffer(b, timeout) for b in operands]
+        res = [self._buffer(b, timeout) for b in results]
+        fixed = Ring.fixed_part(handle, ops, res, len(names))
+        # A record whose scalars did not pack says it has more than a record holds.
+        unpacked = Ring.fixed_part(handle, ops, res, layout.MAX_SCALARS + 1)
+        if len(self._plans) >= PLANS_KEPT:
+            self._plans.clear()
+        plan = self._plans[key] = (fixed, packer, _values_of(names), unpacked)
+        return plan
+
     def wait(self, seq: int | None, timeout: float) -> None:
         """Wait for record ``seq`` (every record so far if ``None``); raise what failed."""
-        with self.lock:
-            target = self.ring.head - 1 if seq is None else seq
+        if seq is None:
+            with self.lock:
+                target = self.ring.head - 1
+        else:
+            target = seq
         try:
             if target >= 0:
                 self.ring.wait(target, timeout)
@@ -180,8 +217,9 @@ class RingPath:
                         return
                 time.sleep(0.01)
             raise
-        with self.lock:
-            self._raise_failed()
+        if self._failed or self.ring.has_errors():
+            with self.lock:
+                self._raise_failed()
 
     def settle(self, timeout: float | None) -> None:
         """Before a call over gRPC: every record published is checked and enqueued, so the
@@ -199,6 +237,17 @@ class RingPath:
     def close(self) -> None:
         with self.lock, contextlib.suppress(Exception):
             self.ring.close()
+
+
+def _values_of(names: tuple[str, ...]) -> Callable[[Mapping[str, float]], tuple[object, ...]]:
+    """What takes the values of ``names`` from a launch's scalars, in order (``KeyError``
+    for a missing one)."""
+    if not names:
+        return lambda scalars: ()
+    if len(names) == 1:
+        (name,) = names
+        return lambda scalars: (scalars[name],)
+    return cast(Callable[[Mapping[str, float]], tuple[object, ...]], operator.itemgetter(*names))
 
 
 def _error(error: RingError) -> AccyError:

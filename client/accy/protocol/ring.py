@@ -64,7 +64,9 @@ __all__ = [
     "MESSAGE_BYTES",
     "NOTIFY",
     "RECORD",
+    "RECORD_FIXED",
     "RING_ENV",
+    "SCALARS_OFFSET",
     "SLOT_SIZE",
     "TAIL",
     "TICKET_BYTES",
@@ -98,10 +100,14 @@ HEADER_SIZE = 16384
 SLOT_SIZE = 256
 MAX_BUFFERS = 16
 MAX_SCALARS = 8
+SCALARS_OFFSET = 84
 ID_OFFSET = RECORD_BYTES = 148
 MAX_ID_BYTES = SLOT_SIZE - ID_OFFSET - 1
 RECORD = struct.Struct("<QHHIBBBx16I64s")
 """seq, kind, flags, handle, operand/result/scalar counts, buffer handles, scalar bytes."""
+RECORD_FIXED = struct.Struct("<HHIBBBx16I")
+"""A launch record from byte 8 to ``SCALARS_OFFSET``: what stays the same from one launch of
+the same session on the same buffers to the next (kind, flags, handle, counts, handles)."""
 ERROR_ENTRY = struct.Struct("<Q32s64s48sH")
 """seq, reason, field, the session a device fault names, message length; the message follows."""
 

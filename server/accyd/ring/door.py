@@ -15,19 +15,27 @@ from pathlib import Path
 
 import structlog
 
+from accyd.backends.base import BackendKind
 from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
 from accyd.ring.memory import RingMemory
 from accyd.ring.ring import RingCore, ServerRing
-from accyd.ring.submitter import Submitter
+from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
 
-__all__ = ["OFFER_SECONDS", "RingDoor", "RingOffer"]
+__all__ = ["OFFER_SECONDS", "RingDoor", "RingOffer", "flight_spin_for"]
 
 log = structlog.get_logger("accyd.ring")
 
 MAX_SLOTS = 4096
 DEFAULT_SLOTS = 1024
+
+
+def flight_spin_for(core: RingCore) -> float:
+    """How long the submitter spins on launches in flight: a device runs them without this
+    process, so spinning costs a core and finds their ends at once; the host backend runs
+    them on Python threads, which need the GIL the spinning thread keeps taking back."""
+    return 0.0 if core.backend.kind is BackendKind.HOST else FLIGHT_SPIN_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +57,7 @@ class RingDoor:
         self.handoff = Handoff(socket_path)
         """Shared with other things handed to clients (memory segments)."""
         self.path = self.handoff.path
-        self._submitter = submitter or Submitter()
+        self._submitter = submitter or Submitter(flight_spin_seconds=flight_spin_for(core))
         self._by_client: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 

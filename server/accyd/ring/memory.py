@@ -77,6 +77,18 @@ class RingMemory:
         at = layout.HEADER_SIZE + (seq & (self.slot_count - 1)) * layout.SLOT_SIZE
         return self.map[at : at + layout.SLOT_SIZE]
 
+    def records(self, seq: int, count: int) -> bytes:
+        """A copy of the slots of records ``seq`` .. ``seq + count - 1`` (``count`` at most the
+        ring's slots), one after another: the client may change them while we read."""
+        first = seq & (self.slot_count - 1)
+        at = layout.HEADER_SIZE + first * layout.SLOT_SIZE
+        if first + count <= self.slot_count:
+            return self.map[at : at + count * layout.SLOT_SIZE]
+        wrapped = (first + count - self.slot_count) * layout.SLOT_SIZE
+        return (
+            self.map[at : self.size] + self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + wrapped]
+        )
+
     def drain_submit(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.submit_fd)

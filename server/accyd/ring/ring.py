@@ -13,91 +13,32 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import structlog
 
 from accy.protocol import ring as layout
-from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
 from accyd.core.launching import BoundLaunch
 from accyd.core.marks import MarkWatch
 from accyd.errors import AccyError, DeviceFault, InvalidRequest, LaunchArgumentMismatch, NotFound
 from accyd.ring.memory import RingMemory
+from accyd.ring.needs import RingCore
+from accyd.ring.records import KEY, KEY_END, KIND, LAUNCH_KIND, Batch, id_of, scalar_struct
 
 __all__ = ["RingCore", "ServerRing"]
 
 log = structlog.get_logger("accyd.ring")
 
-_CODES = {
-    DType.F32: "f4x",
-    DType.F64: "d",
-    DType.I32: "i4x",
-    DType.U32: "I4x",
-    DType.I64: "q",
-    DType.U64: "Q",
-    DType.U8: "B7x",
-}
-
-
-class Ticket(Protocol):
-    @property
-    def must_wait(self) -> bool: ...
-
-    @property
-    def watch(self) -> MarkWatch | None: ...
-
-
-class RingCore(Protocol):
-    """What a ring needs of the core: the operations every front door calls."""
-
-    def launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-        *,
-        watch: bool = False,
-    ) -> Ticket: ...
-
-    def reap(self, client_id: str, session_id: str) -> None: ...
-
-    def bind_launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-    ) -> BoundLaunch | None: ...
-
-    def launch_bound(self, bound: BoundLaunch, count: int = 1) -> bool: ...
-
-    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None: ...
-
-    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None: ...
-
-    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]: ...
-
-    def check_buffer(self, client_id: str, buffer_id: str) -> None: ...
-
-    def touch(self, client_id: str) -> None: ...
-
-    def frees_of(self, client_id: str) -> int: ...
-
-
 BOUND_PER_RING = 1024
 """Launches a ring keeps checked (by record contents); past this it starts over."""
 
-_KEY = slice(12, layout.RECORD.size)
-"""The bytes of a launch record that say what it launches: handles, counts and scalars."""
-_KIND = slice(8, 10)
-_LAUNCH_KIND = int(layout.Kind.LAUNCH).to_bytes(2, "little")
+TOUCH_SECONDS = 0.05
+"""How often a busy ring tells the core its client is alive (liveness is judged in seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +85,9 @@ class ServerRing:
         self._buffers: dict[int, str] = {}
         self._flights: deque[_Flight] = deque()
         self._bound: dict[bytes, _Bound] = {}
-        self._frees = 0
         """Launches checked once, by their records' contents: replayed without a check."""
+        self._frees = 0
+        self._touched = 0.0
         self.broken = False
 
     @property
@@ -162,52 +104,60 @@ class ServerRing:
         """Check and enqueue up to ``limit`` published records; how many were taken."""
         if self.broken:
             return 0
-        head = self.memory.u64(layout.HEAD)
-        ahead = head - self._tail
+        memory = self.memory
+        head = memory.u64(layout.HEAD)
+        tail = self._tail
+        ahead = head - tail
         if ahead == 0:
             return 0
-        if not 0 < ahead <= self.memory.slot_count:
-            self._break(f"head {head} is not within one ring of the tail {self._tail}")
+        if not 0 < ahead <= memory.slot_count:
+            self._break(f"head {head} is not within one ring of the tail {tail}")
             return 0
         taken = min(ahead, limit)
-        frees = self._core.frees_of(self.client_id)
+        core = self._core
+        frees = core.frees_of(self.client_id)
         if frees != self._frees:  # bound launches may name a freed buffer: let them go
             self._frees = frees
             self._bound.clear()
-        sessions: set[str] = set()
-        reap: set[str] = set()
-        seq, end = self._tail, self._tail + taken
-        while seq < end:
-            run, launched = self._take_run(seq, end)
-            if launched is not None:
-                sessions.add(launched[0])
-                if launched[1]:
-                    reap.add(launched[0])
-            seq += run
-        self._tail += taken
+        batch = Batch(memory.records(tail, taken), tail)
+        index = 0
+        while index < taken:
+            index += self._take_run(batch, index, taken)
+        self._tail = end = tail + taken
         # One watch per session and batch: its launches run in order on its stream, so
         # the newest one's end is the end of them all. Published after the launches are
         # enqueued, so a client that sees the tail move may call over gRPC in their order.
-        watches = [(s, w) for s in sessions if (w := self._core.newest_launch(self.client_id, s))]
-        self._flights.append(_Flight(self._tail, watches, reap))
-        self.memory.set_u64(layout.TAIL, self._tail)
-        self._core.touch(self.client_id)
+        client_id = self.client_id
+        watches = [(s, w) for s in batch.sessions if (w := core.newest_launch(client_id, s))]
+        self._flights.append(_Flight(end, watches, batch.reap))
+        memory.set_u64(layout.TAIL, end)
+        now = time.monotonic()
+        if now - self._touched >= TOUCH_SECONDS:
+            self._touched = now
+            core.touch(client_id)
         return taken
 
-    def _take_run(self, seq: int, end: int) -> tuple[int, tuple[str, bool] | None]:
-        """Take record ``seq`` and the identical launches right after it, replayed at once
-        when it was bound before; how many records, and what ``_one`` says of them."""
-        raw = self.memory.record(seq)
-        key = raw[_KEY]
-        bound = self._bound.get(key) if raw[_KIND] == _LAUNCH_KIND else None
-        if bound is None or int.from_bytes(raw[:8], "little") != seq:
-            return 1, self._one(seq, raw)
+    def _take_run(self, batch: Batch, index: int, count: int) -> int:
+        """Take record ``index`` of the batch and the identical launches right after it,
+        replayed at once when it was bound before; how many records that was."""
+        at = index * layout.SLOT_SIZE
+        records = batch.records
+        seq = batch.first + index
+        bound = None
+        if records.startswith(LAUNCH_KIND, at + KIND) and batch.seq(index) == seq:
+            key = records[at + KEY : at + KEY_END]
+            bound = self._bound.get(key)
+        if bound is None:
+            batch.launched(self._one(seq, batch.slot(index)))
+            return 1
         run = 1
-        while seq + run < end:
-            following = self.memory.record(seq + run)
-            if following[_KEY] != key or following[_KIND] != _LAUNCH_KIND:
-                break
-            if int.from_bytes(following[:8], "little") != seq + run:
+        while index + run < count:
+            following = at + run * layout.SLOT_SIZE
+            if not (
+                records.startswith(key, following + KEY)
+                and records.startswith(LAUNCH_KIND, following + KIND)
+                and batch.seq(index + run) == seq + run
+            ):
                 break
             run += 1
         try:
@@ -215,13 +165,14 @@ class ServerRing:
         except AccyError as error:
             for failed in range(seq, seq + run):
                 self._refuse(failed, error, f"launch of session {bound.session_id}")
-            return run, None
-        if not replayed:  # something it named changed: check each again
-            self._bound.clear()
-            for again in range(seq, seq + run):
-                launched = self._one(again, self.memory.record(again))
-            return run, launched
-        return run, (bound.session_id, False)
+            return run
+        if replayed:
+            batch.launched((bound.session_id, False))
+            return run
+        self._bound.clear()  # something it named changed: check each again
+        for again in range(index, index + run):
+            batch.launched(self._one(seq + again - index, batch.slot(again)))
+        return run
 
     def _one(self, seq: int, raw: bytes) -> tuple[str, bool] | None:
         """Take one record; for a launch enqueued, its session and whether it must be reaped."""
@@ -237,7 +188,7 @@ class ServerRing:
                         field="buffers",
                     )
                 return self._launch(
-                    raw[_KEY],
+                    raw[KEY:KEY_END],
                     handle,
                     handles[:n_ops],
                     handles[n_ops : n_ops + n_res],
@@ -245,7 +196,7 @@ class ServerRing:
                     values,
                 )
             if kind in (layout.Kind.BIND_SESSION, layout.Kind.BIND_BUFFER):
-                self._bind(kind, handle, _id_of(raw))
+                self._bind(kind, handle, id_of(raw))
             elif kind == layout.Kind.UNBIND:
                 self._sessions.pop(handle, None)
                 self._buffers.pop(handle, None)
@@ -274,9 +225,7 @@ class ServerRing:
                     f"the ring carries at most {layout.MAX_SCALARS}",
                     field="session_id",
                 )
-            code = "<" + "".join(_CODES[s.dtype] for s in specs)
-            code += f"{8 * (layout.MAX_SCALARS - len(specs))}x"
-            self._sessions[handle] = _SessionBinding(object_id, specs, struct.Struct(code))
+            self._sessions[handle] = _SessionBinding(object_id, specs, scalar_struct(specs))
         else:
             self._core.check_buffer(self.client_id, object_id)
             self._buffers[handle] = object_id
@@ -406,14 +355,3 @@ class ServerRing:
                 watch.close()
         self._flights.clear()
         self.memory.close()
-
-
-def _id_of(raw: bytes) -> str:
-    length = raw[layout.ID_OFFSET]
-    if not 0 < length <= layout.MAX_ID_BYTES:
-        raise InvalidRequest(f"id length {length} is not 1..{layout.MAX_ID_BYTES}", field="id")
-    start = layout.ID_OFFSET + 1
-    try:
-        return raw[start : start + length].decode("ascii")
-    except UnicodeDecodeError:
-        raise InvalidRequest("an id is ASCII", field="id") from None

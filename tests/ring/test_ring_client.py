@@ -1,0 +1,76 @@
+"""The client library's launches through the ring: kept records, new values, freed buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accy import Client
+from accy.errors import AccyError
+from tests.service.harness import ServerThread, make_config
+
+SAXPY = "accy.kernel.saxpy"
+N = 64
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[Client]:
+    server = ServerThread(make_config(tmp_path, "unix"))
+    try:
+        with Client(server.address, client_name="ring-client") as made:
+            yield made
+    finally:
+        server.stop()
+
+
+def test_each_launch_carries_its_own_scalars_on_a_kept_record(client: Client) -> None:
+    x = client.buffer(np.arange(N, dtype=np.float32))
+    y = client.buffer(np.ones(N, np.float32))
+    out = [client.empty(N, "f32") for _ in range(3)]
+    session = client.load(SAXPY)
+    for _ in range(3):  # the same buffers and scalars again: one kept record
+        session.launch([x, y], [out[0]], wait=False, n=N, a=2.0)
+    session.launch([x, y], [out[1]], wait=False, n=N, a=-3.0)
+    session.launch([x, y], [out[2]], wait=False, n=N // 2, a=0.5)  # only the first half
+    last = session.launch([x, y], [out[0]], wait=True, n=N, a=4.0)
+    assert last.completed and last._ring is not None, "the launches went through the ring"
+    assert last.id.startswith("ring-") and last.id in repr(last)
+    xs = np.arange(N, dtype=np.float32)
+    np.testing.assert_array_equal(out[0].read(), 4.0 * xs + 1.0)
+    np.testing.assert_array_equal(out[1].read(), -3.0 * xs + 1.0)
+    np.testing.assert_array_equal(out[2].read()[: N // 2], 0.5 * xs[: N // 2] + 1.0)
+    ring = last._ring
+    assert len(ring._plans) == 3  # one record kept per set of buffers
+
+
+def test_a_freed_buffer_takes_its_kept_records_with_it(client: Client) -> None:
+    x = client.buffer(np.full(N, 2.0, np.float32))
+    y = client.buffer(np.ones(N, np.float32))
+    z = client.empty(N, "f32")
+    session = client.load(SAXPY)
+    session.launch([x, y], [z], wait=True, n=N, a=1.0)
+    ring = session._ring
+    assert ring is not None and ring._plans
+    z.free()
+    assert not ring._plans and z.id not in ring._buffers
+    again = client.empty(N, "f32")
+    session.launch([x, y], [again], wait=True, n=N, a=3.0)
+    np.testing.assert_array_equal(again.read(), np.full(N, 7.0, np.float32))
+
+
+def test_a_missing_scalar_is_the_daemons_to_name_and_later_launches_run(client: Client) -> None:
+    x = client.buffer(np.ones(N, np.float32))
+    y = client.buffer(np.ones(N, np.float32))
+    z = client.empty(N, "f32")
+    session = client.load(SAXPY)
+    session.launch([x, y], [z], wait=True, n=N, a=1.0)  # the record is kept
+    session.launch([x, y], [z], wait=False, n=N)  # no a: its values do not pack
+    with pytest.raises(AccyError) as raised:
+        session.wait()
+    assert raised.value.reason == "LAUNCH_ARGUMENT_MISMATCH"
+    assert "ring record" in str(raised.value)
+    session.launch([x, y], [z], wait=True, n=N, a=5.0)
+    np.testing.assert_array_equal(z.read(), np.full(N, 6.0, np.float32))
