@@ -21,6 +21,9 @@ step pytest 240 $PY -m pytest -q -p no:cacheprovider tests/workers \
 step overhead 120 $PY bench/worker_overhead.py --backend cuda --json
 step two_devices 240 $PY bench/two_devices.py --backend cuda --one-gpu \
   --json "$OUT/two_devices.json" ${TWO_ARGS:-}
+if [[ -n "${SHARING:-}" ]]; then  # the sharing benchmark with its device in a worker
+  OUT=$OUT/sharing ACCYD_DEVICE_WORKERS=1 step sharing_workers 240 bash bench/device_sharing.sh
+fi
 pgrep -af 'accyd' > "$OUT/accyd_left.txt" 2>&1 || echo "none" > "$OUT/accyd_left.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader \
   >> "$OUT/accyd_left.txt" 2>&1
@@ -32,4 +35,5 @@ echo "==== pytest"; grep -E "passed|failed|error|FAILED|Error" "$OUT/pytest.log"
 echo "==== overhead"; tail -25 "$OUT/overhead.log"
 echo "==== two_devices"; grep -v '^|' "$OUT/two_devices.log" | tail -8
 sed -n '/ backend, device_scan n=/,$p' "$OUT/two_devices.log"
+if [[ -n "${SHARING:-}" ]]; then echo "==== sharing, device in a worker"; tail -11 "$OUT/sharing_workers.log"; fi
 exit 0

@@ -245,11 +245,19 @@ class Served(ServedState):
         if recorded is None or recorded[0] is None:
             self._notified(nid)()
             return
-        try:
-            self.backend.notify_event(recorded[0], self._stream(sid), self._notified(nid))
-        except BaseException as error:
-            self._notified(nid)()
-            self._failed(sid, error)
+        event, notified = recorded[0], self._notified(nid)
+
+        def host_function() -> None:  # in the stream's order
+            try:
+                self.backend.notify_event(event, self._stream(sid), notified)
+            except BaseException as error:
+                notified()
+                self._failed(sid, error)
+
+        if self.watcher is not None:
+            self.watcher.watch(event, notified, host_function)
+        else:
+            host_function()
 
     def _drop_queued(self, op: tuple[Any, ...]) -> None:
         _, call, sid = op
@@ -282,7 +290,10 @@ class Served(ServedState):
     def _destroy_event(self, op: tuple[Any, ...]) -> None:
         recorded = self.events.pop(op[1], None)
         if recorded is not None and recorded[0] is not None:
-            self.backend.destroy_event(recorded[0])
+            if self.watcher is not None:  # one it watches goes once the watch ends
+                self.watcher.destroy(recorded[0])
+            else:
+                self.backend.destroy_event(recorded[0])
 
     # -- copies -----------------------------------------------------------------------------------
 

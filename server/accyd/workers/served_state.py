@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from accyd.backends.base import (
     Backend,
+    BackendKind,
     CompiledArtifact,
     DeviceBuffer,
     Event,
@@ -29,6 +30,7 @@ from accyd.catalog.model import FixedGeometry
 from accyd.errors import DeviceFault, LaunchArgumentMismatch, LaunchFailed
 from accyd.workers.protocol import ALL_STREAMS, Op, encode_error
 from accyd.workers.served_pins import SharedMappings
+from accyd.workers.served_watch import EventWatcher
 
 __all__ = ["CALL_THREADS", "ServedState"]
 
@@ -80,6 +82,8 @@ class ServedState:
         self._calls = ThreadPoolExecutor(CALL_THREADS, "accy-worker-call")
         self._frees = ThreadPoolExecutor(1, "accy-worker-free")
         self._last_free: Future[None] | None = None
+        self.watcher = EventWatcher(backend) if backend.kind is BackendKind.CUDA else None
+        """Polls the events the front waits on (CUDA: sooner than a host function)."""
 
     # -- answering and keeping errors ----------------------------------------------------
 
@@ -187,6 +191,8 @@ class ServedState:
     def close(self) -> None:
         """Let blocking ops and frees finish, unpin and unmap the front's memory left, then
         close the backend (frees what is left)."""
+        if self.watcher is not None:
+            self.watcher.close()
         self._calls.shutdown(wait=True)
         self._frees.shutdown(wait=True)
         self.shared.close()
