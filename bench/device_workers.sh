@@ -3,9 +3,11 @@
 # (bench/device_env.sh), then on the GPU: the device worker tests (CUDA ones included) and the
 # core's CUDA pipelines, the per-launch cost of a worker against the backend in-process, and
 # bench/two_devices.py --one-gpu (two devices, each a worker process, on GPU 0: a real sticky
-# fault on device 1 while device 0's clients check their results). Outputs go to $OUT.
+# fault on device 1 while device 0's clients check their results); with SHARING=1, the sharing
+# benchmark with its device in a worker too. Outputs go to $OUT.
 set -u
 source bench/device_env.sh || exit 1
+root=$OUT
 
 nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader \
   > "$OUT/env.txt" 2>&1
@@ -13,8 +15,8 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,nohead
 step() {  # step NAME SECONDS COMMAND...: run it with a deadline, its output to $OUT/NAME.log
   local name=$1 limit=$2 start=$SECONDS
   shift 2
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" >> "$OUT/steps.txt"
+  timeout -k 10 "$limit" "$@" > "$root/$name.log" 2>&1
+  echo "$name rc=$? $((SECONDS - start))s" >> "$root/steps.txt"
 }
 step pytest 240 $PY -m pytest -q -p no:cacheprovider tests/workers \
   tests/core/test_device_isolation.py tests/backends/test_cuda_pipelines.py ${PYTEST_ARGS:-}
@@ -22,7 +24,7 @@ step overhead 120 $PY bench/worker_overhead.py --backend cuda --json
 step two_devices 240 $PY bench/two_devices.py --backend cuda --one-gpu \
   --json "$OUT/two_devices.json" ${TWO_ARGS:-}
 if [[ -n "${SHARING:-}" ]]; then  # the sharing benchmark with its device in a worker
-  OUT=$OUT/sharing ACCYD_DEVICE_WORKERS=1 step sharing_workers 240 bash bench/device_sharing.sh
+  OUT=$root/sharing ACCYD_DEVICE_WORKERS=1 step sharing_workers 240 bash bench/device_sharing.sh
 fi
 pgrep -af 'accyd' > "$OUT/accyd_left.txt" 2>&1 || echo "none" > "$OUT/accyd_left.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader \
