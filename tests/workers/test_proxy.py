@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -306,3 +308,49 @@ def test_artifact_errors_keep_their_types(shared: WorkerBackend) -> None:
         shared.load_artifact(missing)
     with pytest.raises(UnsupportedOperation, match="not cuda_cpp"):
         shared.create_artifact(ArtifactRequest("f", ArtifactFormat.CUDA_CPP, 1, 0, "__global__"))
+
+
+def test_polling_many_events_registers_one_notification_per_stream_at_a_time(
+    shared: WorkerBackend, kernels: Kernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = shared.create_stream()
+    gate = kernels.new_gate()
+    kernels.launch("blocked", stream, value=gate)
+    events = [shared.record_event(stream) for _ in range(40)]
+    registered: list[int] = []
+    notify = shared._notify_event
+
+    def counting(eid: int, state: Any, callback: Callable[[], None]) -> None:
+        registered.append(eid)
+        notify(eid, state, callback)
+
+    monkeypatch.setattr(shared, "_notify_event", counting)
+    for _ in range(3):  # polled again and again, as a session's reap does
+        assert not any(shared.event_done(event) for event in events)
+    assert registered == [events[-1].id]  # the newest covers every older one
+    kernels.open(gate)
+    deadline = time.monotonic() + 5
+    while not shared.event_done(events[0]) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert all(shared.event_done(event) for event in events)  # known here, no more asks
+    assert registered == [events[-1].id]
+    for event in events:
+        shared.destroy_event(event)
+
+
+def test_a_notification_for_a_destroyed_event_waits_for_its_stream(
+    shared: WorkerBackend, kernels: Kernels
+) -> None:
+    stream = shared.create_stream()
+    gate = kernels.new_gate()
+    kernels.launch("blocked", stream, value=gate)
+    event = shared.record_event(stream)
+    state = event.native
+    shared.destroy_event(event)  # the worker forgets it before the notification comes
+    reached = threading.Event()
+    shared._notify_event(event.id, state, reached.set)
+    assert not reached.wait(0.2)  # never claimed over while the stream still runs
+    assert not shared.event_done(event)
+    kernels.open(gate)
+    assert reached.wait(5)
+    assert shared.event_done(event)

@@ -32,13 +32,23 @@ __all__ = [
 class Track:
     """One stream's events, as the front counts them (``Stream.native`` of a worker stream)."""
 
-    __slots__ = ("reached", "recorded")
+    __slots__ = ("newest", "reached", "recorded", "watching")
 
     def __init__(self) -> None:
         self.recorded = 0
         """Events recorded on the stream (bumped in send order, under the channel's lock)."""
         self.reached = 0
         """Events known finished: every one up to this count."""
+        self.newest: tuple[int, int] = (0, 0)
+        """``(event id, count)`` of the newest event recorded on the stream."""
+        self.watching = 0
+        """The count a notification is registered for and not yet reached (``event_done``
+        registers one per stream at a time, for its newest event: it covers the older)."""
+
+    def recorded_event(self, eid: int, seq: int) -> None:
+        """Event ``eid`` is the ``seq``-th on the stream."""
+        if seq > self.newest[1]:
+            self.newest = (eid, seq)
 
     def advance(self, upto: int) -> None:
         """The work before the ``upto``-th event is over. A race may lose an advance,

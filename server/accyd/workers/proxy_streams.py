@@ -97,6 +97,7 @@ class WorkerStreams:
         track, sid = self._track(stream), stream_id(stream)
         eid = next(self._ids)
         seq = self._channel.flush((Op.RECORD, eid, sid), track)
+        track.recorded_event(eid, seq)
         return Event(eid, EventState(track, seq, sid))
 
     @staticmethod
@@ -115,21 +116,28 @@ class WorkerStreams:
 
     def event_done(self, event: Event) -> bool:
         """Answered here, never by a round trip: ``False`` until the front learns the work is
-        over. The first ask registers a notification (once per event), so a poll (a session's
-        reap, a ring's settle) sees ``True`` soon after the device finished, without blocking
-        its thread for a round trip on each ask."""
+        over. An ask that no registered notification covers registers one for the stream's
+        newest event (one at a time per stream: it covers every older one), so a poll (a
+        session's reap, a ring's settle) sees ``True`` soon after the device finished,
+        without a round trip or a notification per launch."""
         channel = self._channel
         if channel.dead:
             raise channel.dead_error()
         state = self._state(event)
         if state.known_done():
             return True
-        try:
-            self._watched(event, state)
-        except (DeviceFault, Unavailable):
-            if channel.dead:
-                raise channel.dead_error() from None
-            raise
+        track = state.track
+        if track.watching < state.seq:  # nothing registered covers it: one for the newest
+            eid, seq = track.newest
+            if seq < state.seq:
+                eid, seq = event.id, state.seq
+            track.watching = seq
+            try:
+                self._notify_event(eid, EventState(track, seq, state.sid), lambda: None)
+            except (DeviceFault, Unavailable):
+                if channel.dead:
+                    raise channel.dead_error() from None
+                raise
         return state.known_done()
 
     def wait_event_for(self, event: Event, seconds: float) -> bool:

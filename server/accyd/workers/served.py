@@ -242,8 +242,8 @@ class Served(ServedState):
     def _notify_event(self, op: tuple[Any, ...]) -> None:
         _, nid, eid, sid = op
         recorded = self.events.get(eid)
-        if recorded is None or recorded[0] is None:
-            self._notified(nid)()
+        if recorded is None or recorded[0] is None:  # gone (or failed): the stream's order
+            self._notify((Op.NOTIFY, nid, sid))  # decides, never a claim made early
             return
         event, notified = recorded[0], self._notified(nid)
 
