@@ -113,8 +113,9 @@ def main() -> int:
         (launching.Launching, "_replay", "  _replay"),
         (launching, "hazards", "    hazards"),
         (launching, "order_after", "    order_after"),
-        (sessions.Session, "replay", "    session.replay"),
+        (sessions.Session, "prepared_for", "    session.prepared_for (once per generation)"),
         (PreparedLaunches, "get", "      prepared.get (key + lookup)"),
+        (sessions.Session, "replay", "    session.replay"),
         (sessions.Session, "_push", "      _push (Mark: record_event)"),
         (launching, "note", "    note (marks on buffers)"),
     ]

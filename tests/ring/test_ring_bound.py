@@ -95,3 +95,37 @@ def test_a_bound_launch_goes_stale_when_what_it_names_changes() -> None:
         assert daemon.status().launches_total == 2
     finally:
         daemon.close()
+
+
+def test_a_bound_launch_keeps_its_prepared_launch_until_the_session_closes_it() -> None:
+    daemon, backend = host_daemon()
+    prepares: list[int] = []
+    prepare = backend.prepare
+
+    def counting(requests: object) -> object:
+        prepares.append(1)
+        return prepare(requests)  # type: ignore[arg-type]
+
+    backend.prepare = counting  # type: ignore[method-assign]
+    try:
+        client = daemon.attach("c").id
+        session = daemon.load_pipeline(client, SAXPY).session_id
+        acc = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        ones = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        write(daemon, client, ones, np.ones(N, np.float32))
+        scalars = {"n": Scalar.u32(N), "a": Scalar.f32(1.0)}
+        bound = daemon.bind_launch(client, session, [acc, ones], [acc], scalars)
+        assert bound is not None
+        for _ in range(5):
+            assert daemon.launch_bound(bound, 2)
+        assert len(prepares) == 1  # checked and packed once, replayed ten times
+        bound.session.prepared.clear()  # as an eviction from the session's cache closes it
+        assert daemon.launch_bound(bound, 2)
+        assert len(prepares) == 2  # prepared again, never a closed one replayed
+        daemon.wait_launch(client, session)
+        assert np.all(read(daemon, client, acc, N) == 12.0)
+        status = daemon.status()
+        assert status.launches_total == 12
+        assert status.tenants[0].usage.launches_in_flight == 0
+    finally:
+        daemon.close()

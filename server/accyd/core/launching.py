@@ -8,9 +8,9 @@ own record. Scratch made for one launch alone is allocated outside the lock.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from accyd.backends.base import DeviceBuffer
+from accyd.backends.base import DeviceBuffer, PreparedLaunch
 from accyd.catalog.dtypes import Scalar
 from accyd.core.accounting import Reservation
 from accyd.core.arguments import check_counts, hazards, launch_buffers, note
@@ -31,6 +31,9 @@ from accyd.errors import AccyError, DeviceFault, NotFound
 __all__ = ["BoundLaunch", "LaunchTicket", "Launching"]
 
 _ONE_LAUNCH = Usage(launches_in_flight=1)
+REAP_AFTER = 16
+"""A bound replay reaps its session's finished launches (giving their quota back) once
+this many records are in flight, not at every replay."""
 """What a launch on the session's own scratch costs (never changed: shared by every launch)."""
 
 
@@ -60,6 +63,18 @@ class BoundLaunch:
     checked: _Checked
     scratch: Intermediates | None
     """The session's scratch when it was bound: replaced scratch makes it stale."""
+    prepared: _Held = field(default_factory=lambda: _Held())
+    """Its prepared launch, kept while the session's prepared launches stay the same."""
+
+
+class _Held:
+    """A bound launch's prepared launch and the generation it was taken at."""
+
+    __slots__ = ("generation", "launch")
+
+    def __init__(self) -> None:
+        self.launch: PreparedLaunch | None = None
+        self.generation = -1
 
 
 class Launching(Holdings):
@@ -150,23 +165,29 @@ class Launching(Holdings):
                 return False
             try:
                 self._state.check_serving()
-                self._ledger.launches_over(client, session.reap(free_scratch=False).launches)
+                if session.launches_in_flight >= REAP_AFTER:  # tidying: not every replay
+                    self._ledger.launches_over(client, session.reap(free_scratch=False).launches)
                 with self._ledger.reserve(client, Usage(launches_in_flight=count)) as held:
-                    self._replay(held, session, checked, count)
+                    self._replay(held, bound, count)
             except AccyError:
                 self.launches_failed += count
                 raise
             self.launches_total += count
             return True
 
-    def _replay(self, held: Reservation, session: Session, checked: _Checked, count: int) -> None:
+    def _replay(self, held: Reservation, bound: BoundLaunch, count: int) -> None:
+        session, checked, kept = bound.session, bound.checked, bound.prepared
         ops, res = checked.operands, checked.results
         before = session.next_seq
         try:
             order_after(session.backend, session.stream, hazards(ops, res))
-            record = session.replay(
-                checked.operand_buffers, checked.result_buffers, checked.args, checked.plan, count
-            )
+            prepared = kept.launch
+            if prepared is None or kept.generation != session.prepared.generation:
+                prepared = session.prepared_for(
+                    checked.operand_buffers, checked.result_buffers, checked.args, checked.plan
+                )
+                kept.launch, kept.generation = prepared, session.prepared.generation
+            record = session.replay(prepared, count)
         except BaseException as error:
             parked = session.newest(before)
             if parked is not None:

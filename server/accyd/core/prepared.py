@@ -54,11 +54,14 @@ def prepare_pipeline(backend: Backend, request: PipelineLaunch, plan: LaunchPlan
 class PreparedLaunches:
     """One session's prepared launches by key; owned by the session, closed with it."""
 
-    __slots__ = ("_backend", "_prepared")
+    __slots__ = ("_backend", "_prepared", "generation")
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._prepared: dict[_Key, PreparedLaunch] = {}
+        self.generation = 0
+        """Moves whenever a prepared launch is closed: one held outside (a bound launch's)
+        is valid while the generation it was taken at is the current one."""
 
     def get(self, request: PipelineLaunch, plan: LaunchPlan) -> PreparedLaunch:
         """The prepared launch of ``request``, made (checked and packed) if its key is new."""
@@ -89,9 +92,12 @@ class PreparedLaunches:
         stale = [key for key in self._prepared if buffer_id in key[0] or buffer_id in key[1]]
         for key in stale:
             self._prepared.pop(key).close()
+        if stale:
+            self.generation += 1
 
     def clear(self) -> None:
         """Drop every prepared launch (a running graph finishes first: CUDA frees it after)."""
         for prepared in self._prepared.values():
             prepared.close()
         self._prepared.clear()
+        self.generation += 1

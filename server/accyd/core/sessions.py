@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accyd.backends.base import Backend, DeviceBuffer, Stream
+from accyd.backends.base import Backend, DeviceBuffer, PreparedLaunch, Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.executor import (
@@ -232,16 +232,15 @@ class Session:
             raise
         return self._push(transient)
 
-    def replay(
+    def prepared_for(
         self,
         operands: Sequence[DeviceBuffer],
         results: Sequence[DeviceBuffer],
         args: Sequence[Scalar],
         plan: LaunchPlan,
-        count: int,
-    ) -> LaunchRecord:
-        """Enqueue the same checked launch ``count`` times on the session's own scratch, as
-        one record (one mark after the last). A failure part way still leaves the record."""
+    ) -> PreparedLaunch:
+        """The prepared launch of a checked launch on the session's own scratch (made if
+        new); valid while ``prepared.generation`` stays as it is now."""
         request = PipelineLaunch(
             pipeline=self.pipeline,
             registry=self.registry,
@@ -254,7 +253,11 @@ class Session:
             stream=self.stream,
             diagnostic_id=self.id,
         )
-        prepared = self.prepared.get(request, plan)
+        return self.prepared.get(request, plan)
+
+    def replay(self, prepared: PreparedLaunch, count: int) -> LaunchRecord:
+        """Enqueue ``prepared`` (from ``prepared_for``) ``count`` times, as one record (one
+        mark after the last). A failure part way still leaves the record."""
         try:
             for _ in range(count):
                 prepared.launch(self.stream)
