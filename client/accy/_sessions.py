@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from accy import _dtypes
 from accy._connection import UNSET, Connection
 from accy._launching import (
@@ -38,6 +40,14 @@ def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) 
         return
     request = pb.ReleaseRequest(session_id=session_id)
     conn.later(lambda: conn.call(conn.stub.Release, request, link=link))
+
+
+def _exact(value: object) -> object:
+    """``value`` as a cache key that tells apart what compares equal but packs differently:
+    ``-0.0`` and ``0.0`` (a float's exact text); other values as they are."""
+    if isinstance(value, float | np.floating):
+        return float(value).hex()
+    return value
 
 
 def new_session(
@@ -175,7 +185,7 @@ class Session(Resource):
 
     def _scalars(self, values: Mapping[str, object]) -> dict[str, pb.Scalar]:
         """The scalars typed for the wire; the same values again reuse the same messages."""
-        key = tuple((name, type(value), value) for name, value in values.items())
+        key = tuple((name, type(value), _exact(value)) for name, value in values.items())
         try:
             packed = self._packed.get(key)
         except TypeError:  # an unhashable value: packing says what is wrong with it
