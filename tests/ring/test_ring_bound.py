@@ -129,3 +129,25 @@ def test_a_bound_launch_keeps_its_prepared_launch_until_the_session_closes_it() 
         assert status.tenants[0].usage.launches_in_flight == 0
     finally:
         daemon.close()
+
+
+def test_freeing_another_buffer_leaves_a_bound_launch_valid_and_checked() -> None:
+    daemon, _ = host_daemon()
+    try:
+        client = daemon.attach("c").id
+        session = daemon.load_pipeline(client, SAXPY).session_id
+        x = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        y = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        other = daemon.allocate_buffer(client, 64).id
+        write(daemon, client, x, np.ones(N, np.float32))
+        scalars = {"n": Scalar.u32(N), "a": Scalar.f32(1.0)}
+        bound = daemon.bind_launch(client, session, [x, y], [y], scalars)
+        assert bound is not None and daemon.launch_bound(bound)
+        daemon.free_buffer(client, other)  # the client's frees move: its buffers are checked
+        assert daemon.launch_bound(bound)
+        daemon.free_buffer(client, x)
+        assert not daemon.launch_bound(bound)  # and a freed one of its own is found
+        daemon.wait_launch(client, session)
+        assert np.all(read(daemon, client, y, N) == 2.0)
+    finally:
+        daemon.close()

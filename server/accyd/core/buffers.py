@@ -48,15 +48,26 @@ class BufferRecord:
 
     def note_read(self, mark: Mark) -> None:
         """A read recorded by ``mark``; it supersedes older reads on the same stream."""
-        for old in [m for m in self.readers if m.stream_id == mark.stream_id]:
-            self.readers.remove(old)
+        readers = self.readers
+        if len(readers) == 1 and readers[0].stream_id == mark.stream_id:  # the usual case
+            old, readers[0] = readers[0], mark.retain()
             old.release()
-        self.readers.append(mark.retain())
+            return
+        for old in [m for m in readers if m.stream_id == mark.stream_id]:
+            readers.remove(old)
+            old.release()
+        readers.append(mark.retain())
 
     def note_write(self, mark: Mark) -> None:
-        for old in self.take_marks():
-            old.release()
+        """A write recorded by ``mark``: it supersedes every earlier use."""
+        last, readers = self.last_write, self.readers
         self.last_write = mark.retain()
+        if readers:
+            self.readers = []
+            for old in readers:
+                old.release()
+        if last is not None:
+            last.release()
 
     def take_marks(self) -> list[Mark]:
         """Every mark held, handed to the caller (who waits and releases them)."""

@@ -65,6 +65,8 @@ class BoundLaunch:
     """The session's scratch when it was bound: replaced scratch makes it stale."""
     prepared: _Held = field(default_factory=lambda: _Held())
     """Its prepared launch, kept while the session's prepared launches stay the same."""
+    frees: int = -1
+    """The client's ``frees`` when it was bound: unchanged, every buffer it names is alive."""
 
 
 class _Held:
@@ -145,7 +147,7 @@ class Launching(Holdings):
             checked = self._check_launch(client, session, operands, results, scalars)
             if session.needs_scratch and session.scratch_for(checked.args) is None:
                 return None
-            return BoundLaunch(client, session, checked, session.scratch)
+            return BoundLaunch(client, session, checked, session.scratch, frees=client.frees)
 
     def launch_bound(self, bound: BoundLaunch, count: int = 1) -> bool:
         """Enqueue ``count`` replays of a bound launch; False when it went stale (a buffer
@@ -159,8 +161,13 @@ class Launching(Holdings):
                 self._clients.find(client.id) is not client
                 or client.sessions.get(session.id) is not session
                 or session.scratch is not bound.scratch
-                or any(buffers.get(r.id) is not r for r in checked.operands)
-                or any(buffers.get(r.id) is not r for r in checked.results)
+                or (
+                    client.frees != bound.frees  # a buffer went: is it one of these?
+                    and (
+                        any(buffers.get(r.id) is not r for r in checked.operands)
+                        or any(buffers.get(r.id) is not r for r in checked.results)
+                    )
+                )
             ):
                 return False
             try:
