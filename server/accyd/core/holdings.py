@@ -26,8 +26,8 @@ from accyd.core.device import DeviceState
 from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
 from accyd.core.marks import Mark, order_after
-from accyd.core.placement import place
-from accyd.core.sessions import Reaped, Session, SessionKey
+from accyd.core.placement import home_of
+from accyd.core.sessions import Session, SessionKey
 from accyd.core.tenants import Usage
 from accyd.core.waits import Deferred, until_done
 from accyd.errors import AccyError, DeviceFault, InvalidRequest, NotFound, UnsupportedOperation
@@ -88,16 +88,11 @@ class Holdings:
         return backend
 
     def _place(self, client_id: str, device: int | None) -> int:
-        """The device a request goes to: the one it names, else the client's home device,
-        placed at its first unplaced request on the device with the fewest clients homed
-        there (then the least memory in use)."""
+        """The device a request goes to: the one it names, else the client's (``home_of``)."""
         if device is not None:
             return device
         with self._lock:
-            client = self._clients.get(client_id)
-            if client.home_device is None:
-                client.home_device = place(self.backends, self._clients, self._state)
-            return client.home_device
+            return home_of(self._clients.get(client_id), self.backends, self._clients, self._state)
 
     def _current(self, device: int, backend: Backend) -> None:
         """Under the lock: raise if ``device`` was lost or replaced since ``backend`` was taken."""
@@ -384,76 +379,6 @@ class Holdings:
                 mark.wait()
         record.backend.destroy(record.buffer)
         self._ledger.refund(client, Usage(memory_bytes=record.byte_size, buffers=1))
-
-    # Devices ----------------------------------------------------------------------
-
-    def replace_device(self, device: int, backend: Backend) -> None:
-        """*Blocking*: ``backend`` serves isolated ``device`` from now on, after its fault.
-
-        Every attached client's sessions and buffers on the device are dropped, their
-        usage refunded and their ids remembered as lost with the device's fault (calls
-        naming them say so); the old backend is retired (the caller closes it, ending
-        its worker process and everything it held). Clients that are leaving keep their
-        teardown, which finds the old backend faulted. Nothing on other devices is touched.
-        """
-        dropped: list[Session] = []
-        leftovers: list[Reaped] = []
-        marks: list[Mark] = []
-        with self._lock:
-            old = self.backends[device]
-            fault = self._state.replaced(device, old) or DeviceFault(
-                "the device was replaced", device=device
-            )
-            lost = DeviceFault(fault.message, session=fault.session, device=device, isolated=True)
-            for client in self._clients:
-                memory = buffers = launches = 0
-                sessions = [s for s in client.sessions.values() if s.key.device == device]
-                for session in sessions:
-                    client.pop_session(session.id)
-                    client.lost[session.id] = lost
-                    memory += session.scratch_bytes()
-                    drained = session.drain()
-                    launches += drained.launches
-                    leftovers.append(drained)
-                    dropped.append(session)
-                for record in [r for r in client.buffers.values() if r.device == device]:
-                    del client.buffers[record.id]
-                    client.lost[record.id] = lost
-                    record.closed = True
-                    marks += record.take_marks()
-                    memory += record.byte_size
-                    buffers += 1
-                if buffers:
-                    client.frees += 1  # cached launches naming them are stale
-                client.transfer_streams.pop(device, None)
-                self._ledger.refund(
-                    client,
-                    Usage(
-                        memory_bytes=memory,
-                        sessions=len(sessions),
-                        buffers=buffers,
-                        launches_in_flight=launches,
-                    ),
-                )
-            for leaving in self._leaving.values():
-                leaving.transfer_streams.pop(device, None)
-            self.backends[device] = backend
-        # The old backend is faulted: these free nothing on a device, only their handles.
-        for mark in marks:
-            mark.release()
-        for drained in leftovers:
-            with contextlib.suppress(AccyError):
-                drained.close()
-        for session in dropped:
-            with contextlib.suppress(AccyError):
-                session.close()
-        log.warning(
-            "device replaced",
-            device=device,
-            session_id=fault.session,
-            sessions_lost=len(dropped),
-            error=fault.message,
-        )
 
     # Detach ---------------------------------------------------------------------
 

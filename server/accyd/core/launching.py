@@ -22,8 +22,9 @@ from accyd.core.executor import (
     allocate_intermediates,
     intermediate_byte_sizes,
 )
-from accyd.core.holdings import Holdings, WouldBlock
+from accyd.core.holdings import WouldBlock
 from accyd.core.marks import MarkWatch, order_after
+from accyd.core.replacing import Replacing
 from accyd.core.sessions import Session, order_scalars
 from accyd.core.tenants import Usage
 from accyd.errors import AccyError, DeviceFault, NotFound
@@ -79,7 +80,7 @@ class _Held:
         self.generation = -1
 
 
-class Launching(Holdings):
+class Launching(Replacing):
     """The launch operations of the facade."""
 
     launches_total = 0

@@ -8,7 +8,7 @@ from accyd.backends.base import Backend
 from accyd.core.clients import Client
 from accyd.core.device import DeviceState
 
-__all__ = ["DeviceLoad", "load_of", "place"]
+__all__ = ["DeviceLoad", "home_of", "load_of", "place"]
 
 
 class DeviceLoad:
@@ -59,3 +59,13 @@ def place(backends: Mapping[int, Backend], clients: Iterable[Client], state: Dev
     loads = load_of(backends, clients)
     serving = [device for device in loads if device not in state.lost] or list(loads)
     return min(serving, key=lambda d: (loads[d].homed, loads[d].memory, d))
+
+
+def home_of(
+    client: Client, backends: Mapping[int, Backend], clients: Iterable[Client], state: DeviceState
+) -> int:
+    """Under the core's lock: ``client``'s home device, placed (``place``) at its first
+    request that names none."""
+    if client.home_device is None:
+        client.home_device = place(backends, clients, state)
+    return client.home_device
