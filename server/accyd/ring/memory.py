@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import mmap
 import os
 
 from accy.protocol import ring as layout
+from accyd.memfd import sealed_memfd
 
 __all__ = ["RingMemory"]
 
@@ -27,18 +26,12 @@ class RingMemory:
             raise ValueError(f"slot_count must be a power of two, not {slot_count}")
         self.slot_count = slot_count
         self.size = layout.ring_bytes(slot_count)
-        self.fd = os.memfd_create("accy-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self.fd, self.map = sealed_memfd("accy-ring", self.size)
         try:
-            os.ftruncate(self.fd, self.size)
-            fcntl.fcntl(
-                self.fd,
-                fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
-            )
-            self.map = mmap.mmap(self.fd, self.size)
             self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         except BaseException:
+            self.map.close()
             os.close(self.fd)
             raise
         layout.HEADER.pack_into(

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import mmap
 import os
 import threading
 
 from accyd.backends.base import Backend
 from accyd.core.clients import Client
+from accyd.memfd import sealed_memfd
 
 __all__ = ["HostSegment"]
 
@@ -34,18 +33,7 @@ class HostSegment:
         self.lock = threading.Lock()
         self.closed = False
         self._backend = backend
-        self.fd = os.memfd_create("accy-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, byte_size)
-            fcntl.fcntl(
-                self.fd,
-                fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
-            )
-            self._map = mmap.mmap(self.fd, byte_size)
-        except BaseException:
-            os.close(self.fd)
-            raise
+        self.fd, self._map = sealed_memfd("accy-segment", byte_size)
         self.view = memoryview(self._map)
         try:
             self._pinned = backend.pin_host(self.view, fd=self.fd)
