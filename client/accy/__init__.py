@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from accy._export import ExportedBuffer
     from accy._models import (
         Attachment,
         BufferSpec,
@@ -32,6 +33,7 @@ __all__ = [
     "BufferSpec",
     "Client",
     "DeviceStatus",
+    "ExportedBuffer",
     "Launch",
     "PipelineInfo",
     "Reattachment",
@@ -56,6 +58,7 @@ _HOMES = {
     "TenantQuotas": "accy._models",
     "TenantStatus": "accy._models",
     "Buffer": "accy.client",
+    "ExportedBuffer": "accy._export",
     "Client": "accy.client",
     "Launch": "accy.client",
     "Session": "accy.client",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -19,11 +20,18 @@ from accy import _chunks, _dtypes, _handoff, _shm
 from accy._chunks import Progress
 from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
+from accy._export import ExportedBuffer, map_export
 from accy._link import Link, device_lost, device_replaced
-from accy.errors import AccyError, BufferLost, FieldViolation, InvalidArgument
+from accy.errors import (
+    AccyError,
+    BufferLost,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+)
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Buffer", "Resource", "buffer_ids", "new_buffer"]
+__all__ = ["Buffer", "Resource", "allocate", "buffer_ids", "new_buffer"]
 
 
 class Resource:
@@ -73,6 +81,29 @@ def _free_dropped(conn: Connection, link: Link, buffer_id: str) -> None:
         link.ring.forget(buffer_id)
     request = pb.FreeBufferRequest(buffer_id=buffer_id)
     conn.later(lambda: conn.call(conn.stub.FreeBuffer, request, link=link))
+
+
+def allocate(
+    conn: Connection,
+    nbytes: int,
+    dtype: np.dtype[Any] | None,
+    device: int | None,
+    *,
+    exportable: bool = False,
+) -> Buffer:
+    """A new buffer of ``nbytes`` bytes on the daemon (for ``Client.buffer`` and ``empty``)."""
+    if nbytes < 0:
+        raise InvalidArgument(
+            f"a buffer cannot hold {nbytes} bytes",
+            field_violations=[FieldViolation("byte_size", "must not be negative")],
+        )
+    request = pb.AllocateBufferRequest(
+        byte_size=nbytes, dtype=_dtypes.to_wire(dtype), device=device, exportable=exportable
+    )
+    response, link = conn.call(conn.stub.AllocateBuffer, request)
+    return new_buffer(
+        conn, link, response.buffer_id, nbytes, response.byte_size, dtype, response.device
+    )
 
 
 def new_buffer(
@@ -302,6 +333,25 @@ class Buffer(Resource):
                 if _shm.refused(pool, error):
                     return None
                 raise
+
+    def export(self, timeout: float | None = UNSET) -> ExportedBuffer:
+        """This buffer's memory mapped in this process, with no copy, once the daemon's work
+        queued on it so far is over: a CUDA buffer for ``cupy.from_dlpack`` or
+        ``torch.from_dlpack`` (needs cuda-python here), a host one for ``numpy()``.
+
+        The buffer must have been made with ``exportable=True``, by a daemon on this host (a
+        ``unix:`` target). See ``ExportedBuffer`` for what is ordered with what."""
+        target = self._conn.target
+        if not target.startswith("unix:"):
+            raise FailedPrecondition(
+                "exporting a buffer needs a daemon on this host (a unix: target), not " + target,
+                reason="EXPORT_UNAVAILABLE",
+            )
+        with self._using() as link:
+            request = pb.ExportBufferRequest(buffer_id=self.on(link))
+            response, _ = self._conn.call(self._conn.stub.ExportBuffer, request, timeout, link=link)
+        kind = self.dtype if self.dtype is not None else np.dtype(np.uint8)
+        return map_export(response, Path(target.removeprefix("unix:")), kind)
 
     def free(self) -> None:
         """Free the buffer on the daemon; later calls, and calls on a lost buffer, do nothing."""

@@ -86,3 +86,4 @@ class Stub:
         self.OpenSegment = uu("OpenSegment", pb.OpenSegmentRequest, pb.OpenSegmentResponse)
         self.CopySegment = uu("CopySegment", pb.CopySegmentRequest, pb.CopySegmentResponse)
         self.CloseSegment = uu("CloseSegment", pb.CloseSegmentRequest, pb.CloseSegmentResponse)
+        self.ExportBuffer = uu("ExportBuffer", pb.ExportBufferRequest, pb.ExportBufferResponse)

@@ -198,13 +198,18 @@ def refused(pool: SharedPool, error: AccyError | OSError | _handoff.HandoffRefus
 
 
 def shared_array(
-    pool: SharedPool,
-    shape: tuple[int, ...],
-    dtype: np.dtype[Any],
-    device: int,
-    timeout: float | None,
+    conn: Connection, shape: tuple[int, ...], dtype: np.dtype[Any], device: int
 ) -> np.ndarray[Any, Any]:
-    """A new array in a dedicated segment: writes from it and reads into it copy nothing here."""
+    """A new array in a dedicated segment: writes from it and reads into it copy nothing here
+    (``Client.shared_array``)."""
+    pool = pool_of(conn, conn.current_link(None))
+    if pool is None:
+        raise FailedPrecondition(
+            "shared memory needs a daemon on this host (a unix: target) and is off "
+            f"with {SHM_ENV}=0 or Client(shared_memory=False)",
+            reason="SHARED_MEMORY_UNAVAILABLE",
+        )
+    timeout = conn.timeout
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     segment = pool.dedicate(max(nbytes, 1), device, timeout)
     array = segment.data[:nbytes].view(dtype).reshape(shape)

@@ -29,12 +29,11 @@ from accy._launching import Launch
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
-from accy._resources import Buffer, new_buffer
+from accy._resources import Buffer, allocate
 from accy._sessions import Session, new_session
 from accy._target import resolve_target
 from accy.errors import (
     BufferLost,
-    FailedPrecondition,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -338,19 +337,21 @@ class Client:
         *,
         device: int | None = None,
         progress: Progress | None = None,
+        exportable: bool = False,
     ) -> Buffer:
         """A device buffer: of ``nbytes`` bytes, or holding a copy of an array.
 
         Given an array (or a sequence), the buffer takes its size and element
         type (``dtype`` converts it first) and the data is uploaded.
+        ``exportable``: ``Buffer.export`` can map it here (see there).
         """
         if isinstance(array_or_nbytes, int | np.integer):
             nbytes = int(array_or_nbytes)
             kind = _dtypes.to_numpy(dtype) if dtype is not None else None
-            return self._allocate(nbytes, kind, device)
+            return self._allocate(nbytes, kind, device, exportable)
         array = np.asarray(array_or_nbytes, dtype=dtype)
         kind = _dtypes.to_numpy(array.dtype)
-        buffer = self._allocate(array.size * kind.itemsize, kind, device)
+        buffer = self._allocate(array.size * kind.itemsize, kind, device, exportable)
         try:
             buffer.write(array, progress=progress)
         except BaseException:
@@ -365,35 +366,26 @@ class Client:
         """A numpy array in memory shared with a local daemon: ``Buffer.write`` from it and
         ``Buffer.read(out=...)`` into it copy nothing on this side. ``FailedPrecondition``
         where the daemon shares no memory (remote, or shared memory turned off)."""
-        link = self._conn.current_link(None)
-        pool = _shm.pool_of(self._conn, link)
-        if pool is None:
-            raise FailedPrecondition(
-                "shared memory needs a daemon on this host (a unix: target) and is off "
-                f"with {_shm.SHM_ENV}=0 or Client(shared_memory=False)",
-                reason="SHARED_MEMORY_UNAVAILABLE",
-            )
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        return _shm.shared_array(pool, dims, _dtypes.to_numpy(dtype), device, self._conn.timeout)
+        return _shm.shared_array(self._conn, dims, _dtypes.to_numpy(dtype), device)
 
-    def empty(self, count: int, dtype: DTypeLike, *, device: int | None = None) -> Buffer:
-        """A device buffer of ``count`` elements of ``dtype`` (contents undefined)."""
+    def empty(
+        self,
+        count: int,
+        dtype: DTypeLike,
+        *,
+        device: int | None = None,
+        exportable: bool = False,
+    ) -> Buffer:
+        """A device buffer of ``count`` elements of ``dtype`` (contents undefined);
+        ``exportable`` as for ``buffer``."""
         kind = _dtypes.to_numpy(dtype)
-        return self._allocate(count * kind.itemsize, kind, device)
+        return self._allocate(count * kind.itemsize, kind, device, exportable)
 
-    def _allocate(self, nbytes: int, dtype: np.dtype[Any] | None, device: int | None) -> Buffer:
-        if nbytes < 0:
-            raise InvalidArgument(
-                f"a buffer cannot hold {nbytes} bytes",
-                field_violations=[FieldViolation("byte_size", "must not be negative")],
-            )
-        response, link = self._conn.call(
-            self._conn.stub.AllocateBuffer,
-            pb.AllocateBufferRequest(byte_size=nbytes, dtype=_dtypes.to_wire(dtype), device=device),
-        )
-        return new_buffer(
-            self._conn, link, response.buffer_id, nbytes, response.byte_size, dtype, response.device
-        )
+    def _allocate(
+        self, nbytes: int, dtype: np.dtype[Any] | None, device: int | None, exportable: bool
+    ) -> Buffer:
+        return allocate(self._conn, nbytes, dtype, device, exportable=exportable)
 
     def run(
         self,

@@ -53,6 +53,8 @@ class Offered:
     """Run when sending failed after ``taken``."""
     dropped: Callable[[], None] = _nothing
     """Run when the offer expires or its client goes before taking it."""
+    sent: Callable[[], None] = _nothing
+    """Run once the descriptors went out."""
 
 
 @dataclass(slots=True)
@@ -92,10 +94,14 @@ class Handoff:
         self._thread.start()
 
     def offer(self, offered: Offered) -> bytes:
-        """Offer ``offered`` to its client; the one-time ticket it must show."""
+        """Offer ``offered`` to its client; the one-time ticket it must show. An offer not
+        taken yet under the same id is dropped: its ticket no longer works."""
         ticket = secrets.token_bytes(layout.TICKET_BYTES)
         with self._lock:
             expired = self._expire()
+            replaced = self._offers.get(offered.object_id)
+            if replaced is not None:
+                expired.append(replaced.offered)
             self._offers[offered.object_id] = _Offer(
                 offered, ticket, time.monotonic() + OFFER_SECONDS
             )
@@ -178,4 +184,5 @@ class Handoff:
         except OSError:
             offer.offered.failed()
             raise
+        offer.offered.sent()
         log.info("handed over", object_id=object_id, client_id=offer.offered.client_id)

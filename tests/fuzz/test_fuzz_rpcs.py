@@ -284,12 +284,16 @@ def unary_requests(world: World) -> st.SearchStrategy[Request]:
         request(
             "AllocateBuffer",
             st.builds(
-                lambda b, d, dev: pb.AllocateBufferRequest(byte_size=b, dtype=d, device=dev),
+                lambda b, d, dev, x: pb.AllocateBufferRequest(
+                    byte_size=b, dtype=d, device=dev, exportable=x
+                ),
                 byte_sizes,
                 dtypes,
                 st.sampled_from([0, 0, 1]) | u32s,
+                st.booleans(),
             ),
         ),
+        request("ExportBuffer", st.builds(lambda b: pb.ExportBufferRequest(buffer_id=b), buffer)),
         request("FreeBuffer", st.builds(lambda b: pb.FreeBufferRequest(buffer_id=b), buffer)),
         request(
             "OpenSegment",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import mmap
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -11,7 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accyd.backends.base import ArtifactRequest, Backend, BackendKind, LaunchRequest
+from accyd.backends.base import (
+    ArtifactRequest,
+    Backend,
+    BackendKind,
+    ExportKind,
+    LaunchRequest,
+)
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.errors import (
     FailedPrecondition,
@@ -354,3 +362,26 @@ def test_a_notification_for_a_destroyed_event_waits_for_its_stream(
     kernels.open(gate)
     assert reached.wait(5)
     assert shared.event_done(event)
+
+
+def test_an_exportable_buffer_is_handed_over_from_the_worker(shared: WorkerBackend) -> None:
+    buffer = shared.allocate_buffer(5000, zero=True, exportable=True)
+    data = np.arange(1250, dtype=np.float32)
+    shared.write(buffer, 0, data.tobytes(), None)
+    exported = shared.export_buffer(buffer)
+    try:
+        assert exported.kind is ExportKind.HOST_MEMFD
+        assert (exported.offset, exported.mapping_size) == (0, mmap.PAGESIZE * 2)
+        with mmap.mmap(exported.fd, exported.mapping_size) as mapped:
+            view = np.frombuffer(mapped, dtype=np.float32, count=1250)
+            np.testing.assert_array_equal(view, data)  # the worker's own pages
+            mapped[:4] = np.float32(-1).tobytes()
+            del view
+    finally:
+        os.close(exported.fd)
+    assert np.frombuffer(shared.read(buffer, 0, 4, None), np.float32)[0] == -1
+    plain = shared.allocate_buffer(64)
+    with pytest.raises(FailedPrecondition, match="not allocated exportable"):
+        shared.export_buffer(plain)
+    shared.destroy(plain)
+    shared.destroy(buffer)

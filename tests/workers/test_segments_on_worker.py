@@ -157,3 +157,20 @@ def test_segments_are_pinned_again_for_the_worker_that_replaced_their_device(
         assert segment_maps(new.pid) == 0
     finally:
         new.close()
+
+
+def test_a_buffer_exported_from_a_worker_is_the_workers_memory(daemon: RunningDaemon) -> None:
+    workers = worker_pids(daemon)
+    data = np.arange(1 << 16, dtype=np.float32)
+    with Client(daemon.unix_target) as client, client.load("accy.kernel.saxpy") as session:
+        x = client.buffer(data)
+        out = client.empty(data.size, np.float32, exportable=True)
+        session.launch(operands=[x, x], results=[out], n=data.size, a=2.0, wait=False)
+        with out.export() as view:
+            np.testing.assert_array_equal(view.numpy(), 3 * data)
+            maps = sum(
+                Path(f"/proc/{pid}/maps").read_text().count("accy-buffer") for pid in workers
+            )
+            assert maps == 1  # the worker's own mapping: what we see is its memory
+            view.numpy()[:] = 1
+            assert out.read()[-1] == 1

@@ -24,6 +24,8 @@ __all__ = [
     "CompiledArtifact",
     "DeviceBuffer",
     "Event",
+    "ExportKind",
+    "Exported",
     "LaunchRequest",
     "LoadedKernel",
     "PreparedLaunch",
@@ -60,6 +62,32 @@ class DeviceBuffer:
 
     def aliases(self, other: DeviceBuffer) -> bool:
         return self.backend is other.backend and self.id == other.id
+
+
+class ExportKind(enum.Enum):
+    CUDA_VMM = "cuda_vmm"
+    """A VMM allocation's POSIX descriptor (``cuMemExportToShareableHandle``)."""
+    HOST_MEMFD = "host_memfd"
+    """A memfd the host backend keeps the buffer in."""
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """What ``Backend.export_buffer`` hands out: a new descriptor the caller owns and closes.
+
+    Mapping all ``mapping_size`` bytes of ``fd`` shows the buffer at ``offset``. The
+    descriptor keeps the memory alive, so it must be closed once handed on.
+    """
+
+    fd: int
+    kind: ExportKind
+    mapping_size: int
+    offset: int
+    gpu_uuid: bytes = b""
+
+
+EXPORT_GRANULE = 2 << 20
+"""What an exportable buffer is charged in whole multiples of: CUDA's VMM granularity."""
 
 
 @dataclass(eq=False, slots=True)
@@ -202,12 +230,23 @@ class Backend(Protocol):
         dtype: DType | None = None,
         element_count: int | None = None,
         zero: bool = False,
+        exportable: bool = False,
     ) -> DeviceBuffer:
         """A new buffer; ``zero`` fills it with zeros before it is returned.
 
         Memory is reused between clients, so a buffer a client can read must be
         zeroed (or fully written) first, or it may show another client's data.
+        ``exportable`` makes memory ``export_buffer`` can hand to another process
+        (``UnsupportedOperation`` where the backend has none).
         """
+        ...
+
+    def export_buffer(self, buffer: DeviceBuffer) -> Exported:
+        """A new descriptor of an exportable ``buffer``'s memory, for another process to map.
+
+        The memory lives while any process maps it, so freeing the buffer later never
+        lets its pages be reused under a mapping. ``FailedPrecondition`` for a buffer
+        not allocated exportable."""
         ...
 
     def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact: ...

@@ -8,6 +8,7 @@ same results as the CUDA kernels of the same contract.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -24,6 +25,8 @@ from accyd.backends.base import (
     CompiledArtifact,
     DeviceBuffer,
     Event,
+    Exported,
+    ExportKind,
     LaunchRequest,
     LoadedKernel,
     PreparedLaunch,
@@ -42,6 +45,7 @@ from accyd.errors import (
     RuntimeUnavailable,
     UnsupportedOperation,
 )
+from accyd.memfd import sealed_memfd
 
 __all__ = ["DEFAULT_MEMORY_SHARE", "HostBackend", "physical_memory"]
 
@@ -75,6 +79,8 @@ class HostBackend:
         self._lock = threading.Lock()
         self._next_id = 1
         self._buffers: dict[int, DeviceBuffer] = {}
+        self._memfds: dict[int, int] = {}
+        """Exportable buffers' memfds, by buffer id (closed by ``destroy``)."""
         self._kernels: dict[int, LoadedKernel] = {}
         self._streams: dict[int, Worker] = {}
         self._events: dict[int, Event] = {}
@@ -123,10 +129,13 @@ class HostBackend:
         dtype: DType | None = None,
         element_count: int | None = None,
         zero: bool = False,
+        exportable: bool = False,
     ) -> DeviceBuffer:
         self._alive()
         if byte_size <= 0:
             raise LaunchArgumentMismatch(f"a buffer needs at least 1 byte, not {byte_size}")
+        if exportable and alignment > mmap.PAGESIZE:
+            raise LaunchArgumentMismatch(f"an exportable buffer is page-aligned, not {alignment}")
         with self._lock:
             if self._in_use + byte_size > self._memory_limit:
                 raise OutOfMemory(
@@ -135,16 +144,22 @@ class HostBackend:
                     "start the daemon with a larger --host-memory-limit"
                 )
             self._in_use += byte_size
+        memfd = None
         try:
-            raw = np.empty(byte_size + alignment, dtype=np.uint8)
-        except (MemoryError, ValueError):  # ValueError: past numpy's largest array
+            if exportable:  # in a memfd of its own (zero-filled), which export_buffer hands out
+                pages = -(-byte_size // mmap.PAGESIZE) * mmap.PAGESIZE
+                memfd, mapping = sealed_memfd("accy-buffer", pages)
+                data = np.frombuffer(mapping, dtype=np.uint8)[:byte_size]
+            else:
+                raw = np.empty(byte_size + alignment, dtype=np.uint8)
+                skew = (-raw.ctypes.data) % alignment
+                data = raw[skew : skew + byte_size]
+                if zero:
+                    data.fill(0)
+        except (MemoryError, ValueError, OSError):  # ValueError: past numpy's largest array
             with self._lock:
                 self._in_use -= byte_size
             raise OutOfMemory(f"host backend: cannot allocate {byte_size} bytes") from None
-        skew = (-raw.ctypes.data) % alignment
-        data = raw[skew : skew + byte_size]
-        if zero:
-            data.fill(0)
         buffer = DeviceBuffer(
             self._take_id(),
             BackendKind.HOST,
@@ -156,7 +171,19 @@ class HostBackend:
         )
         with self._lock:
             self._buffers[buffer.id] = buffer
+            if memfd is not None:
+                self._memfds[buffer.id] = memfd
         return buffer
+
+    def export_buffer(self, buffer: DeviceBuffer) -> Exported:
+        with self._lock:
+            memfd = self._memfds.get(buffer.id)
+            if memfd is None or self._buffers.get(buffer.id) is not buffer:
+                raise FailedPrecondition(
+                    f"buffer {buffer.id} was not allocated exportable", field="buffer_id"
+                )
+            fd = os.dup(memfd)
+        return Exported(fd, ExportKind.HOST_MEMFD, os.fstat(fd).st_size, 0)
 
     def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
         if request.format is not ArtifactFormat.HOST_PY:
@@ -250,6 +277,9 @@ class HostBackend:
             if isinstance(obj, DeviceBuffer):
                 if self._buffers.pop(obj.id, None) is not None:
                     self._in_use -= obj.byte_size
+                memfd = self._memfds.pop(obj.id, None)
+                if memfd is not None:  # its mapping goes with the last array over it
+                    os.close(memfd)
             else:
                 self._kernels.pop(obj.id, None)
 
@@ -387,8 +417,11 @@ class HostBackend:
             workers = list(self._streams.values())
             self._streams.clear()
             self._buffers.clear()
+            memfds, self._memfds = list(self._memfds.values()), {}
             self._kernels.clear()
             self._events.clear()
             self._in_use = 0
         for worker in workers:
             worker.stop()
+        for memfd in memfds:
+            os.close(memfd)

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from accyd.backends.base import Backend, DeviceBuffer, Stream
+from accyd.backends.base import Backend, DeviceBuffer, Exported, Stream
 from accyd.catalog.dtypes import DType
 from accyd.core.marks import Mark
 from accyd.errors import InvalidRequest, NotFound
@@ -30,11 +30,16 @@ class BufferRecord:
     backend: Backend
     """The backend that made ``buffer`` and frees it (a replaced device's is retired)."""
     dtype: DType | None = None
+    charged: int = 0
+    """The memory charged for it: its size, or more where the backend rounds it up."""
     last_write: Mark | None = None
     readers: list[Mark] = field(default_factory=list)
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held by each chunk of a transfer and by the free, so a free never races a copy."""
+
+    def __post_init__(self) -> None:
+        self.charged = self.charged or self.buffer.byte_size
 
     @property
     def byte_size(self) -> int:
@@ -140,6 +145,14 @@ class Transfer:
         with self.record.lock:
             self.backend.read_into(self._live().buffer, offset, out, self.stream)
         self.bytes_moved += size
+
+    def export(self) -> Exported:
+        """The buffer's memory for another process, once the work queued on it before is
+        over; blocks (off the event loop). The descriptor is the caller's to close."""
+        with self.record.lock:
+            buffer = self._live().buffer
+            self.backend.synchronize(self.stream)
+            return self.backend.export_buffer(buffer)
 
     def finish(self) -> None:
         """Record a write so later work on other streams waits for it; idempotent."""

@@ -90,7 +90,7 @@ class Client:
             )
 
     def memory_in_use(self) -> int:
-        buffers = sum(record.byte_size for record in self.buffers.values())
+        buffers = sum(record.charged for record in self.buffers.values())
         return buffers + sum(session.scratch_bytes() for session in self.sessions.values())
 
 

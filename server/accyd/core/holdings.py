@@ -16,7 +16,7 @@ from typing import Protocol
 
 import structlog
 
-from accyd.backends.base import Backend, Stream
+from accyd.backends.base import EXPORT_GRANULE, Backend, Stream
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
 from accyd.core.accounting import Ledger
@@ -291,9 +291,16 @@ class Holdings:
     # Buffers ----------------------------------------------------------------------
 
     def allocate_buffer(
-        self, client_id: str, byte_size: int, dtype: DType | None = None, device: int | None = None
+        self,
+        client_id: str,
+        byte_size: int,
+        dtype: DType | None = None,
+        device: int | None = None,
+        *,
+        exportable: bool = False,
     ) -> BufferRecord:
-        """*Blocking* (the device may take a while): a buffer of ``byte_size`` bytes."""
+        r"""*Blocking* (the device may take a while): a buffer of ``byte_size`` bytes;
+        ``exportable`` ones are charged in whole ``EXPORT_GRANULE``\ s, as they are made."""
         if not 0 < byte_size <= MAX_BUFFER_BYTES:
             raise InvalidRequest(
                 f"byte_size must be 1..{MAX_BUFFER_BYTES}, not {byte_size}", field="byte_size"
@@ -308,16 +315,18 @@ class Holdings:
         with self._lock:
             self._state.check_serving(device)
             client = self._clients.get(client_id)
-        with self._ledger.reserve(client, Usage(memory_bytes=byte_size, buffers=1)) as held:
+        charged = -(-byte_size // EXPORT_GRANULE) * EXPORT_GRANULE if exportable else byte_size
+        with self._ledger.reserve(client, Usage(memory_bytes=charged, buffers=1)) as held:
             with self._state.guard(backend=backend):
                 buffer = backend.allocate_buffer(
                     byte_size,
                     zero=True,  # memory is reused between clients: never show old data
                     dtype=dtype,
                     element_count=None if dtype is None else byte_size // dtype.itemsize,
+                    exportable=exportable,
                 )
             held.undo(lambda: backend.destroy(buffer))
-            record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype)
+            record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype, charged)
             with self._lock:
                 self._attached(client)
                 self._current(device, backend)
@@ -378,7 +387,7 @@ class Holdings:
             with contextlib.suppress(AccyError):
                 mark.wait()
         record.backend.destroy(record.buffer)
-        self._ledger.refund(client, Usage(memory_bytes=record.byte_size, buffers=1))
+        self._ledger.refund(client, Usage(memory_bytes=record.charged, buffers=1))
 
     # Detach ---------------------------------------------------------------------
 

@@ -46,7 +46,7 @@ def load_of(devices: Iterable[int], clients: Iterable[Client]) -> dict[int, Devi
             load = loads.get(record.device)
             if load is not None:
                 load.buffers += 1
-                load.memory += record.byte_size
+                load.memory += record.charged
                 seen.add(record.device)
         for device in seen:
             loads[device].clients += 1

@@ -55,7 +55,7 @@ class Replacing(Holdings):
                     client.lost[record.id] = lost
                     record.closed = True
                     marks += record.take_marks()
-                    memory += record.byte_size
+                    memory += record.charged
                     buffers += 1
                 if buffers:
                     client.frees += 1  # cached launches naming them are stale

@@ -1,8 +1,10 @@
-"""The shared-segment RPCs (OpenSegment, CopySegment, CloseSegment), mixed into the servicer."""
+"""The shared-memory RPCs (OpenSegment, CopySegment, CloseSegment, ExportBuffer), mixed into
+the servicer."""
 
 from __future__ import annotations
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from accyd.backends.base import ExportKind
 from accyd.core.daemon import Daemon
 from accyd.errors import InvalidRequest
 from accyd.logs import bind
@@ -12,6 +14,10 @@ from accyd.shm import Segments
 __all__ = ["SegmentHandlers"]
 
 _DIRECTIONS = {pb.COPY_DIRECTION_TO_BUFFER: True, pb.COPY_DIRECTION_TO_SEGMENT: False}
+_EXPORT_KINDS = {
+    ExportKind.CUDA_VMM: pb.EXPORT_KIND_CUDA_VMM,
+    ExportKind.HOST_MEMFD: pb.EXPORT_KIND_HOST_MEMFD,
+}
 
 
 class SegmentHandlers:
@@ -73,3 +79,24 @@ class SegmentHandlers:
         segment_id = text_field(request.segment_id, "segment_id")
         await self.calls.blocking_for(client_id, self.segments.close, client_id, segment_id)
         return pb.CloseSegmentResponse()
+
+    @unary
+    async def ExportBuffer(
+        self, request: pb.ExportBufferRequest, call: Call
+    ) -> pb.ExportBufferResponse:
+        client_id = call.need_client()
+        buffer_id = text_field(request.buffer_id, "buffer_id")
+        bind(buffer_id=buffer_id)
+        offer = await self.calls.blocking_for(client_id, self.segments.export, client_id, buffer_id)
+        exported = offer.exported
+        return pb.ExportBufferResponse(
+            export_id=offer.export_id,
+            ticket=offer.ticket,
+            handoff_name=offer.handoff_name,
+            kind=_EXPORT_KINDS[exported.kind],
+            mapping_size=exported.mapping_size,
+            offset=exported.offset,
+            byte_size=offer.byte_size,
+            gpu_uuid=exported.gpu_uuid,
+            device=offer.device,
+        )

@@ -256,6 +256,7 @@ class LaunchServicer(SegmentHandlers):
             request.byte_size,
             dtype,
             request.device if request.HasField("device") else None,
+            exportable=request.exportable,
         )
         return pb.AllocateBufferResponse(
             buffer_id=record.id, byte_size=record.byte_size, device=record.device

@@ -1,5 +1,7 @@
-"""Host-shared buffers: memory segments the daemon makes, maps and hands to one client."""
+"""Host-shared memory: segments the daemon makes, maps and hands to one client, and
+buffers it hands to their owner to map with no copy."""
 
+from accyd.shm.exports import ExportOffer
 from accyd.shm.segments import SegmentOffer, Segments
 
-__all__ = ["SegmentOffer", "Segments"]
+__all__ = ["ExportOffer", "SegmentOffer", "Segments"]

@@ -28,6 +28,7 @@ from accyd.errors import (
     QuotaExceeded,
 )
 from accyd.handoff import Handoff, Offered
+from accyd.shm.exports import ExportOffer, offer_export
 from accyd.shm.segment import HostSegment
 
 __all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentOffer", "Segments"]
@@ -55,15 +56,23 @@ class Segments:
         self._by_client: dict[str, dict[str, HostSegment]] = {}
         self._lock = threading.Lock()
 
-    def open(self, client_id: str, byte_size: int, device: int = 0) -> SegmentOffer:
-        """*Blocking* (pinning takes a while): a new segment for ``client_id``, offered."""
+    def _sharing(self, field: str) -> Handoff:
         handoff = self._handoff
         if handoff is None or not handoff.open:
             raise FailedPrecondition(
                 "this daemon serves no Unix socket, so it shares no memory: "
                 "write and read buffers over gRPC",
-                field="byte_size",
+                field=field,
             )
+        return handoff
+
+    def export(self, client_id: str, buffer_id: str) -> ExportOffer:
+        """*Blocking*: the client's own buffer, offered for it to map (``offer_export``)."""
+        return offer_export(self._daemon, self._sharing("buffer_id"), client_id, buffer_id)
+
+    def open(self, client_id: str, byte_size: int, device: int = 0) -> SegmentOffer:
+        """*Blocking* (pinning takes a while): a new segment for ``client_id``, offered."""
+        handoff = self._sharing("byte_size")
         if not 0 < byte_size <= MAX_BUFFER_BYTES:
             raise InvalidRequest(
                 f"byte_size must be 1..{MAX_BUFFER_BYTES}, not {byte_size}", field="byte_size"

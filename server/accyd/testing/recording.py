@@ -18,6 +18,7 @@ from accyd.backends.base import (
     CompiledArtifact,
     DeviceBuffer,
     Event,
+    Exported,
     LaunchRequest,
     LoadedKernel,
     PreparedLaunch,
@@ -26,7 +27,13 @@ from accyd.backends.base import (
 )
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
-from accyd.errors import LaunchFailed, OutOfMemory, RuntimeUnavailable
+from accyd.errors import (
+    FailedPrecondition,
+    LaunchFailed,
+    OutOfMemory,
+    RuntimeUnavailable,
+    UnsupportedOperation,
+)
 
 __all__ = ["RecordingBackend"]
 
@@ -105,7 +112,10 @@ class RecordingBackend:
         dtype: DType | None = None,
         element_count: int | None = None,
         zero: bool = False,
+        exportable: bool = False,
     ) -> DeviceBuffer:
+        if exportable:
+            raise UnsupportedOperation("the recording backend has no memory to export")
         if (
             self.fail_buffer_allocate_after_count is not None
             and self.buffer_allocate_count >= self.fail_buffer_allocate_after_count
@@ -121,6 +131,9 @@ class RecordingBackend:
         self.allocated_buffer_alignments.append(alignment)
         self._live[buffer.id] = buffer
         return buffer
+
+    def export_buffer(self, buffer: DeviceBuffer) -> Exported:
+        raise FailedPrecondition(f"buffer {buffer.id} was not allocated exportable")
 
     def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
         self.create_count += 1

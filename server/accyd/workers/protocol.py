@@ -57,6 +57,7 @@ op                 fields after the opcode                               answer
 ``UNPIN``          call, hid                                             None
 ``WRITE_SHARED``   call, bid, offset, sid, hid, start, size              None
 ``READ_SHARED``    call, bid, offset, sid, hid, start, size              None
+``EXPORT``         call, bid                                             see below
 =================  ====================================================  =========
 
 *launch* is ``kid, bids, scalars, grid, block, shared_memory_bytes,
@@ -72,6 +73,11 @@ file it must be) for ``size`` bytes and pin that mapping with its backend's
 bytes ``start..start+size`` of pin ``hid`` and the buffer: a round trip like
 ``WRITE``/``READ``, with no bytes on the channel. ``UNPIN`` waits for the copies
 using the pin, unpins and unmaps it.
+
+``ALLOCATE`` carries ``exportable`` after ``zero``. ``EXPORT`` sends the new
+descriptor of buffer ``bid``'s memory on the *lane* (a second socketpair, for
+``SCM_RIGHTS`` only) and then answers ``(kind value, mapping size, offset, GPU
+UUID)``; the front takes the descriptor from the lane once the answer came.
 
 Worker to front: each frame is one tuple.
 
@@ -153,7 +159,8 @@ class Op:
     UNPIN = 26
     WRITE_SHARED = 27
     READ_SHARED = 28
-    COUNT = 29
+    EXPORT = 29
+    COUNT = 30
 
     # worker -> front
     READY = 100

@@ -57,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -71,6 +72,8 @@ from accyd.backends.base import (
     BackendKind,
     CompiledArtifact,
     DeviceBuffer,
+    Exported,
+    ExportKind,
     LaunchRequest,
     LoadedKernel,
     PreparedLaunch,
@@ -105,6 +108,11 @@ _IDS = itertools.count(1)
 worker names nothing in its successor (an error), never another of its buffers."""
 
 
+def _kill(channel: Channel, lane: socket.socket) -> None:
+    channel.kill()
+    lane.close()
+
+
 class WorkerBackend(WorkerStreams):
     """One device's backend in a worker process (see the module doc for what differs).
 
@@ -137,11 +145,12 @@ class WorkerBackend(WorkerStreams):
         self.device = device
         self.close_timeout = close_timeout
         command = WorkerCommand(kind, device, cache_dir, host_memory_limit, log_format, log_level)
-        process, sock = spawn_worker(command)
+        process, sock, self._lane = spawn_worker(command)
+        self._lane_lock = threading.Lock()
         self._channel = Channel(
             process, sock, f"the device worker for {name or f'device {device}'} ({kind})", on_fault
         )
-        self._finalizer = weakref.finalize(self, self._channel.kill)
+        self._finalizer = weakref.finalize(self, _kill, self._channel, self._lane)
         self._ids = _IDS
         self._lock = threading.Lock()
         self._buffers: dict[int, int] = {}
@@ -195,12 +204,13 @@ class WorkerBackend(WorkerStreams):
 
     def kill(self) -> None:
         """End the worker now (SIGKILL), without reporting a fault; idempotent."""
-        self._channel.kill()
+        _kill(self._channel, self._lane)
         self._finalizer.detach()
 
     def close(self) -> None:
         """Ask the worker to free everything and exit; kill it past ``close_timeout`` s."""
         self._channel.close(self.close_timeout)
+        self._lane.close()
         self._finalizer.detach()
 
     def _ready(self) -> None:
@@ -235,14 +245,29 @@ class WorkerBackend(WorkerStreams):
         dtype: DType | None = None,
         element_count: int | None = None,
         zero: bool = False,
+        exportable: bool = False,
     ) -> DeviceBuffer:
         """A round trip; ``address`` is the worker's real device address."""
         bid = next(self._ids)
-        address = self._channel.call(lambda c: (Op.ALLOCATE, c, bid, byte_size, alignment, zero))
+        address = self._channel.call(
+            lambda c: (Op.ALLOCATE, c, bid, byte_size, alignment, zero, exportable)
+        )
         with self._lock:
             self._buffers[bid] = byte_size
             self._in_use += byte_size
         return DeviceBuffer(bid, self._kind, byte_size, address, dtype, element_count)
+
+    def export_buffer(self, buffer: DeviceBuffer) -> Exported:
+        """A round trip; the worker's new descriptor comes over the lane, as our own."""
+        with self._lane_lock:
+            kind, size, offset, uuid = self._channel.call(lambda c: (Op.EXPORT, c, buffer.id))
+            self._lane.settimeout(5.0)
+            _, fds, _, _ = socket.recv_fds(self._lane, 1, 1)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise self._channel.dead_error()
+        return Exported(fds[0], ExportKind(kind), size, offset, uuid)
 
     def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
         """Compiled in the worker (a round trip); the artifact names the worker's copy."""

@@ -20,7 +20,9 @@ worker (``fatal``): the context is poisoned and only a new process clears it.
 
 from __future__ import annotations
 
+import os
 import pickle
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -42,8 +44,10 @@ class Served(ServedState):
         backend: Backend,
         send: Callable[[Any], None],
         fatal: Callable[[BaseException], NoReturn],
+        lane: socket.socket | None = None,
     ) -> None:
         super().__init__(backend, send, fatal)
+        self._lane = lane
         handlers: list[_Handler | None] = [None] * Op.COUNT
         for code, handler in {
             Op.ALLOCATE: self._allocate,
@@ -74,6 +78,7 @@ class Served(ServedState):
             Op.UNPIN: self._unpin,
             Op.WRITE_SHARED: self._write_shared,
             Op.READ_SHARED: self._read_shared,
+            Op.EXPORT: self._export,
         }.items():
             handlers[code] = handler
         self.handlers: Sequence[_Handler | None] = handlers
@@ -92,14 +97,32 @@ class Served(ServedState):
 
     # -- memory and kernels ------------------------------------------------------------------
 
+    def _export(self, op: tuple[Any, ...]) -> None:
+        _, call, bid = op
+        lane = self._lane
+
+        def export() -> tuple[str, int, int, bytes]:
+            if lane is None:
+                raise RuntimeUnavailable("this worker was started with no lane for descriptors")
+            exported = self.backend.export_buffer(self.buffers[bid])
+            try:
+                socket.send_fds(lane, [b"\x01"], [exported.fd])
+            finally:
+                os.close(exported.fd)
+            return exported.kind.value, exported.mapping_size, exported.offset, exported.gpu_uuid
+
+        self._blocking(call, export)
+
     def _allocate(self, op: tuple[Any, ...]) -> None:
-        _, call, bid, byte_size, alignment, zero = op
+        _, call, bid, byte_size, alignment, zero, exportable = op
         freed = self._last_free
 
         def allocate() -> int:
             if freed is not None:
                 freed.result()
-            buffer = self.backend.allocate_buffer(byte_size, alignment=alignment, zero=zero)
+            buffer = self.backend.allocate_buffer(
+                byte_size, alignment=alignment, zero=zero, exportable=exportable
+            )
             self.buffers[bid] = buffer
             return buffer.address
 

@@ -34,7 +34,7 @@ class WorkerCommand:
     log_format: str = "console"
     log_level: str = "info"
 
-    def argv(self, fd: int) -> list[str]:
+    def argv(self, fd: int, lane: int) -> list[str]:
         argv = [
             sys.executable,
             "-m",
@@ -45,6 +45,8 @@ class WorkerCommand:
             str(self.device),
             "--fd",
             str(fd),
+            "--lane",
+            str(lane),
             "--log-format",
             self.log_format,
             "--log-level",
@@ -71,21 +73,27 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def spawn_worker(command: WorkerCommand) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Start the worker ``command`` describes; its channel, not yet ready (it sends ``READY``).
+def spawn_worker(
+    command: WorkerCommand,
+) -> tuple[subprocess.Popen[bytes], socket.socket, socket.socket]:
+    """Start the worker ``command`` describes; its channel, not yet ready (it sends ``READY``),
+    and its lane (descriptors the worker hands over, ``SCM_RIGHTS`` only).
 
-    The caller owns both: it reaps the process and closes the socket."""
+    The caller owns all three: it reaps the process and closes the sockets."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    lane, their_lane = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         process = subprocess.Popen(
-            command.argv(theirs.fileno()),
-            pass_fds=(theirs.fileno(),),
+            command.argv(theirs.fileno(), their_lane.fileno()),
+            pass_fds=(theirs.fileno(), their_lane.fileno()),
             stdin=subprocess.DEVNULL,
             env=_environment(),
         )
     except BaseException:
         ours.close()
+        lane.close()
         raise
     finally:
         theirs.close()
-    return process, ours
+        their_lane.close()
+    return process, ours, lane

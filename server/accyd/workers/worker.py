@@ -44,6 +44,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=["cuda", "host"], required=True)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--fd", type=int, required=True, help="the inherited channel")
+    parser.add_argument("--lane", type=int, default=None, help="where descriptors go")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--host-memory-limit", type=int, default=None)
     parser.add_argument("--log-format", choices=["console", "json"], default="console")
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as error:
         lost = isinstance(error, DeviceFault)
         channel.fatal(error, EXIT_DEVICE_LOST if lost else EXIT_NEVER_READY)
-    served = Served(backend, channel.send, channel.fatal)
+    lane = None if args.lane is None else socket.socket(fileno=args.lane)
+    served = Served(backend, channel.send, channel.fatal, lane)
     channel.send(
         (
             Op.READY,

@@ -14,6 +14,8 @@ from accyd.backends.base import (
     BackendKind,
     DeviceBuffer,
     Event,
+    Exported,
+    ExportKind,
     LaunchRequest,
     LoadedKernel,
     PreparedLaunch,
@@ -24,10 +26,12 @@ from accyd.backends.cuda.driver import ErrorCheck, check, cuda_driver
 from accyd.backends.cuda.events import HOST_FN, Events
 from accyd.backends.cuda.graphs import GraphLaunch
 from accyd.backends.cuda.kernels import FEATURES, FORMATS, CudaKernel, Kernels
+from accyd.backends.cuda.shareable import Plain, Shareable, allocate_shareable
 from accyd.backends.cuda.state import CURRENT, TOKENS
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
+    FailedPrecondition,
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
@@ -36,15 +40,6 @@ from accyd.errors import (
 )
 
 __all__ = ["FEATURES", "CudaBackend"]
-
-
-class _Allocation:
-    """``DeviceBuffer.native``: the pointer cuMemAlloc returned (the buffer may start past it)."""
-
-    __slots__ = ("base",)
-
-    def __init__(self, base: int) -> None:
-        self.base = base
 
 
 class CudaBackend(Kernels, Events):
@@ -112,6 +107,9 @@ class CudaBackend(Kernels, Events):
             self._attribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         )
         self.driver_version = int(check(cu.cuDriverGetVersion(), "cuDriverGetVersion"))
+        get_uuid = getattr(cu, "cuDeviceGetUuid_v2", None) or cu.cuDeviceGetUuid
+        self.uuid = bytes(check(get_uuid(self._device), "cuDeviceGetUuid").bytes)
+        """The GPU's UUID: ordinals differ between processes, this does not."""
         self._ctx = self._check(
             cu.cuDevicePrimaryCtxRetain(self._device), "cuDevicePrimaryCtxRetain"
         )
@@ -197,6 +195,7 @@ class CudaBackend(Kernels, Events):
         dtype: DType | None = None,
         element_count: int | None = None,
         zero: bool = False,
+        exportable: bool = False,
     ) -> DeviceBuffer:
         self._enter()
         if byte_size <= 0:
@@ -204,12 +203,19 @@ class CudaBackend(Kernels, Events):
         if alignment <= 0 or alignment & (alignment - 1):
             raise LaunchArgumentMismatch(f"alignment must be a power of two, got {alignment}")
         cu = self._cu
-        extra = alignment if alignment > BUFFER_ALIGNMENT else 0
-        base = int(self._check(cu.cuMemAlloc(byte_size + extra), "cuMemAlloc", OutOfMemory))
-        address = (base + alignment - 1) & ~(alignment - 1) if extra else base
+        native: Plain | Shareable
+        if exportable:  # VMM memory starts at a granule: aligned far past any request
+            native = allocate_shareable(cu, self._check, self.device_ordinal, byte_size)
+            address = native.base
+        else:
+            extra = alignment if alignment > BUFFER_ALIGNMENT else 0
+            native = Plain(
+                int(self._check(cu.cuMemAlloc(byte_size + extra), "cuMemAlloc", OutOfMemory))
+            )
+            address = (native.base + alignment - 1) & ~(alignment - 1) if extra else native.base
         if address % max(alignment, BUFFER_ALIGNMENT):
-            cu.cuMemFree(base)
-            raise RuntimeUnavailable(f"cuMemAlloc returned {base:#x}, not {alignment}-byte aligned")
+            native.free(cu)
+            raise RuntimeUnavailable(f"the driver gave {address:#x}, not {alignment}-byte aligned")
         if zero:
             try:
                 self._check(
@@ -218,7 +224,7 @@ class CudaBackend(Kernels, Events):
                 )
                 self._check(cu.cuStreamSynchronize(self._default_stream), "cuStreamSynchronize")
             except BaseException:
-                cu.cuMemFree(base)
+                native.free(cu)
                 raise
         buffer = DeviceBuffer(
             id=next(self._ids),
@@ -227,12 +233,25 @@ class CudaBackend(Kernels, Events):
             address=address,
             dtype=dtype,
             element_count=element_count,
-            native=_Allocation(base),
+            native=native,
         )
         with self._lock:
             self._buffers[buffer.id] = buffer
             self._bytes_in_use += byte_size
         return buffer
+
+    def export_buffer(self, buffer: DeviceBuffer) -> Exported:
+        self._enter()
+        with self._lock:
+            live = self._buffers.get(buffer.id) is buffer
+        native = buffer.native
+        if not live or not isinstance(native, Shareable):
+            raise FailedPrecondition(
+                f"buffer {buffer.id} was not allocated exportable", field="buffer_id"
+            )
+        fd = native.export(self._cu, self._check)
+        offset = buffer.address - native.base
+        return Exported(fd, ExportKind.CUDA_VMM, native.size, offset, self.uuid)
 
     def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
         """Free a buffer or unload a kernel; a second destroy of the same handle does nothing."""
@@ -248,7 +267,7 @@ class CudaBackend(Kernels, Events):
                     return
                 del self._buffers[obj.id]
                 self._bytes_in_use -= obj.byte_size
-            self._free_native(lambda: self._cu.cuMemFree(obj.native.base), "cuMemFree")
+            self._free_native(lambda: obj.native.free(self._cu), "freeing a buffer")
         elif isinstance(obj, LoadedKernel):
             with self._lock:
                 if self._kernels.get(obj.id) is not obj:
@@ -356,7 +375,7 @@ class CudaBackend(Kernels, Events):
         if self._check.fault is None:
             cu.cuCtxSynchronize()
         for buffer in buffers:
-            cu.cuMemFree(buffer.native.base)
+            buffer.native.free(cu)
         for loaded in kernels:
             loaded.native.live = False
             cu.cuModuleUnload(loaded.native.module)

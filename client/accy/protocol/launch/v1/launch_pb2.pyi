@@ -24,6 +24,12 @@ class CopyDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COPY_DIRECTION_UNSPECIFIED: _ClassVar[CopyDirection]
     COPY_DIRECTION_TO_BUFFER: _ClassVar[CopyDirection]
     COPY_DIRECTION_TO_SEGMENT: _ClassVar[CopyDirection]
+
+class ExportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPORT_KIND_UNSPECIFIED: _ClassVar[ExportKind]
+    EXPORT_KIND_CUDA_VMM: _ClassVar[ExportKind]
+    EXPORT_KIND_HOST_MEMFD: _ClassVar[ExportKind]
 DTYPE_UNSPECIFIED: DType
 DTYPE_F32: DType
 DTYPE_F64: DType
@@ -35,6 +41,9 @@ DTYPE_U8: DType
 COPY_DIRECTION_UNSPECIFIED: CopyDirection
 COPY_DIRECTION_TO_BUFFER: CopyDirection
 COPY_DIRECTION_TO_SEGMENT: CopyDirection
+EXPORT_KIND_UNSPECIFIED: ExportKind
+EXPORT_KIND_CUDA_VMM: ExportKind
+EXPORT_KIND_HOST_MEMFD: ExportKind
 
 class Scalar(_message.Message):
     __slots__ = ("u32", "i32", "f32", "f64", "u64", "i64")
@@ -277,14 +286,16 @@ class ReleaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class AllocateBufferRequest(_message.Message):
-    __slots__ = ("byte_size", "dtype", "device")
+    __slots__ = ("byte_size", "dtype", "device", "exportable")
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    EXPORTABLE_FIELD_NUMBER: _ClassVar[int]
     byte_size: int
     dtype: DType
     device: int
-    def __init__(self, byte_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[int] = ...) -> None: ...
+    exportable: bool
+    def __init__(self, byte_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[int] = ..., exportable: _Optional[bool] = ...) -> None: ...
 
 class AllocateBufferResponse(_message.Message):
     __slots__ = ("buffer_id", "byte_size", "device")
@@ -450,6 +461,34 @@ class CloseSegmentRequest(_message.Message):
 class CloseSegmentResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ExportBufferRequest(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    def __init__(self, buffer_id: _Optional[str] = ...) -> None: ...
+
+class ExportBufferResponse(_message.Message):
+    __slots__ = ("export_id", "ticket", "handoff_name", "kind", "mapping_size", "offset", "byte_size", "gpu_uuid", "device")
+    EXPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MAPPING_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    export_id: str
+    ticket: bytes
+    handoff_name: str
+    kind: ExportKind
+    mapping_size: int
+    offset: int
+    byte_size: int
+    gpu_uuid: bytes
+    device: int
+    def __init__(self, export_id: _Optional[str] = ..., ticket: _Optional[bytes] = ..., handoff_name: _Optional[str] = ..., kind: _Optional[_Union[ExportKind, str]] = ..., mapping_size: _Optional[int] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ..., gpu_uuid: _Optional[bytes] = ..., device: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

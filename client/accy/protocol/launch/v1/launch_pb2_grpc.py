@@ -129,6 +129,11 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.FromString,
                 _registered_method=True)
+        self.ExportBuffer = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/ExportBuffer',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferResponse.FromString,
+                _registered_method=True)
 
 
 class LaunchServiceServicer:
@@ -291,6 +296,19 @@ class LaunchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportBuffer(self, request, context):
+        """Hand the calling client its own buffer's memory, to map in its process
+        with no copy (CUDA IPC through a VMM allocation's descriptor, or the host
+        backend's memfd), once every launch and copy queued on the buffer before
+        this call is over. The buffer must have been allocated exportable. One
+        descriptor, offered with a one-time ticket on the handoff socket as a
+        segment is; only the buffer's owner can ask. Refused (FAILED_PRECONDITION)
+        where the daemon serves no Unix socket or the buffer is not exportable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LaunchServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -388,6 +406,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.CloseSegment,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.SerializeToString,
+            ),
+            'ExportBuffer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportBuffer,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +926,33 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/CloseSegment',
             accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.CloseSegmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportBuffer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/ExportBuffer',
+            accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.ExportBufferResponse.FromString,
             options,
             channel_credentials,
             insecure,
