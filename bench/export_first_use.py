@@ -10,8 +10,9 @@ the launch's return (``wait=False``) to a CuPy reduction's value on the host:
   then ``cupy.asarray`` (an upload) and ``sum``: the result crosses the PCIe bus twice;
 - **in-process**: the yardstick, CuPy computing ``a * x + y`` itself and ``sum``.
 
-The export's steps are timed apart too (the RPC and handoff, the map, the first
-use). Median of ``--repeat`` runs in ms; checks each sum; prints a table last.
+The export's steps are timed apart too (the RPC, the descriptor's handoff, the
+CUDA import and map, DLPack, the first use). Median of ``--repeat`` runs in ms;
+checks each sum; prints a table last.
 
     python bench/export_first_use.py [--sizes 64M,1G] [--repeat N] [--device-workers on|off]
 """
@@ -23,13 +24,28 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from accy import Client
+from accy import Client, _export
 from accy.testing import running_daemon
 
 SIZES = {"4M": 4 << 20, "64M": 64 << 20, "1G": 1 << 30}
+
+
+def timed(module: Any, name: str, into: list[float]) -> None:
+    """Wrap ``module.name`` so each call's time (ms) is appended to ``into``."""
+    original = getattr(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - began) * 1000)
+
+    setattr(module, name, wrapper)
 
 
 def median_ms(run: Callable[[], object], repeat: int) -> float:
@@ -49,7 +65,16 @@ def measure(target: str, nbytes: int, repeat: int) -> dict[str, float]:
     x = rng.standard_normal(count).astype(np.float32)
     y = rng.standard_normal(count).astype(np.float32)
     want = float(np.sum(np.float32(2.0) * x + y, dtype=np.float64))
-    steps: dict[str, list[float]] = {"export call": [], "map (DLPack)": [], "first use": []}
+    steps: dict[str, list[float]] = {
+        "export call": [],
+        "  of which the RPC": [],
+        "  of which the handoff": [],
+        "  of which the CUDA map": [],
+        "map (DLPack)": [],
+        "first use": [],
+    }
+    timed(_export._handoff, "take", steps["  of which the handoff"])
+    timed(_export, "CudaMapping", steps["  of which the CUDA map"])
     with Client(target) as client, client.load("accy.kernel.saxpy") as session:
         bx, by = client.buffer(x), client.buffer(y)
         out = client.empty(count, np.float32, exportable=True)
@@ -66,8 +91,11 @@ def measure(target: str, nbytes: int, repeat: int) -> dict[str, float]:
             t2 = time.perf_counter()
             total = float(array.sum(dtype=cupy.float64))
             t3 = time.perf_counter()
-            for name, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            phases = ("export call", "map (DLPack)", "first use")
+            for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t2), strict=True):
                 steps[name].append(seconds * 1000)
+            inner = steps["  of which the handoff"][-1] + steps["  of which the CUDA map"][-1]
+            steps["  of which the RPC"].append((t1 - t0) * 1000 - inner)
             assert abs(total - want) <= 1e-3 * max(1.0, abs(want)), (total, want)
             del array
             view.close()
@@ -79,6 +107,8 @@ def measure(target: str, nbytes: int, repeat: int) -> dict[str, float]:
 
         exported()  # warm: the first export maps CUDA in this process
         copied()
+        for kept in steps.values():
+            kept.clear()
         rows = {
             "export, launch to first use": median_ms(exported, repeat),
             "copy (read + upload), launch to first use": median_ms(copied, repeat),

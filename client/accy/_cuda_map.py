@@ -10,6 +10,7 @@ the mapping retains until it is unmapped.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -36,7 +37,9 @@ def _check(result: Any, what: str) -> Any:
     return result[1] if len(result) == 2 else None
 
 
+@functools.cache
 def _ordinal_of(cu: Any, uuid: bytes) -> int:
+    """The ordinal of the GPU ``uuid`` names in this process (asked once per GPU)."""
     _check(cu.cuInit(0), "cuInit")
     count = int(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
     get_uuid = getattr(cu, "cuDeviceGetUuid_v2", None) or cu.cuDeviceGetUuid

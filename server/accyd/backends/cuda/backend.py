@@ -249,7 +249,7 @@ class CudaBackend(Kernels, Events):
             raise FailedPrecondition(
                 f"buffer {buffer.id} was not allocated exportable", field="buffer_id"
             )
-        fd = native.export(self._cu, self._check)
+        fd = native.export()
         offset = buffer.address - native.base
         return Exported(fd, ExportKind.CUDA_VMM, native.size, offset, self.uuid)
 
