@@ -122,12 +122,38 @@ class Ring:
         return handle
 
     def bind(self, kind: layout.Kind, handle: int, object_id: str, timeout: float) -> int:
+        return self._named(kind, 0, handle, object_id, b"", timeout)
+
+    def copy(
+        self,
+        buffer: int,
+        segment_id: str,
+        fields: tuple[int, int, int],
+        *,
+        to_segment: bool,
+        timeout: float,
+    ) -> int:
+        """Publish a COPY record (``fields``: segment offset, buffer offset, size); its seq."""
+        flags = layout.NOTIFY | (layout.TO_SEGMENT if to_segment else 0)
+        packed = layout.COPY_FIELDS.pack(*fields)
+        return self._named(layout.Kind.COPY, flags, buffer, segment_id, packed, timeout)
+
+    def _named(
+        self,
+        kind: layout.Kind,
+        flags: int,
+        handle: int,
+        object_id: str,
+        values: bytes,
+        timeout: float,
+    ) -> int:
+        """Publish a record naming ``object_id``, with ``values`` in its scalar bytes."""
         raw = object_id.encode("ascii")
         if len(raw) > layout.MAX_ID_BYTES:
             raise ValueError(f"id {object_id[:32]!r}... is longer than a ring record holds")
         slot = self._slot(timeout)
         layout.RECORD.pack_into(
-            self._map, slot, self._head, kind, 0, handle, 0, 0, 0, *([0] * 16), b""
+            self._map, slot, self._head, kind, flags, handle, 0, 0, 0, *([0] * 16), values
         )
         self._map[slot + layout.ID_OFFSET] = len(raw)
         start = slot + layout.ID_OFFSET + 1

@@ -196,6 +196,29 @@ class RingPath:
         plan = self._plans[key] = (fixed, packer, _values_of(names), unpacked)
         return plan
 
+    def copy(
+        self,
+        segment_id: str,
+        segment_offset: int,
+        buffer_id: str,
+        buffer_offset: int,
+        size: int,
+        *,
+        to_buffer: bool,
+        timeout: float,
+    ) -> None:
+        """Copy between a shared segment and a buffer as one record, in the ring's order;
+        return once it is over, raising what it (or earlier ring work) failed with."""
+        with self.lock:
+            if self._failed or self.ring.has_errors():
+                self._raise_failed()
+            handle = self._buffer(buffer_id, timeout)
+            fields = (segment_offset, buffer_offset, size)
+            seq = self.ring.copy(
+                handle, segment_id, fields, to_segment=not to_buffer, timeout=timeout
+            )
+        self.wait(seq, timeout)
+
     def wait(self, seq: int | None, timeout: float) -> None:
         """Wait for record ``seq`` (every record so far if ``None``); raise what failed."""
         if seq is None:

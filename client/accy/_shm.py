@@ -24,6 +24,7 @@ import numpy as np
 
 from accy import _handoff
 from accy._connection import Connection
+from accy._launching import ring_errors, ring_of, ring_timeout
 from accy._link import Link
 from accy.errors import AccyError, FailedPrecondition, Unimplemented
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -147,6 +148,19 @@ class SharedPool:
         to_buffer: bool,
         timeout: float | None,
     ) -> int:
+        ring, link = ring_of(self._conn, timeout)
+        if ring is not None and link is self._link:  # a record, not a call: ~1 ms less a copy
+            with ring_errors(self._conn, link, f"a copy with buffer {buffer_id}"):
+                ring.copy(
+                    segment.id,
+                    segment_offset,
+                    buffer_id,
+                    buffer_offset,
+                    size,
+                    to_buffer=to_buffer,
+                    timeout=ring_timeout(self._conn, timeout),
+                )
+            return size
         direction = pb.COPY_DIRECTION_TO_BUFFER if to_buffer else pb.COPY_DIRECTION_TO_SEGMENT
         request = pb.CopySegmentRequest(
             segment_id=segment.id,

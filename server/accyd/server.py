@@ -207,7 +207,9 @@ class Server:
         if self._claims and not config.no_rings:
             # Beside the first Unix socket, with its mode: who may call may take a ring.
             self.rings = self.servicer.rings = RingDoor(self.daemon, self._claims[0].path)
-            self.servicer.segments = Segments(self.daemon, self.rings.handoff)
+            self.servicer.segments = self.rings.copier.copies = Segments(
+                self.daemon, self.rings.handoff
+            )
             self.rings.start()
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)

@@ -32,7 +32,7 @@ def fresh(tmp_path: Path) -> Iterator[ServerThread]:
         running.stop()
 
 
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

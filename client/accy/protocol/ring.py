@@ -22,14 +22,22 @@ Layout, little-endian, each counter on its own 64-byte line::
 A record (``SLOT_SIZE`` bytes)::
 
     0   seq u64      its sequence number (the daemon refuses a slot whose seq is not the expected)
-    8   kind u16     LAUNCH, BIND_SESSION, BIND_BUFFER, UNBIND
-    10  flags u16    NOTIFY: the client will wait for this record, so signal it promptly
-    12  handle u32   LAUNCH: the session's handle; BIND/UNBIND: the handle named
+    8   kind u16     LAUNCH, BIND_SESSION, BIND_BUFFER, UNBIND, COPY
+    10  flags u16    NOTIFY: the client will wait for this record, so signal it promptly;
+                     TO_SEGMENT: a COPY from the buffer into the segment (else the reverse)
+    12  handle u32   LAUNCH: the session's handle; BIND/UNBIND: the handle named; COPY: the
+                     buffer's handle
     16  operands u8, results u8, scalars u8, pad u8
     20  buffer handles u32 x MAX_BUFFERS (operands then results)
     84  scalar values, 8 bytes each x MAX_SCALARS, each the scalar's own dtype little-endian,
         zero-padded (an f32 is its 4 bytes, not a double)
-    148 id length u8, id bytes (BIND_*: the session or buffer id the handle stands for)
+    148 id length u8, id bytes (BIND_*: the session or buffer id the handle stands for;
+        COPY: the segment's id)
+
+A COPY record moves bytes between one of the client's shared segments and one of its
+buffers, as ``CopySegment`` does: at ``SCALARS_OFFSET`` it holds ``COPY_FIELDS``
+(segment offset, buffer offset, size). The daemon takes no record of that ring after
+it until the copy is over, so the ring's order holds for it like for launches.
 
 An error entry (``ERROR_SIZE`` bytes): seq u64, reason (32 bytes, the domain error's
 reason as gRPC's ErrorInfo carries it, NUL-padded), field (``FIELD_BYTES``), the
@@ -45,6 +53,7 @@ import struct
 __all__ = [
     "CLIENT_WAITS",
     "CLOSED",
+    "COPY_FIELDS",
     "DAEMON_WAITS",
     "DONE",
     "ERRORS",
@@ -70,6 +79,7 @@ __all__ = [
     "SLOT_SIZE",
     "TAIL",
     "TICKET_BYTES",
+    "TO_SEGMENT",
     "VERSION",
     "Kind",
     "error_slots",
@@ -111,7 +121,11 @@ the same session on the same buffers to the next (kind, flags, handle, counts, h
 ERROR_ENTRY = struct.Struct("<Q32s64s48sH")
 """seq, reason, field, the session a device fault names, message length; the message follows."""
 
+COPY_FIELDS = struct.Struct("<QQQ")
+"""A COPY record's segment offset, buffer offset and size, at ``SCALARS_OFFSET``."""
+
 NOTIFY = 1
+TO_SEGMENT = 2
 TICKET_BYTES = 32
 HANDOFF_SUFFIX = ".rings"
 """The handoff socket sits beside the daemon's socket, named after it with this suffix."""
@@ -124,6 +138,7 @@ class Kind(enum.IntEnum):
     BIND_SESSION = 2
     BIND_BUFFER = 3
     UNBIND = 4
+    COPY = 5
 
 
 def ring_bytes(slot_count: int) -> int:

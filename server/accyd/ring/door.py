@@ -19,6 +19,7 @@ from accyd.backends.base import BackendKind
 from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
+from accyd.ring.copies import Copier
 from accyd.ring.memory import RingMemory
 from accyd.ring.ring import RingCore, ServerRing
 from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
@@ -58,6 +59,8 @@ class RingDoor:
         """Shared with other things handed to clients (memory segments)."""
         self.path = self.handoff.path
         self._submitter = submitter or Submitter(flight_spin_seconds=flight_spin_for(core))
+        self.copier = Copier()
+        """Runs rings' COPY records; copies nothing until ``copier.copies`` is set."""
         self._by_client: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
@@ -75,7 +78,7 @@ class RingDoor:
                 f"slots must be a power of two up to {MAX_SLOTS}, not {slots}", field="slots"
             )
         memory = RingMemory(slots)
-        ring = ServerRing(new_id("ring"), client_id, memory, self._core)
+        ring = ServerRing(new_id("ring"), client_id, memory, self._core, self.copier)
 
         def dropped() -> None:
             with self._lock:
@@ -117,3 +120,4 @@ class RingDoor:
         with self._lock:
             self._by_client.clear()
         self._submitter.stop()
+        self.copier.close()

@@ -25,7 +25,15 @@ from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
 from accyd.core.launching import BoundLaunch
 from accyd.core.marks import MarkWatch
-from accyd.errors import AccyError, DeviceFault, InvalidRequest, LaunchArgumentMismatch, NotFound
+from accyd.errors import (
+    AccyError,
+    DeviceFault,
+    FailedPrecondition,
+    InvalidRequest,
+    LaunchArgumentMismatch,
+    NotFound,
+)
+from accyd.ring.copies import Copier, CopyInFlight
 from accyd.ring.memory import RingMemory
 from accyd.ring.needs import RingCore
 from accyd.ring.records import KEY, KEY_END, KIND, LAUNCH_KIND, Batch, id_of, scalar_struct
@@ -64,6 +72,8 @@ class _Flight:
     """Each session's newest launch in the batch."""
     reap: set[str]
     """Sessions whose launches ran on scratch of their own: freed once the batch is over."""
+    copy: CopyInFlight | None = None
+    """A COPY record, the batch's last: no record after it is taken until it is over."""
 
 
 class ServerRing:
@@ -73,7 +83,14 @@ class ServerRing:
     ``MarkWatch`` it closes once the launch is over, or in ``close()``).
     """
 
-    def __init__(self, ring_id: str, client_id: str, memory: RingMemory, core: RingCore) -> None:
+    def __init__(
+        self,
+        ring_id: str,
+        client_id: str,
+        memory: RingMemory,
+        core: RingCore,
+        copier: Copier | None = None,
+    ) -> None:
         self.id = ring_id
         self.client_id = client_id
         self.memory = memory
@@ -88,6 +105,8 @@ class ServerRing:
         """Launches checked once, by their records' contents: replayed without a check."""
         self._frees = 0
         self._touched = 0.0
+        self._copier = copier
+        self._copying: CopyInFlight | None = None
         self.broken = False
 
     @property
@@ -95,8 +114,10 @@ class ServerRing:
         return bool(self._flights)
 
     def pending(self) -> bool:
-        """Records published and not taken yet."""
-        return not self.broken and self.memory.u64(layout.HEAD) != self._tail
+        """Records published and not taken yet (none while a copy runs: they wait for it)."""
+        if self.broken or (self._copying is not None and not self._copying.done()):
+            return False
+        return self.memory.u64(layout.HEAD) != self._tail
 
     # Taking records -------------------------------------------------------------
 
@@ -104,6 +125,10 @@ class ServerRing:
         """Check and enqueue up to ``limit`` published records; how many were taken."""
         if self.broken:
             return 0
+        if self._copying is not None:
+            if not self._copying.done():
+                return 0
+            self._copying = None
         memory = self.memory
         head = memory.u64(layout.HEAD)
         tail = self._tail
@@ -123,13 +148,16 @@ class ServerRing:
         index = 0
         while index < taken:
             index += self._take_run(batch, index, taken)
+            if self._copying is not None:  # started: nothing after it until it is over
+                taken = index
+                break
         self._tail = end = tail + taken
         # One watch per session and batch: its launches run in order on its stream, so
         # the newest one's end is the end of them all. Published after the launches are
         # enqueued, so a client that sees the tail move may call over gRPC in their order.
         client_id = self.client_id
         watches = [(s, w) for s in batch.sessions if (w := core.newest_launch(client_id, s))]
-        self._flights.append(_Flight(end, watches, batch.reap))
+        self._flights.append(_Flight(end, watches, batch.reap, self._copying))
         memory.set_u64(layout.TAIL, end)
         now = time.monotonic()
         if now - self._touched >= TOUCH_SECONDS:
@@ -197,6 +225,8 @@ class ServerRing:
                 )
             if kind in (layout.Kind.BIND_SESSION, layout.Kind.BIND_BUFFER):
                 self._bind(kind, handle, id_of(raw))
+            elif kind == layout.Kind.COPY:
+                self._copy(_flags, handle, values, id_of(raw))
             elif kind == layout.Kind.UNBIND:
                 self._sessions.pop(handle, None)
                 self._buffers.pop(handle, None)
@@ -212,7 +242,27 @@ class ServerRing:
         if kind == layout.Kind.LAUNCH:
             binding = self._sessions.get(handle)
             return f"launch of session {binding.session_id}" if binding else "launch"
+        if kind == layout.Kind.COPY:
+            return f"copy with buffer {self._buffers.get(handle, handle)}"
         return "binding" if kind != layout.Kind.UNBIND else "unbinding"
+
+    def _copy(self, flags: int, handle: int, values: bytes, segment_id: str) -> None:
+        """Start a COPY record on a copy thread; the ring takes nothing more until it is over."""
+        buffer_id = self._buffer(handle, "buffer", 0)
+        segment_offset, buffer_offset, size = layout.COPY_FIELDS.unpack_from(values)
+        if self._copier is None:
+            raise FailedPrecondition(
+                "this daemon runs no ring copies: copy with CopySegment", field="kind"
+            )
+        self._copying = self._copier.start(
+            self.client_id,
+            segment_id,
+            segment_offset,
+            buffer_id,
+            buffer_offset,
+            size,
+            to_buffer=not flags & layout.TO_SEGMENT,
+        )
 
     def _bind(self, kind: int, handle: int, object_id: str) -> None:
         if handle in self._sessions or handle in self._buffers:
@@ -282,6 +332,14 @@ class ServerRing:
             flight = flights[0]
             if not all(watch.done() for _, watch in flight.watches):
                 break
+            copy = flight.copy
+            if copy is not None:
+                if not copy.done():
+                    break
+                try:
+                    copy.outcome()
+                except AccyError as error:
+                    self._refuse(flight.end - 1, error, copy.what)
             for session_id, watch in flight.watches:
                 try:
                     self._outcome(flight.end - 1, session_id, watch)

@@ -1,0 +1,115 @@
+"""Shared-memory copies through the ring: one record each, in the ring's order with launches,
+checked like a ``CopySegment`` call, and refused the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from accy import Client, _shm
+from accy.errors import InvalidArgument, NotFound
+from accy.protocol import ring as layout
+from tests.service.harness import ServerThread, make_config
+
+SAXPY = "accy.kernel.saxpy"
+N = 1 << 18  # 1 MiB of f32: above the shared-memory threshold
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerThread]:
+    running = ServerThread(make_config(tmp_path, "unix"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def ring_head(client: Client) -> int:
+    link = client._conn.current_link(None)
+    assert link.ring is not None, "the client opened no ring"
+    return link.ring.ring.head
+
+
+def test_copies_go_through_the_ring_in_order_with_launches(server: ServerThread) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(N).astype(np.float32)
+    y = rng.standard_normal(N).astype(np.float32)
+    with Client(server.address) as client, client.load(SAXPY) as session:
+        shared = client.shared_array(N, np.float32)
+        bx, by, out = (client.empty(N, np.float32) for _ in range(3))
+        shared[:] = x
+        bx.write(shared)
+        head = ring_head(client)
+        shared[:] = y
+        by.write(shared)  # one record (a binding the first time, then none)
+        assert ring_head(client) in (head + 1, head + 2)
+        for a in (2.0, -1.0, 0.5):  # launch, read, launch, read: each read sees its launch
+            session.launch(operands=[bx, by], results=[out], n=N, a=a, wait=False)
+            out.read(out=shared)
+            np.testing.assert_allclose(shared, np.float32(a) * x + y, rtol=1e-6)
+        # A write through the ring, then a launch that reads it, with no wait between.
+        shared[:] = 1.0
+        bx.write(shared)
+        session.launch(operands=[bx, by], results=[out], n=N, a=3.0, wait=False)
+        np.testing.assert_allclose(out.read(), np.float32(3.0) + y, rtol=1e-6)
+        calls = client.status()
+        assert calls.my_buffers == 3
+
+
+def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
+    with Client(server.address) as alice, Client(server.address) as mallory:
+        mine = alice.empty(N, np.float32)
+        theirs = mallory.shared_array(N, np.float32)
+        pool = _shm.pool_of(mallory._conn, mallory._conn.current_link(None))
+        assert pool is not None
+        segment = pool.locate(theirs)
+        assert segment is not None
+        # alice names mallory's segment through her own ring: it is not hers.
+        alice_pool = _shm.pool_of(alice._conn, alice._conn.current_link(None))
+        assert alice_pool is not None
+        own = alice.shared_array(N, np.float32)
+        mine.write(own)  # opens alice's ring and binds her buffer
+        with pytest.raises(NotFound, match="ring record"):
+            alice_pool.copy(segment[0], 0, mine.id, 0, 16, to_buffer=True, timeout=5)
+        placed = alice_pool.locate(own)
+        assert placed is not None
+        for segment_offset, buffer_offset, size in (
+            (0, 0, (1 << 64) - 1),
+            ((1 << 64) - 1, 0, 16),
+            (0, 4 * N - 8, 16),
+        ):
+            with pytest.raises(InvalidArgument, match="outside"):
+                alice_pool.copy(
+                    placed[0],
+                    segment_offset,
+                    mine.id,
+                    buffer_offset,
+                    size,
+                    to_buffer=False,
+                    timeout=5,
+                )
+        # The ring goes on after refusals: a good copy still lands.
+        own[:] = 4.0
+        mine.write(own)
+        np.testing.assert_array_equal(mine.read(), 4.0)
+
+
+def test_a_copy_record_naming_no_buffer_is_refused(server: ServerThread) -> None:
+    with Client(server.address) as client:
+        buffer = client.empty(N, np.float32)
+        shared = client.shared_array(N, np.float32)
+        buffer.write(shared)
+        link = client._conn.current_link(None)
+        assert link.ring is not None
+        ring = link.ring.ring
+        pool = _shm.pool_of(client._conn, link)
+        assert pool is not None
+        placed = pool.locate(shared)
+        assert placed is not None
+        seq = ring.copy(999, placed[0].id, (0, 0, 16), to_segment=True, timeout=5)
+        with pytest.raises(NotFound, match="no buffer bound to handle 999"):
+            link.ring.wait(seq, 5)
+        assert layout.Kind.COPY == 5
