@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from accy import Client, _shm
+from accy._ring import Ring
 from accy.errors import InvalidArgument, NotFound
 from accy.protocol import ring as layout
+from accyd.catalog.dtypes import DType
+from accyd.core.daemon import Daemon
+from accyd.ring import RingDoor
+from accyd.shm import Segments
 from tests.service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
@@ -113,3 +118,53 @@ def test_a_copy_record_naming_no_buffer_is_refused(server: ServerThread) -> None
         with pytest.raises(NotFound, match="no buffer bound to handle 999"):
             link.ring.wait(seq, 5)
         assert layout.Kind.COPY == 5
+
+
+def test_hostile_copy_records_are_refused_and_never_reach_outside(
+    door: tuple[Daemon, RingDoor],
+) -> None:
+    daemon, ring_door = door
+    segments = ring_door.copier.copies = Segments(daemon, ring_door.handoff)
+    client = daemon.attach("hostile").id
+    other = daemon.attach("other").id
+    size = 4096
+    buffer = daemon.allocate_buffer(client, size, DType.F32).id
+    offer = segments.open(client, size)
+    theirs = segments.open(other, size)
+    ring = Ring.connect(ring_door.path, *_ring_offer(ring_door, client))
+    try:
+        handle = ring.new_handle()
+        ring.bind(layout.Kind.BIND_BUFFER, handle, buffer, 1.0)
+        rng = np.random.default_rng(3)
+        huge = (1 << 64) - 1
+        seqs = []
+        for _ in range(300):
+            picks = [0, 8, size - 8, size, size + 1, huge, int(rng.integers(0, 1 << 62))]
+            fields = (
+                picks[rng.integers(len(picks))],
+                picks[rng.integers(len(picks))],
+                picks[rng.integers(len(picks))],
+            )
+            segment = str(rng.choice([offer.segment_id, theirs.segment_id, "seg_nope", "x" * 100]))
+            target = int(rng.choice([handle, handle + 7, 0]))
+            seqs.append(
+                ring.copy(target, segment, fields, to_segment=bool(rng.integers(2)), timeout=5)
+            )
+        ring.wait(seqs[-1], 30)
+        reasons = {error.reason for error in ring.errors()}
+        assert reasons <= {"INVALID_REQUEST", "NOT_FOUND", "FAILED_PRECONDITION"}, reasons
+        assert "NOT_FOUND" in reasons and "INVALID_REQUEST" in reasons
+        # Still serving, and a good copy after all that lands whole.
+        good = ring.copy(handle, offer.segment_id, (0, 0, size), to_segment=False, timeout=5)
+        ring.wait(good, 5)
+        assert ring.errors() == []
+        assert daemon.serving
+    finally:
+        ring.close()
+        segments.close_client(client)
+        segments.close_client(other)
+
+
+def _ring_offer(ring_door: RingDoor, client_id: str) -> tuple[str, bytes]:
+    offer = ring_door.offer(client_id, 64)
+    return offer.ring_id, offer.ticket
