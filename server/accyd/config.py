@@ -295,6 +295,20 @@ class Config:
     def tls(self) -> bool:
         return self.tls_cert is not None
 
+    def grpc_server_options(self) -> list[tuple[str, int]]:
+        """The gRPC server's channel options: message sizes and keepalive."""
+        keepalive_ms = int(self.keepalive_seconds * 1000)
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", keepalive_ms),
+            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_seconds * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.http2.min_ping_interval_without_data_ms", min(keepalive_ms, 1000)),
+            ("grpc.so_reuseport", 0),
+        ]
+
     def tcp_refusal(self, address: str) -> str | None:
         """Why ``address`` may not be served with these settings; ``None`` if it may."""
         if address.startswith("unix:") or self.insecure:

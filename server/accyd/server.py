@@ -17,12 +17,10 @@ configured; metrics are served on a port of their own when asked for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import threading
-import time
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,10 +30,10 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, u
 
 from accyd.auth import TokenTable
 from accyd.backends.base import Backend
-from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon
+from accyd.devices import open_backends, replace_device
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
 from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
@@ -50,7 +48,7 @@ from accyd.service.tls import server_credentials
 from accyd.shm import Segments
 from accyd.signals import capture_signals
 from accyd.spinloop import set_loop_spin
-from accyd.unixsocket import SocketClaim
+from accyd.unixsocket import SocketClaim, umask
 from accyd.workers.pool import DevicePool
 
 __all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
@@ -110,28 +108,10 @@ class Server:
         isolated = self._backends is None and config.uses_device_workers
         if self._backends is not None:
             backends: Mapping[int, Backend] = self._backends
-        elif isolated:
-            self._pool = DevicePool(
-                config.backend,
-                sorted(set(config.devices)),
-                cache_dir=config.cache_dir,
-                host_memory_limit=config.host_memory_limit,
-                on_fault=lambda device, fault: self.daemon.device_lost(device, fault),
-                log_format=config.log_format,
-                log_level=config.log_level,
-                gpus=dict(config.device_gpus),
-            )
-            backends = self._pool.backends
         else:
-            backends = {
-                device: make_backend(
-                    config.backend,
-                    device=device,
-                    cache_dir=config.cache_dir,
-                    host_memory_limit=config.host_memory_limit,
-                )
-                for device in config.devices
-            }
+            backends, self._pool = open_backends(
+                config, lambda device, fault: self.daemon.device_lost(device, fault)
+            )
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
         kinds = {backend.kind.value for backend in backends.values()}
         self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
@@ -179,7 +159,7 @@ class Server:
             unix_trusted=config.unix_trusted,
             tenant_of_client=self._tenant_of_client,
         )
-        self._grpc = grpc.aio.server(options=_options(config))
+        self._grpc = grpc.aio.server(options=config.grpc_server_options())
         self._admitting = Admitting(self._grpc, authenticator)
         self.servicer.register(self._admitting)
         self.health.register(self._grpc)
@@ -260,7 +240,7 @@ class Server:
             claim = SocketClaim(path)
             claim.take()
             self._claims.append(claim)
-            with _umask(0o117):
+            with umask(0o117):
                 self._grpc.add_insecure_port(f"unix:{path}")
             return f"unix:{path}"
         refusal = self.config.tcp_refusal(address)
@@ -290,28 +270,7 @@ class Server:
             claim.release()
 
     def _replace_device(self, fault: DeviceFault) -> None:
-        """After a fault on one isolated device: its warm spare serves it (other devices and
-        their clients see nothing); the faulted worker process ends."""
-        device, pool = fault.device, self._pool
-        if device is None or pool is None:
-            return
-        self.metrics.device_faults.inc()
-        started = time.monotonic()
-        try:
-            backend = pool.replace(device)
-        except Exception as error:  # the device stays lost; its calls say so
-            log.error("device replacement failed", device=device, error=str(error))
-            return
-        self.daemon.replace_device(device, backend)
-        serving = time.monotonic() - started
-        repinned = self.servicer.segments.repin(device, backend)
-        log.info(
-            "device serving again",
-            device=device,
-            session_id=fault.session,
-            seconds=round(serving, 4),
-            segments_repinned=repinned,
-        )
+        replace_device(self._pool, self.daemon, self.servicer.segments, self.metrics, fault)
 
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
@@ -445,29 +404,6 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _options(config: Config) -> list[tuple[str, int]]:
-    keepalive_ms = int(config.keepalive_seconds * 1000)
-    return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.keepalive_time_ms", keepalive_ms),
-        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_seconds * 1000)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", min(keepalive_ms, 1000)),
-        ("grpc.so_reuseport", 0),
-    ]
-
-
-@contextlib.contextmanager
-def _umask(mask: int) -> Iterator[None]:
-    old = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 async def serve(config: Config) -> int:

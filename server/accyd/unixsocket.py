@@ -18,12 +18,13 @@ import fcntl
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from accy.protocol import UnsafeSocketFolder, is_default_socket, prepare_socket_folder
 from accyd.errors import Unavailable
 
-__all__ = ["SocketClaim"]
+__all__ = ["SocketClaim", "umask"]
 
 SOCKET_MODE = 0o660
 FOLDER_MODE = 0o700
@@ -101,3 +102,13 @@ def _clear_stale(path: Path) -> None:
         raise Unavailable(f"another daemon already listens on {path}")
     finally:
         probe.close()
+
+
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """Files made meanwhile (a socket bound) get at most ``~mask``; the old mask comes back."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
