@@ -10,6 +10,7 @@ the mapping retains until it is unmapped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -113,4 +114,5 @@ class CudaMapping:
 
     def __del__(self) -> None:
         if getattr(self, "_mapped", False):
-            self.unmap()
+            with contextlib.suppress(Exception):  # at exit the driver may be gone first
+                self.unmap()
