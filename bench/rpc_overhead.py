@@ -1,0 +1,220 @@
+"""Where a unary call's fixed cost goes: raw gRPC against the daemon, raw and through the client.
+
+Starts ``accyd serve --backend host`` on a Unix socket and a minimal grpc.aio echo
+server (generic handler, bytes in and out) in a process of its own, then times,
+over one sync channel each, median µs of ``--repeat`` calls after ``--warmup``:
+
+- (a) ``raw echo``: a unary echo of 8 bytes against the minimal server (the floor);
+- (b) ``raw Ping``: the daemon's ``Ping`` on a plain ``grpc.insecure_channel`` with
+  the client id metadata (and ``raw Ping +timeout``: the same with a deadline);
+- (c) ``client Ping``: ``client._conn.call(Ping)`` through the accy client library;
+- (d) ``client GetStatus``: the same for ``GetStatus``;
+- (e) ``CopySegment 4 KiB``: the copy call alone, from a 4 KiB shared array to a buffer
+  (``SharedPool.copy``, as ``Buffer.write`` makes it for a large array);
+- (f) ``shared write 4 KiB``: ``Buffer.write`` of that shared array, which below
+  ``SHM_THRESHOLD`` (256 KiB) streams the bytes over ``WriteBuffer`` instead.
+
+Cases are interleaved in ``--rounds`` so drift on a loaded machine falls on all of
+them alike. ``--baseline DIR`` (a tree with ``client/`` and ``server/``, e.g. from
+``git archive``) runs the whole measurement alternately with that code and with this
+tree's, each in a child process, and prints both columns. Prints a table last.
+
+    python bench/rpc_overhead.py [--repeat N] [--rounds R] [--baseline DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ECHO_METHOD = "/bench.Echo/Echo"
+CASES = (
+    "raw echo",
+    "raw Ping",
+    "raw Ping +timeout",
+    "client Ping",
+    "client GetStatus",
+    "CopySegment 4 KiB",
+    "shared write 4 KiB",
+)
+
+
+def _serve_echo(path: str, ready: Any) -> None:
+    """A grpc.aio server of one bytes-in, bytes-out unary method, until killed."""
+    import grpc
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return request
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        handler = grpc.method_handlers_generic_handler(
+            "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        ready.set()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def _sample(run: Callable[[], object], count: int, into: list[float]) -> None:
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        began = clock()
+        run()
+        into.append((clock() - began) / 1e3)
+
+
+def measure(repeat: int, warmup: int, rounds: int) -> dict[str, float]:
+    """Median µs of each case, in this process with the code it imports."""
+    import grpc
+    import numpy as np
+
+    from accy import Client, _shm
+    from accy.protocol import CLIENT_ID_METADATA
+    from accy.protocol.launch.v1 import launch_pb2 as pb
+    from accy.testing import running_daemon
+
+    folder = tempfile.mkdtemp(prefix="rpc-overhead-")
+    echo_path = os.path.join(folder, "echo.sock")
+    spawn = multiprocessing.get_context("spawn")
+    ready = spawn.Event()
+    echo_server = spawn.Process(target=_serve_echo, args=(echo_path, ready), daemon=True)
+    echo_server.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the echo server did not start")
+        env = {"ACCYD_DEVICE_WORKERS": "0"}
+        with running_daemon(backend="host", tcp=False, env=env) as daemon:
+            echo_channel = grpc.insecure_channel(f"unix:{echo_path}")
+            echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = echo_channel.unary_unary(ECHO_METHOD)
+            raw_channel = grpc.insecure_channel(daemon.unix_target)
+            path = "/accy.launch.v1.LaunchService/"
+            attach = raw_channel.unary_stream(
+                path + "Attach", pb.AttachRequest.SerializeToString, pb.AttachEvent.FromString
+            )
+            ping = raw_channel.unary_unary(
+                path + "Ping", pb.PingRequest.SerializeToString, pb.PingResponse.FromString
+            )
+            stream = attach(pb.AttachRequest(client_name="rpc-overhead"))
+            metadata = ((CLIENT_ID_METADATA, next(stream).attached.client_id),)
+            payload = b"12345678"
+            status = pb.GetStatusRequest()
+            with Client(daemon.unix_target) as client:
+                conn = client._conn
+                buffer = client.empty(1024, np.float32)
+                shared = client.shared_array(1024, np.float32)
+                link = conn.current_link()
+                pool = _shm.pool_of(conn, link)
+                placed = None if pool is None else pool.locate(shared)
+                if pool is None or placed is None:
+                    raise RuntimeError("the shared array is not in a segment of this link")
+                segment, at = placed
+                buffer_id = buffer.on(link)
+
+                def copy_segment() -> object:
+                    return pool.copy(
+                        segment, at, buffer_id, 0, 4096, to_buffer=True, timeout=conn.timeout
+                    )
+
+                runs: dict[str, Callable[[], object]] = {
+                    "raw echo": lambda: echo(payload),
+                    "raw Ping": lambda: ping(pb.PingRequest(), metadata=metadata),
+                    "raw Ping +timeout": lambda: ping(
+                        pb.PingRequest(), metadata=metadata, timeout=30.0
+                    ),
+                    "client Ping": lambda: conn.call(conn.stub.Ping, pb.PingRequest()),
+                    "client GetStatus": lambda: conn.call(conn.stub.GetStatus, status),
+                    "CopySegment 4 KiB": copy_segment,
+                    "shared write 4 KiB": lambda: buffer.write(shared),
+                }
+                samples: dict[str, list[float]] = {name: [] for name in runs}
+                for run in runs.values():
+                    _sample(run, warmup, [])
+                per_round = max(1, repeat // rounds)
+                for _ in range(rounds):
+                    for name, run in runs.items():
+                        _sample(run, per_round, samples[name])
+                buffer.free()
+            stream.cancel()
+            raw_channel.close()
+            echo_channel.close()
+    finally:
+        echo_server.kill()
+        echo_server.join()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _child(tree: Path | None, args: argparse.Namespace) -> dict[str, float]:
+    """``measure`` in a child process, importing ``tree``'s code (this tree's if ``None``)."""
+    env = dict(os.environ)
+    if tree is not None:
+        paths = [str(tree / "client"), str(tree / "server")]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    command = [
+        sys.executable, __file__, "--json", "--repeat", str(args.repeat),
+        "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _table(columns: dict[str, dict[str, float]]) -> None:
+    names = list(columns)
+    print("rpc_overhead, host backend, Unix socket, median µs (ratio to raw echo):")
+    print(f"  {'case':22}" + "".join(f"{name:>22}" for name in names))
+    for case in CASES:
+        cells = []
+        for name in names:
+            rows = columns[name]
+            cells.append(f"{rows[case]:10.1f} ({rows[case] / rows['raw echo']:5.2f}x)")
+        print(f"  {case:22}" + "".join(f"{cell:>22}" for cell in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3000, help="calls timed per case")
+    parser.add_argument("--warmup", type=int, default=200, help="calls per case not timed")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    parser.add_argument("--baseline", type=Path, help="a tree to compare against (A/B)")
+    parser.add_argument(
+        "--ab-runs", type=int, default=3, help="child runs per side with --baseline"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object (for --baseline)"
+    )
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.repeat, args.warmup, args.rounds)))
+        return
+    if args.baseline is None:
+        _table({"this tree": measure(args.repeat, args.warmup, args.rounds)})
+        return
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this tree": []}
+    for _ in range(args.ab_runs):
+        runs["baseline"].append(_child(args.baseline, args))
+        runs["this tree"].append(_child(None, args))
+    columns = {
+        side: {case: statistics.median(run[case] for run in results) for case in CASES}
+        for side, results in runs.items()
+    }
+    _table(columns)
+
+
+if __name__ == "__main__":
+    main()
