@@ -42,7 +42,7 @@ from accyd.auth import Principal, TokenTable
 from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
 from accyd.errors import AccyError, NotFound, Unauthenticated
-from accyd.logs import bind
+from accyd.logs import Fields, bind_lazily
 from accyd.service.calls import CLIENT_ID_HEADER, Context, log_failure
 from accyd.service.errors import to_status
 
@@ -184,6 +184,7 @@ class _Admission:
 
     def __init__(self, authenticator: Authenticator) -> None:
         self.authenticator = authenticator
+        self._tenants: dict[str, Fields] = {}
 
     async def _admit(self, method: str, context: Context) -> None:
         try:
@@ -197,7 +198,10 @@ class _Admission:
             await context.abort(status.code, status.details, status.trailing_metadata)
         # Each call runs in a task of its own: what is set here ends with the call.
         _principal.set(principal)
-        bind(tenant=principal.tenant)
+        tenant = self._tenants.get(principal.tenant)
+        if tenant is None:  # one per tenant the tokens name: a handful
+            tenant = self._tenants[principal.tenant] = Fields({"tenant": principal.tenant})
+        bind_lazily(tenant)
 
 
 class InFlight:

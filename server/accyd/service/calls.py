@@ -23,7 +23,7 @@ import structlog
 from accy.protocol import CLIENT_ID_METADATA as CLIENT_ID_HEADER
 from accyd.core.ids import new_request_id
 from accyd.errors import AccyError, InvalidRequest
-from accyd.logs import bind, unbind
+from accyd.logs import LazyToken, bind_lazily, debug_enabled, unbind_lazily
 from accyd.service.errors import refusal_fields, to_status
 
 __all__ = [
@@ -69,6 +69,12 @@ class Call:
                 field=CLIENT_ID_HEADER,
             )
         return self.client_id
+
+    def log_fields(self, event: structlog.typing.EventDict) -> None:
+        """The call's ids on each line logged while it runs (bound lazily: ``accyd.logs``)."""
+        event.setdefault("request_id", self.request_id)
+        event.setdefault("rpc", self.method)
+        event.setdefault("client_id", self.client_id)
 
 
 class _Share:
@@ -176,12 +182,11 @@ def _client_id(context: Context) -> str | None:
     return None
 
 
-def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, Any]:
-    request_id = new_request_id()
-    tokens = bind(request_id=request_id, rpc=method)
-    call = Call(method, request_id, None, context)
+def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, LazyToken]:
+    call = Call(method, new_request_id(), None, context)
+    token = bind_lazily(call)
     servicer.calls.enter(method)
-    return call, tokens
+    return call, token
 
 
 def log_failure(what: str, error: Exception, **context: object) -> None:
@@ -198,10 +203,11 @@ async def _fail(call: Call, error: Exception) -> None:
     await call.context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def _end(servicer: _Servicer, call: Call, tokens: Any) -> None:
+def _end(servicer: _Servicer, call: Call, token: LazyToken) -> None:
     servicer.calls.leave(call.method)
-    log.debug("call done", seconds=round(time.perf_counter() - call.started, 6))
-    unbind(**tokens)
+    if debug_enabled():  # the line's fields cost a call a few µs, logged or not
+        log.debug("call done", seconds=round(time.perf_counter() - call.started, 6))
+    unbind_lazily(token)
 
 
 def unary(
@@ -212,10 +218,9 @@ def unary(
 
     @functools.wraps(method)
     async def handler(self: _S, request: _Req, context: Context) -> _Resp:
-        call, tokens = _begin(self, name, context)
+        call, token = _begin(self, name, context)
         try:
             call.client_id = _client_id(context)
-            bind(client_id=call.client_id)
             return await method(self, request, call)
         except grpc.aio.AbortError:
             raise
@@ -223,7 +228,7 @@ def unary(
             await _fail(call, error)
             raise
         finally:
-            _end(self, call, tokens)
+            _end(self, call, token)
 
     return handler
 
@@ -236,10 +241,9 @@ def streaming(
 
     @functools.wraps(method)
     async def handler(self: _S, request: _Req, context: Context) -> AsyncIterator[_Resp]:
-        call, tokens = _begin(self, name, context)
+        call, token = _begin(self, name, context)
         try:
             call.client_id = _client_id(context)
-            bind(client_id=call.client_id)
             async for item in method(self, request, call):
                 yield item
         except grpc.aio.AbortError:
@@ -247,6 +251,6 @@ def streaming(
         except Exception as error:
             await _fail(call, error)
         finally:
-            _end(self, call, tokens)
+            _end(self, call, token)
 
     return handler
