@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -34,6 +34,7 @@ __all__ = [
     "Context",
     "id_fields",
     "log_failure",
+    "remember_metadata",
     "streaming",
     "text_field",
     "unary",
@@ -173,8 +174,27 @@ class _Servicer(Protocol):
 _S = TypeVar("_S", bound=_Servicer)
 
 
+_Metadata = Sequence[tuple[str, Any]]
+_metadata: contextvars.ContextVar[tuple[Context, _Metadata] | None] = contextvars.ContextVar(
+    "accyd_call_metadata", default=None
+)
+
+
+def remember_metadata(context: Context, metadata: _Metadata) -> None:
+    """Keep the call's metadata, read once (by the auth check) for its handler: grpc builds
+    it anew at each ``invocation_metadata()`` (several µs). Each call runs in a task of its
+    own, so what is kept here ends with the call."""
+    _metadata.set((context, metadata))
+
+
 def _client_id(context: Context) -> str | None:
-    for key, value in context.invocation_metadata() or ():
+    remembered = _metadata.get()
+    metadata: _Metadata = (
+        remembered[1]
+        if remembered is not None and remembered[0] is context
+        else tuple(context.invocation_metadata() or ())
+    )
+    for key, value in metadata:
         if key == CLIENT_ID_HEADER and isinstance(value, str):
             if len(value) > MAX_ID_LENGTH:
                 raise InvalidRequest("the client id is too long", field=CLIENT_ID_HEADER)
