@@ -15,9 +15,12 @@ over one sync channel each, median µs of ``--repeat`` calls after ``--warmup``:
   ``SHM_THRESHOLD`` (256 KiB) streams the bytes over ``WriteBuffer`` instead.
 
 Cases are interleaved in ``--rounds`` so drift on a loaded machine falls on all of
-them alike. ``--baseline DIR`` (a tree with ``client/`` and ``server/``, e.g. from
-``git archive``) runs the whole measurement alternately with that code and with this
-tree's, each in a child process, and prints both columns. Prints a table last.
+them alike. Beside the latency it reports the CPU time each call costs the serving
+process (all its threads, from ``/proc/PID/task/*/schedstat``) and this one
+(``time.process_time``): on a loaded machine those move far less than latency.
+``--baseline DIR`` (a tree with ``client/`` and ``server/``, e.g. from ``git archive``)
+runs the whole measurement alternately with that code and with this tree's, each in a
+child process, and prints both columns. Prints a table last.
 
     python bench/rpc_overhead.py [--repeat N] [--rounds R] [--baseline DIR]
 """
@@ -71,16 +74,56 @@ def _serve_echo(path: str, ready: Any) -> None:
     asyncio.run(serve())
 
 
-def _sample(run: Callable[[], object], count: int, into: list[float]) -> None:
-    clock = time.perf_counter_ns
-    for _ in range(count):
-        began = clock()
-        run()
-        into.append((clock() - began) / 1e3)
+def cpu_ns(pid: int) -> int:
+    """CPU time (ns) that process ``pid``'s threads have run, those alive now."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+    return total
 
 
-def measure(repeat: int, warmup: int, rounds: int) -> dict[str, float]:
-    """Median µs of each case, in this process with the code it imports."""
+def served_by(supervisor: int) -> int:
+    """The server process a supervised ``accyd serve`` started (its only child)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return int(children[0]) if children else supervisor
+
+
+class Case:
+    """One case's latencies and the CPU its calls cost the server and this process."""
+
+    def __init__(self, run: Callable[[], object], server: int) -> None:
+        self.run, self.server = run, server
+        self.latency: list[float] = []
+        self.calls = 0
+        self.server_ns = self.client_ns = 0
+
+    def sample(self, count: int, *, timed: bool = True) -> None:
+        clock, run = time.perf_counter_ns, self.run
+        server_began, client_began = cpu_ns(self.server), time.process_time_ns()
+        for _ in range(count):
+            began = clock()
+            run()
+            self.latency.append((clock() - began) / 1e3)
+        if not timed:
+            self.latency.clear()
+            return
+        self.client_ns += time.process_time_ns() - client_began
+        self.server_ns += cpu_ns(self.server) - server_began
+        self.calls += count
+
+    def result(self) -> dict[str, float]:
+        return {
+            "latency": statistics.median(self.latency),
+            "server cpu": self.server_ns / self.calls / 1e3,
+            "client cpu": self.client_ns / self.calls / 1e3,
+        }
+
+
+def measure(repeat: int, warmup: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Each case's median latency and CPU per call (µs), with the code this process imports."""
     import grpc
     import numpy as np
 
@@ -131,24 +174,28 @@ def measure(repeat: int, warmup: int, rounds: int) -> dict[str, float]:
                         segment, at, buffer_id, 0, 4096, to_buffer=True, timeout=conn.timeout
                     )
 
-                runs: dict[str, Callable[[], object]] = {
-                    "raw echo": lambda: echo(payload),
-                    "raw Ping": lambda: ping(pb.PingRequest(), metadata=metadata),
-                    "raw Ping +timeout": lambda: ping(
-                        pb.PingRequest(), metadata=metadata, timeout=30.0
+                echo_pid, daemon_pid = echo_server.pid or 0, served_by(daemon.process.pid)
+                cases = {
+                    "raw echo": Case(lambda: echo(payload), echo_pid),
+                    "raw Ping": Case(lambda: ping(pb.PingRequest(), metadata=metadata), daemon_pid),
+                    "raw Ping +timeout": Case(
+                        lambda: ping(pb.PingRequest(), metadata=metadata, timeout=30.0), daemon_pid
                     ),
-                    "client Ping": lambda: conn.call(conn.stub.Ping, pb.PingRequest()),
-                    "client GetStatus": lambda: conn.call(conn.stub.GetStatus, status),
-                    "CopySegment 4 KiB": copy_segment,
-                    "shared write 4 KiB": lambda: buffer.write(shared),
+                    "client Ping": Case(
+                        lambda: conn.call(conn.stub.Ping, pb.PingRequest()), daemon_pid
+                    ),
+                    "client GetStatus": Case(
+                        lambda: conn.call(conn.stub.GetStatus, status), daemon_pid
+                    ),
+                    "CopySegment 4 KiB": Case(copy_segment, daemon_pid),
+                    "shared write 4 KiB": Case(lambda: buffer.write(shared), daemon_pid),
                 }
-                samples: dict[str, list[float]] = {name: [] for name in runs}
-                for run in runs.values():
-                    _sample(run, warmup, [])
+                for case in cases.values():
+                    case.sample(warmup, timed=False)
                 per_round = max(1, repeat // rounds)
                 for _ in range(rounds):
-                    for name, run in runs.items():
-                        _sample(run, per_round, samples[name])
+                    for case in cases.values():
+                        case.sample(per_round)
                 buffer.free()
             stream.cancel()
             raw_channel.close()
@@ -156,10 +203,13 @@ def measure(repeat: int, warmup: int, rounds: int) -> dict[str, float]:
     finally:
         echo_server.kill()
         echo_server.join()
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: case.result() for name, case in cases.items()}
 
 
-def _child(tree: Path | None, args: argparse.Namespace) -> dict[str, float]:
+Results = dict[str, dict[str, float]]
+
+
+def _child(tree: Path | None, args: argparse.Namespace) -> Results:
     """``measure`` in a child process, importing ``tree``'s code (this tree's if ``None``)."""
     env = dict(os.environ)
     if tree is not None:
@@ -170,20 +220,26 @@ def _child(tree: Path | None, args: argparse.Namespace) -> dict[str, float]:
         "--warmup", str(args.warmup), "--rounds", str(args.rounds),
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: Results = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def _table(columns: dict[str, dict[str, float]]) -> None:
+def _table(columns: dict[str, Results]) -> None:
     names = list(columns)
-    print("rpc_overhead, host backend, Unix socket, median µs (ratio to raw echo):")
-    print(f"  {'case':22}" + "".join(f"{name:>22}" for name in names))
+    print(
+        "rpc_overhead, host backend, Unix socket: median latency µs (ratio to raw echo), "
+        "CPU µs per call of the server / of this client process"
+    )
+    print(f"  {'case':20}" + "".join(f"{name:>36}" for name in names))
     for case in CASES:
         cells = []
         for name in names:
-            rows = columns[name]
-            cells.append(f"{rows[case]:10.1f} ({rows[case] / rows['raw echo']:5.2f}x)")
-        print(f"  {case:22}" + "".join(f"{cell:>22}" for cell in cells))
+            row, echo = columns[name][case], columns[name]["raw echo"]["latency"]
+            cells.append(
+                f"{row['latency']:7.1f} ({row['latency'] / echo:4.2f}x)"
+                f" {row['server cpu']:6.1f} / {row['client cpu']:5.1f}"
+            )
+        print(f"  {case:20}" + "".join(f"{cell:>36}" for cell in cells))
 
 
 def main() -> None:
@@ -192,12 +248,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=200, help="calls per case not timed")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     parser.add_argument("--baseline", type=Path, help="a tree to compare against (A/B)")
-    parser.add_argument(
-        "--ab-runs", type=int, default=3, help="child runs per side with --baseline"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object (for --baseline)"
-    )
+    parser.add_argument("--ab-runs", type=int, default=3, help="child runs a side (A/B)")
+    parser.add_argument("--json", action="store_true", help="one JSON line (A/B child)")
     args = parser.parse_args()
     if args.json:
         print(json.dumps(measure(args.repeat, args.warmup, args.rounds)))
@@ -205,12 +257,18 @@ def main() -> None:
     if args.baseline is None:
         _table({"this tree": measure(args.repeat, args.warmup, args.rounds)})
         return
-    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this tree": []}
-    for _ in range(args.ab_runs):
+    runs: dict[str, list[Results]] = {"baseline": [], "this tree": []}
+    for _ in range(args.ab_runs):  # alternately, so drift falls on both sides
         runs["baseline"].append(_child(args.baseline, args))
         runs["this tree"].append(_child(None, args))
     columns = {
-        side: {case: statistics.median(run[case] for run in results) for case in CASES}
+        side: {
+            case: {
+                metric: statistics.median(run[case][metric] for run in results)
+                for metric in results[0][case]
+            }
+            for case in CASES
+        }
         for side, results in runs.items()
     }
     _table(columns)
