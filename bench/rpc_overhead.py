@@ -1,6 +1,6 @@
 """Where a unary call's fixed cost goes: raw gRPC against the daemon, raw and through the client.
 
-Starts ``accyd serve --backend host`` on a Unix socket and a minimal grpc.aio echo
+Starts ``accyd serve`` (``--backend host`` by default) on a Unix socket and a minimal grpc.aio echo
 server (generic handler, bytes in and out) in a process of its own, then times,
 over one sync channel each, median µs of ``--repeat`` calls after ``--warmup``:
 
@@ -23,6 +23,7 @@ runs the whole measurement alternately with that code and with this tree's, each
 child process, and prints both columns. Prints a table last.
 
     python bench/rpc_overhead.py [--repeat N] [--rounds R] [--baseline DIR]
+        [--backend host|cuda] [--device-workers on|off] [--daemon-args "--loop-spin-us 0"]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -122,7 +124,7 @@ class Case:
         }
 
 
-def measure(repeat: int, warmup: int, rounds: int) -> dict[str, dict[str, float]]:
+def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Each case's median latency and CPU per call (µs), with the code this process imports."""
     import grpc
     import numpy as np
@@ -141,8 +143,9 @@ def measure(repeat: int, warmup: int, rounds: int) -> dict[str, dict[str, float]
     try:
         if not ready.wait(30):
             raise RuntimeError("the echo server did not start")
-        env = {"ACCYD_DEVICE_WORKERS": "0"}
-        with running_daemon(backend="host", tcp=False, env=env) as daemon:
+        env = {"ACCYD_DEVICE_WORKERS": "1" if args.device_workers == "on" else "0"}
+        extra = shlex.split(args.daemon_args)
+        with running_daemon(backend=args.backend, tcp=False, env=env, extra=extra) as daemon:
             echo_channel = grpc.insecure_channel(f"unix:{echo_path}")
             echo: grpc.UnaryUnaryMultiCallable[bytes, bytes] = echo_channel.unary_unary(ECHO_METHOD)
             raw_channel = grpc.insecure_channel(daemon.unix_target)
@@ -191,9 +194,9 @@ def measure(repeat: int, warmup: int, rounds: int) -> dict[str, dict[str, float]
                     "shared write 4 KiB": Case(lambda: buffer.write(shared), daemon_pid),
                 }
                 for case in cases.values():
-                    case.sample(warmup, timed=False)
-                per_round = max(1, repeat // rounds)
-                for _ in range(rounds):
+                    case.sample(args.warmup, timed=False)
+                per_round = max(1, args.repeat // args.rounds)
+                for _ in range(args.rounds):
                     for case in cases.values():
                         case.sample(per_round)
                 buffer.free()
@@ -217,18 +220,20 @@ def _child(tree: Path | None, args: argparse.Namespace) -> Results:
         env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     command = [
         sys.executable, __file__, "--json", "--repeat", str(args.repeat),
-        "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+        "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--backend", args.backend,
+        "--device-workers", args.device_workers, "--daemon-args", args.daemon_args,
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     result: Results = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def _table(columns: dict[str, Results]) -> None:
+def _table(columns: dict[str, Results], args: argparse.Namespace) -> None:
     names = list(columns)
     print(
-        "rpc_overhead, host backend, Unix socket: median latency µs (ratio to raw echo), "
-        "CPU µs per call of the server / of this client process"
+        f"rpc_overhead ({args.backend} backend, device workers {args.device_workers}"
+        f"{', ' + args.daemon_args if args.daemon_args else ''}), Unix socket: median "
+        "latency µs (ratio to raw echo), CPU µs per call of the server / of this client"
     )
     print(f"  {'case':20}" + "".join(f"{name:>36}" for name in names))
     for case in CASES:
@@ -247,15 +252,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3000, help="calls timed per case")
     parser.add_argument("--warmup", type=int, default=200, help="calls per case not timed")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    parser.add_argument("--backend", choices=["host", "cuda"], default="host")
+    parser.add_argument("--device-workers", choices=["on", "off"], default="off")
+    parser.add_argument("--daemon-args", default="", help="more accyd serve flags, one string")
     parser.add_argument("--baseline", type=Path, help="a tree to compare against (A/B)")
     parser.add_argument("--ab-runs", type=int, default=3, help="child runs a side (A/B)")
     parser.add_argument("--json", action="store_true", help="one JSON line (A/B child)")
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(measure(args.repeat, args.warmup, args.rounds)))
+        print(json.dumps(measure(args)))
         return
     if args.baseline is None:
-        _table({"this tree": measure(args.repeat, args.warmup, args.rounds)})
+        _table({"this tree": measure(args)}, args)
         return
     runs: dict[str, list[Results]] = {"baseline": [], "this tree": []}
     for _ in range(args.ab_runs):  # alternately, so drift falls on both sides
@@ -271,7 +279,7 @@ def main() -> None:
         }
         for side, results in runs.items()
     }
-    _table(columns)
+    _table(columns, args)
 
 
 if __name__ == "__main__":
