@@ -1,19 +1,94 @@
-"""structlog setup: console for people, JSON for machines; ids bound per call via contextvars."""
+"""structlog setup: console for people, JSON for machines; ids bound per call via contextvars.
+
+A call's own ids (request, rpc, client, tenant) are bound lazily: the call sets
+one context variable to an object that names them (``bind_lazily``), and the
+``lazy_fields`` processor reads them only when a line is logged. Binding each
+with ``bind`` costs every call a few context variables set and reset, most of
+them for calls that log nothing. Values bound with ``bind``, and a line's own,
+take precedence over lazy ones.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Mapping
+from typing import Protocol, TextIO
 
 import structlog
 
 from accyd.echo import MESSAGE_CHARS, bounded
 
-__all__ = ["bind", "bound_values", "configure_logging", "unbind"]
+__all__ = [
+    "Fields",
+    "LazyToken",
+    "LogFields",
+    "bind",
+    "bind_lazily",
+    "bound_values",
+    "configure_logging",
+    "debug_enabled",
+    "lazy_fields",
+    "unbind",
+    "unbind_lazily",
+]
 
 bind = structlog.contextvars.bind_contextvars
 unbind = structlog.contextvars.reset_contextvars
+
+
+class LogFields(Protocol):
+    """Something that names fields of every line logged while it is bound."""
+
+    def log_fields(self, event: structlog.typing.EventDict) -> None:
+        """Add its fields to ``event`` where the line has none of that name (``setdefault``)."""
+
+
+class Fields:
+    """Fixed fields, to bind lazily (made once, bound per call)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        self._values = dict(values)
+
+    def log_fields(self, event: structlog.typing.EventDict) -> None:
+        for key, value in self._values.items():
+            event.setdefault(key, value)
+
+
+_lazy: contextvars.ContextVar[tuple[LogFields, ...]] = contextvars.ContextVar(
+    "accyd_lazy_log_fields", default=()
+)
+_debug = True
+"""Whether debug lines are logged (structlog's default until ``configure_logging`` says)."""
+
+LazyToken = contextvars.Token[tuple[LogFields, ...]]
+
+
+def bind_lazily(source: LogFields) -> LazyToken:
+    """Name ``source``'s fields on every line logged in this context from now on."""
+    return _lazy.set((*_lazy.get(), source))
+
+
+def unbind_lazily(token: LazyToken) -> None:
+    """Undo one ``bind_lazily`` (and any made after it)."""
+    _lazy.reset(token)
+
+
+def lazy_fields(
+    logger: object, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Add the fields of the sources bound lazily: the latest bound first."""
+    for source in reversed(_lazy.get()):
+        source.log_fields(event)
+    return event
+
+
+def debug_enabled() -> bool:
+    """Whether debug lines are logged: a line whose fields cost to compute checks first."""
+    return _debug
 
 
 def bound_values(
@@ -30,6 +105,7 @@ def configure_logging(
     log_format: str = "console", level: str = "info", stream: TextIO | None = None
 ) -> None:
     """Route every structlog logger to ``stream`` (stderr) as ``console`` or ``json`` lines."""
+    global _debug
     number = logging.getLevelNamesMapping().get(level.upper())
     if number is None:
         raise ValueError(f"unknown log level {level!r}")
@@ -40,6 +116,7 @@ def configure_logging(
     )
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        lazy_fields,
         bound_values,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -53,3 +130,4 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=True,  # a proxy re-binding per call costs every RPC
     )
+    _debug = number <= logging.DEBUG

@@ -89,6 +89,7 @@ class Metrics:
         )
         self._server: WSGIServer | None = None
         self._launch_children: dict[tuple[str, str, bool], tuple[Counter, Histogram]] = {}
+        self._quota_children: dict[tuple[str, str], Counter] = {}
 
     def observe_launch(
         self, pipeline: str, seconds: float, *, waited: bool, error: BaseException | None = None
@@ -112,7 +113,12 @@ class Metrics:
             children[1].observe(seconds)
 
     def quota_refused(self, tenant: str, quota: str) -> None:
-        self.quota_refusals.labels(tenant, quota).inc()
+        """Count one refusal; the labelled child is kept (``labels()`` costs µs a call)."""
+        key = (tenant, quota)
+        child = self._quota_children.get(key)
+        if child is None:  # tenants and quotas are few: the dict stays small
+            child = self._quota_children[key] = self.quota_refusals.labels(tenant, quota)
+        child.inc()
 
     def watch(self, status: Callable[[], DaemonStatus]) -> None:
         """Read clients, sessions, buffers and memory per tenant from ``status`` at each scrape."""

@@ -8,11 +8,10 @@ device never run there (the core awaits them on the event loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -23,7 +22,7 @@ import structlog
 from accy.protocol import CLIENT_ID_METADATA as CLIENT_ID_HEADER
 from accyd.core.ids import new_request_id
 from accyd.errors import AccyError, InvalidRequest
-from accyd.logs import bind, unbind
+from accyd.logs import LazyToken, bind_lazily, debug_enabled, unbind_lazily
 from accyd.service.errors import refusal_fields, to_status
 
 __all__ = [
@@ -34,6 +33,7 @@ __all__ = [
     "Context",
     "id_fields",
     "log_failure",
+    "remember_metadata",
     "streaming",
     "text_field",
     "unary",
@@ -69,6 +69,12 @@ class Call:
                 field=CLIENT_ID_HEADER,
             )
         return self.client_id
+
+    def log_fields(self, event: structlog.typing.EventDict) -> None:
+        """The call's ids on each line logged while it runs (bound lazily: ``accyd.logs``)."""
+        event.setdefault("request_id", self.request_id)
+        event.setdefault("rpc", self.method)
+        event.setdefault("client_id", self.client_id)
 
 
 class _Share:
@@ -126,19 +132,18 @@ class CallTracker:
     async def blocking_for(
         self, owner: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
     ) -> _T:
-        """``blocking``, within ``owner``'s share of the threads."""
-        async with self._turn(owner):
-            return await self.blocking(fn, *args, **kwargs)
+        """``blocking``, within ``owner``'s share of the threads.
 
-    @contextlib.asynccontextmanager
-    async def _turn(self, owner: str) -> AsyncIterator[None]:
+        The share is taken inline, not through an async context manager: that
+        cost every call that hops to the threads several µs.
+        """
         share = self._shares.get(owner)
         if share is None:
             share = self._shares[owner] = _Share(self.share)
         share.users += 1
         try:
             async with share.turns:
-                yield
+                return await self.blocking(fn, *args, **kwargs)
         finally:
             share.users -= 1
             if not share.users:
@@ -167,8 +172,27 @@ class _Servicer(Protocol):
 _S = TypeVar("_S", bound=_Servicer)
 
 
+_Metadata = Sequence[tuple[str, Any]]
+_metadata: contextvars.ContextVar[tuple[Context, _Metadata] | None] = contextvars.ContextVar(
+    "accyd_call_metadata", default=None
+)
+
+
+def remember_metadata(context: Context, metadata: _Metadata) -> None:
+    """Keep the call's metadata, read once (by the auth check) for its handler: grpc builds
+    it anew at each ``invocation_metadata()`` (several µs). Each call runs in a task of its
+    own, so what is kept here ends with the call."""
+    _metadata.set((context, metadata))
+
+
 def _client_id(context: Context) -> str | None:
-    for key, value in context.invocation_metadata() or ():
+    remembered = _metadata.get()
+    metadata: _Metadata = (
+        remembered[1]
+        if remembered is not None and remembered[0] is context
+        else tuple(context.invocation_metadata() or ())
+    )
+    for key, value in metadata:
         if key == CLIENT_ID_HEADER and isinstance(value, str):
             if len(value) > MAX_ID_LENGTH:
                 raise InvalidRequest("the client id is too long", field=CLIENT_ID_HEADER)
@@ -176,12 +200,11 @@ def _client_id(context: Context) -> str | None:
     return None
 
 
-def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, Any]:
-    request_id = new_request_id()
-    tokens = bind(request_id=request_id, rpc=method)
-    call = Call(method, request_id, None, context)
+def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, LazyToken]:
+    call = Call(method, new_request_id(), None, context)
+    token = bind_lazily(call)
     servicer.calls.enter(method)
-    return call, tokens
+    return call, token
 
 
 def log_failure(what: str, error: Exception, **context: object) -> None:
@@ -198,10 +221,11 @@ async def _fail(call: Call, error: Exception) -> None:
     await call.context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def _end(servicer: _Servicer, call: Call, tokens: Any) -> None:
+def _end(servicer: _Servicer, call: Call, token: LazyToken) -> None:
     servicer.calls.leave(call.method)
-    log.debug("call done", seconds=round(time.perf_counter() - call.started, 6))
-    unbind(**tokens)
+    if debug_enabled():  # the line's fields cost a call a few µs, logged or not
+        log.debug("call done", seconds=round(time.perf_counter() - call.started, 6))
+    unbind_lazily(token)
 
 
 def unary(
@@ -212,10 +236,9 @@ def unary(
 
     @functools.wraps(method)
     async def handler(self: _S, request: _Req, context: Context) -> _Resp:
-        call, tokens = _begin(self, name, context)
+        call, token = _begin(self, name, context)
         try:
             call.client_id = _client_id(context)
-            bind(client_id=call.client_id)
             return await method(self, request, call)
         except grpc.aio.AbortError:
             raise
@@ -223,7 +246,7 @@ def unary(
             await _fail(call, error)
             raise
         finally:
-            _end(self, call, tokens)
+            _end(self, call, token)
 
     return handler
 
@@ -236,10 +259,9 @@ def streaming(
 
     @functools.wraps(method)
     async def handler(self: _S, request: _Req, context: Context) -> AsyncIterator[_Resp]:
-        call, tokens = _begin(self, name, context)
+        call, token = _begin(self, name, context)
         try:
             call.client_id = _client_id(context)
-            bind(client_id=call.client_id)
             async for item in method(self, request, call):
                 yield item
         except grpc.aio.AbortError:
@@ -247,6 +269,6 @@ def streaming(
         except Exception as error:
             await _fail(call, error)
         finally:
-            _end(self, call, tokens)
+            _end(self, call, token)
 
     return handler
