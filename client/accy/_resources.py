@@ -235,7 +235,7 @@ class Buffer(Resource):
         raw = _chunks.as_bytes(data, kind)
         self._range(offset, len(raw))
         conn = self._conn
-        if len(raw) >= _shm.SHM_THRESHOLD:
+        if len(raw) >= _shm.SHM_THRESHOLD or _shm.in_shared_array(conn, raw):
             shared = self._shared(raw, offset, to_buffer=True, timeout=conn.timeout_of(timeout))
             if shared is not None:
                 return shared
@@ -272,7 +272,7 @@ class Buffer(Resource):
             return np.empty(0, dtype=kind) if out is None else out
         conn = self._conn
         target = out if out is not None else np.empty(count, dtype=kind)
-        if size >= _shm.SHM_THRESHOLD:
+        if size >= _shm.SHM_THRESHOLD or _shm.in_shared_array(conn, target):
             shared = self._shared(target, offset, to_buffer=False, timeout=conn.timeout_of(timeout))
             if shared is not None:
                 return target

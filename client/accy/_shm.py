@@ -190,6 +190,14 @@ def shm_wanted(conn: Connection) -> Path | None:
     return Path(conn.target.removeprefix("unix:"))
 
 
+def in_shared_array(conn: Connection, data: np.ndarray[Any, Any] | memoryview) -> bool:
+    """Whether ``data`` lies in an array from ``Client.shared_array``: copied through shared
+    memory at any size (no bytes over gRPC, and through the ring a record, not a call)."""
+    link = conn.link
+    pool = None if link is None else link.shm
+    return isinstance(pool, SharedPool) and pool.usable and pool.locate(data) is not None
+
+
 def pool_of(conn: Connection, link: Link) -> SharedPool | None:
     """The link's pool (made on first use), or ``None`` where transfers stay on gRPC."""
     if not link.shm_tried:

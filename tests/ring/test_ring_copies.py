@@ -168,3 +168,19 @@ def test_hostile_copy_records_are_refused_and_never_reach_outside(
 def _ring_offer(ring_door: RingDoor, client_id: str) -> tuple[str, bytes]:
     offer = ring_door.offer(client_id, 64)
     return offer.ring_id, offer.ticket
+
+
+def test_a_small_shared_array_is_copied_as_a_record_too(server: ServerThread) -> None:
+    with Client(server.address) as client:
+        buffer = client.empty(16, np.float32)
+        shared = client.shared_array(16, np.float32)
+        shared[:] = np.arange(16)
+        buffer.write(shared)  # 64 bytes: far below the threshold for ordinary arrays
+        head = ring_head(client)
+        shared[:] = 0
+        buffer.read(out=shared)
+        assert ring_head(client) == head + 1  # one COPY record, no WriteBuffer/ReadBuffer
+        np.testing.assert_array_equal(shared, np.arange(16))
+        plain = np.arange(16, dtype=np.float32)
+        buffer.write(plain)  # an ordinary small array still goes over gRPC
+        assert ring_head(client) == head + 1
