@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 import grpc
 
 from accy._rpc import Stub
+from accy._waiters import Sent, Waiter
 from accy.errors import AccyError, Cancelled, DeadlineExceeded, Unavailable, from_rpc_status
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -33,42 +34,6 @@ BATCH_MOST = 255
 """Launches queued behind one that go out in its message (``LaunchRequest.more``)."""
 CLOSE_DRAIN_SECONDS = 10.0
 """How long closing the client waits for the answers to launches it sent without waiting."""
-
-
-class _Waiter:
-    """One launch waiting for its answer."""
-
-    __slots__ = ("answer", "deadline", "error")
-
-    def __init__(self, deadline: float | None) -> None:
-        self.deadline = deadline
-        self.answer: pb.LaunchResponse | None = None
-        self.error: AccyError | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.answer is not None or self.error is not None
-
-
-class Sent(_Waiter):
-    """A launch sent without waiting: its answer (launch id, or refusal) comes later.
-
-    A refusal is reported once: by ``LaunchStream.answer`` for it, else by the
-    next launch or settle of its session on the stream.
-    """
-
-    __slots__ = ("reported", "session_id", "stream", "tag")
-
-    def __init__(self, stream: LaunchStream, tag: int, session_id: str) -> None:
-        super().__init__(None)
-        self.stream = stream
-        self.tag = tag
-        self.session_id = session_id
-        self.reported = False
-
-    def name(self) -> str:
-        """How errors name this launch."""
-        return f"launch #{self.tag} of session {self.session_id} (sent without waiting)"
 
 
 class LaunchStream:
@@ -114,7 +79,7 @@ class LaunchStream:
         self._alarm_at: float | None = None
         """When the watchdog means to wake next (``None``: only when notified)."""
         self._tags = itertools.count(1)
-        self._waiting: dict[int, _Waiter] = {}
+        self._waiting: dict[int, Waiter] = {}
         self._reading = False
         self._failure: AccyError | None = None
         self._abandoned: Callable[[], AccyError] | None = None
@@ -142,7 +107,7 @@ class LaunchStream:
         refused raises first, and ``request`` is not sent.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = _Waiter(deadline)
+        waiter = Waiter(deadline)
         with self._lock:
             self._check(request.session_id)
             tag = next(self._tags)
@@ -315,7 +280,7 @@ class LaunchStream:
         """Why launches fail now that the stream ended with ``error``."""
         return self._abandoned() if self._abandoned is not None else error
 
-    def _await(self, waiter: _Waiter, deadline: float | None) -> None:
+    def _await(self, waiter: Waiter, deadline: float | None) -> None:
         """Return once ``waiter`` is answered or past ``deadline``, reading answers meanwhile."""
         while True:
             with self._lock:
