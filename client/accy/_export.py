@@ -147,7 +147,7 @@ class ExportedBuffer:
 
 
 def map_export(
-    response: pb.ExportBufferResponse, socket_path: Path, dtype: np.dtype[Any]
+    response: pb.ExportBufferResponse, socket_path: Path, buffer_id: str, dtype: np.dtype[Any]
 ) -> ExportedBuffer:
     """Take the offered descriptor and map it (for ``Buffer.export``)."""
     path = socket_path.with_name(response.handoff_name)
@@ -167,7 +167,7 @@ def map_export(
         os.close(fd)
         raise FailedPrecondition(f"this client cannot map exports of kind {response.kind}")
     exported = object.__new__(ExportedBuffer)
-    exported.buffer_id = response.export_id.removesuffix(".export")
+    exported.buffer_id = buffer_id
     exported.nbytes = response.byte_size
     exported.dtype = dtype
     exported.device = response.device

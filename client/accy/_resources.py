@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -22,6 +21,7 @@ from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
 from accy._export import ExportedBuffer, map_export
 from accy._link import Link, device_lost, device_replaced
+from accy._target import unix_socket_of
 from accy.errors import (
     AccyError,
     BufferLost,
@@ -342,7 +342,8 @@ class Buffer(Resource):
         The buffer must have been made with ``exportable=True``, by a daemon on this host (a
         ``unix:`` target). See ``ExportedBuffer`` for what is ordered with what."""
         target = self._conn.target
-        if not target.startswith("unix:"):
+        socket_path = unix_socket_of(target)
+        if socket_path is None:
             raise FailedPrecondition(
                 "exporting a buffer needs a daemon on this host (a unix: target), not " + target,
                 reason="EXPORT_UNAVAILABLE",
@@ -351,7 +352,7 @@ class Buffer(Resource):
             request = pb.ExportBufferRequest(buffer_id=self.on(link))
             response, _ = self._conn.call(self._conn.stub.ExportBuffer, request, timeout, link=link)
         kind = self.dtype if self.dtype is not None else np.dtype(np.uint8)
-        return map_export(response, Path(target.removeprefix("unix:")), kind)
+        return map_export(response, socket_path, self.id, kind)
 
     def free(self) -> None:
         """Free the buffer on the daemon; later calls, and calls on a lost buffer, do nothing."""

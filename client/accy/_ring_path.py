@@ -24,6 +24,7 @@ from typing import cast
 import grpc
 
 from accy._ring import Ring, RingClosed, RingError, RingFull
+from accy._target import unix_socket_of
 from accy.errors import AccyError, FieldViolation, error_class
 from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
@@ -64,9 +65,9 @@ _PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64"
 
 def ring_wanted(target: str) -> Path | None:
     """The daemon's socket path when launches should go through a ring, else ``None``."""
-    if not target.startswith("unix:") or os.environ.get(layout.RING_ENV, "1") == "0":
+    if os.environ.get(layout.RING_ENV, "1") == "0":
         return None
-    return Path(target.removeprefix("unix:"))
+    return unix_socket_of(target)
 
 
 def open_ring(

@@ -26,6 +26,7 @@ from accy import _handoff
 from accy._connection import Connection
 from accy._launching import ring_errors, ring_of, ring_timeout
 from accy._link import Link
+from accy._target import unix_socket_of
 from accy.errors import AccyError, FailedPrecondition, Unimplemented
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -185,9 +186,7 @@ def shm_wanted(conn: Connection) -> Path | None:
     """The daemon's socket path when large transfers should use shared memory, else ``None``."""
     if not conn.shared_memory or os.environ.get(SHM_ENV, "1") == "0":
         return None
-    if not conn.target.startswith("unix:"):
-        return None
-    return Path(conn.target.removeprefix("unix:"))
+    return unix_socket_of(conn.target)
 
 
 def in_shared_array(conn: Connection, data: np.ndarray[Any, Any] | memoryview) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from accy.protocol import check_socket_folder, default_target
 from accy.protocol import default_socket_path as _default_socket_path
 
-__all__ = ["resolve_target"]
+__all__ = ["resolve_target", "unix_socket_of"]
 
 
 def resolve_target(target: str | None = None) -> str:
@@ -23,3 +25,8 @@ def resolve_target(target: str | None = None) -> str:
     if target.startswith(("/", "./")):
         target = f"unix:{target}"
     return target
+
+
+def unix_socket_of(target: str) -> Path | None:
+    """The socket path of a ``unix:`` target (a daemon on this host), else ``None``."""
+    return Path(target.removeprefix("unix:")) if target.startswith("unix:") else None

@@ -348,10 +348,12 @@ class Client:
         if isinstance(array_or_nbytes, int | np.integer):
             nbytes = int(array_or_nbytes)
             kind = _dtypes.to_numpy(dtype) if dtype is not None else None
-            return self._allocate(nbytes, kind, device, exportable)
+            return allocate(self._conn, nbytes, kind, device, exportable=exportable)
         array = np.asarray(array_or_nbytes, dtype=dtype)
         kind = _dtypes.to_numpy(array.dtype)
-        buffer = self._allocate(array.size * kind.itemsize, kind, device, exportable)
+        buffer = allocate(
+            self._conn, array.size * kind.itemsize, kind, device, exportable=exportable
+        )
         try:
             buffer.write(array, progress=progress)
         except BaseException:
@@ -380,12 +382,7 @@ class Client:
         """A device buffer of ``count`` elements of ``dtype`` (contents undefined);
         ``exportable`` as for ``buffer``."""
         kind = _dtypes.to_numpy(dtype)
-        return self._allocate(count * kind.itemsize, kind, device, exportable)
-
-    def _allocate(
-        self, nbytes: int, dtype: np.dtype[Any] | None, device: int | None, exportable: bool
-    ) -> Buffer:
-        return allocate(self._conn, nbytes, dtype, device, exportable=exportable)
+        return allocate(self._conn, count * kind.itemsize, kind, device, exportable=exportable)
 
     def run(
         self,
