@@ -31,6 +31,7 @@ __all__ = [
     "PreparedLaunch",
     "SequentialLaunch",
     "Stream",
+    "round_up",
 ]
 
 BUFFER_ALIGNMENT = 256
@@ -88,6 +89,11 @@ class Exported:
 
 EXPORT_GRANULE = 2 << 20
 """What an exportable buffer is charged in whole multiples of: CUDA's VMM granularity."""
+
+
+def round_up(size: int, step: int) -> int:
+    r"""``size`` rounded up to a whole number of ``step``\ s."""
+    return -(-size // step) * step
 
 
 @dataclass(eq=False, slots=True)

@@ -32,6 +32,7 @@ from accyd.backends.base import (
     PreparedLaunch,
     SequentialLaunch,
     Stream,
+    round_up,
 )
 from accyd.backends.host_streams import Fence, Worker, call_quietly
 from accyd.catalog.dtypes import DType
@@ -147,8 +148,7 @@ class HostBackend:
         memfd = None
         try:
             if exportable:  # in a memfd of its own (zero-filled), which export_buffer hands out
-                pages = -(-byte_size // mmap.PAGESIZE) * mmap.PAGESIZE
-                memfd, mapping = sealed_memfd("accy-buffer", pages)
+                memfd, mapping = sealed_memfd("accy-buffer", round_up(byte_size, mmap.PAGESIZE))
                 data = np.frombuffer(mapping, dtype=np.uint8)[:byte_size]
             else:
                 raw = np.empty(byte_size + alignment, dtype=np.uint8)

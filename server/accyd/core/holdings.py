@@ -16,7 +16,7 @@ from typing import Protocol
 
 import structlog
 
-from accyd.backends.base import EXPORT_GRANULE, Backend, Stream
+from accyd.backends.base import EXPORT_GRANULE, Backend, Stream, round_up
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
 from accyd.core.accounting import Ledger
@@ -27,10 +27,10 @@ from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
 from accyd.core.marks import Mark, order_after
 from accyd.core.placement import home_of
-from accyd.core.sessions import Session, SessionKey
+from accyd.core.sessions import Session, SessionKey, pick_format
 from accyd.core.tenants import Usage
 from accyd.core.waits import Deferred, until_done
-from accyd.errors import AccyError, DeviceFault, InvalidRequest, NotFound, UnsupportedOperation
+from accyd.errors import AccyError, DeviceFault, InvalidRequest, NotFound
 
 __all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings", "WouldBlock"]
 
@@ -126,7 +126,7 @@ class Holdings:
         pipeline = catalog.find_pipeline(target, version)
         device = self._place(client_id, device)
         backend = self._backend(device)
-        fmt = _pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
+        fmt = pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
         key = SessionKey(pipeline.target, pipeline.version, fmt, device)
         with self._lock:
             self._state.check_serving(device)
@@ -315,7 +315,7 @@ class Holdings:
         with self._lock:
             self._state.check_serving(device)
             client = self._clients.get(client_id)
-        charged = -(-byte_size // EXPORT_GRANULE) * EXPORT_GRANULE if exportable else byte_size
+        charged = round_up(byte_size, EXPORT_GRANULE) if exportable else byte_size
         with self._ledger.reserve(client, Usage(memory_bytes=charged, buffers=1)) as held:
             with self._state.guard(backend=backend):
                 buffer = backend.allocate_buffer(
@@ -435,24 +435,3 @@ class Holdings:
 
         marks = tails + [mark for held in taken.values() for mark in held]
         return Deferred(marks, then)
-
-
-def _pick_format(
-    pipeline: Pipeline,
-    available: tuple[ArtifactFormat, ...],
-    backend: Backend,
-    wanted: ArtifactFormat | None,
-) -> ArtifactFormat:
-    loadable = [f for f in available if f in backend.formats]
-    if wanted is None and loadable:
-        return loadable[0]
-    if wanted is not None and wanted in loadable:
-        return wanted
-    has = ", ".join(f.value for f in available)
-    loads = ", ".join(sorted(f.value for f in backend.formats))
-    which = "" if wanted is None else f" as {wanted.value}"
-    raise UnsupportedOperation(
-        f"{pipeline.target} cannot run{which} here: it exists as {has}; "
-        f"the {backend.kind.value} backend loads {loads}",
-        field="format",
-    )

@@ -36,9 +36,10 @@ from accyd.errors import (
     InvalidArtifact,
     LaunchArgumentMismatch,
     NotFound,
+    UnsupportedOperation,
 )
 
-__all__ = ["LaunchRecord", "Reaped", "Session", "SessionKey", "order_scalars"]
+__all__ = ["LaunchRecord", "Reaped", "Session", "SessionKey", "order_scalars", "pick_format"]
 
 _CHECKS = (LaunchArgumentMismatch, InvalidArtifact, FailedPrecondition)
 """What the executor raises from its checks, before anything was launched."""
@@ -374,3 +375,26 @@ def _coerce(value: Scalar, spec: ScalarSpec) -> Scalar:
         raise LaunchArgumentMismatch(
             f"runtime scalar {spec.name!r}: {error.message}", field=field
         ) from None
+
+
+def pick_format(
+    pipeline: Pipeline,
+    available: tuple[ArtifactFormat, ...],
+    backend: Backend,
+    wanted: ArtifactFormat | None,
+) -> ArtifactFormat:
+    """The format a session of ``pipeline`` loads on ``backend``: ``wanted``, else the first
+    of ``available`` the backend loads; ``UnsupportedOperation`` naming both otherwise."""
+    loadable = [f for f in available if f in backend.formats]
+    if wanted is None and loadable:
+        return loadable[0]
+    if wanted is not None and wanted in loadable:
+        return wanted
+    has = ", ".join(f.value for f in available)
+    loads = ", ".join(sorted(f.value for f in backend.formats))
+    which = "" if wanted is None else f" as {wanted.value}"
+    raise UnsupportedOperation(
+        f"{pipeline.target} cannot run{which} here: it exists as {has}; "
+        f"the {backend.kind.value} backend loads {loads}",
+        field="format",
+    )

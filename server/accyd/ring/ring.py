@@ -254,14 +254,18 @@ class ServerRing:
             raise FailedPrecondition(
                 "this daemon runs no ring copies: copy with CopySegment", field="kind"
             )
+        client_id, to_buffer = self.client_id, not flags & layout.TO_SEGMENT
         self._copying = self._copier.start(
-            self.client_id,
-            segment_id,
-            segment_offset,
-            buffer_id,
-            buffer_offset,
-            size,
-            to_buffer=not flags & layout.TO_SEGMENT,
+            lambda copies: copies.copy(
+                client_id,
+                segment_id,
+                segment_offset,
+                buffer_id,
+                buffer_offset,
+                size,
+                to_buffer=to_buffer,
+            ),
+            f"copy with buffer {buffer_id}",
         )
 
     def _bind(self, kind: int, handle: int, object_id: str) -> None:

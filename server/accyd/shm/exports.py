@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from accyd.backends.base import Exported, ExportKind
+from accyd.backends.base import Exported
 from accyd.core.daemon import Daemon
 from accyd.handoff import Handoff, Offered
 
@@ -34,10 +34,6 @@ class ExportOffer:
     exported: Exported
     byte_size: int
     device: int
-
-    @property
-    def kind(self) -> ExportKind:
-        return self.exported.kind
 
 
 class _Descriptor:

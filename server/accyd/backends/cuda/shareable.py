@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from accyd.backends.base import round_up
 from accyd.backends.cuda.driver import ErrorCheck
 from accyd.errors import LaunchFailed, OutOfMemory
 
@@ -88,7 +89,7 @@ def allocate_shareable(cu: Any, check: ErrorCheck, ordinal: int, byte_size: int)
     """Create, reserve, map, open for read-write and export ``byte_size`` bytes (rounded up
     to the granularity) on device ``ordinal``; everything made is undone if a step fails."""
     step = granularity(cu, check, ordinal)
-    size = -(-byte_size // step) * step
+    size = round_up(byte_size, step)
     handle = check(cu.cuMemCreate(size, _properties(cu, ordinal), 0), "cuMemCreate", OutOfMemory)
     undo = [lambda: cu.cuMemRelease(handle)]
     try:
