@@ -7,13 +7,6 @@
 set -u
 source bench/device_env.sh || exit 1
 root=$OUT
-: > "$root/steps.txt"
-step() {  # step NAME SECONDS COMMAND...: run it with a deadline, its output to $root/NAME.log
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@" > "$root/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" >> "$root/steps.txt"
-}
 step pytest 300 $PY -m pytest -q -p no:cacheprovider -x tests/shm/test_exports_cuda.py \
   tests/shm/test_shared_cuda.py tests/backends/test_cuda.py tests/workers/test_cuda_workers.py
 step first_use 150 $PY bench/export_first_use.py --sizes 4M,64M,1G --repeat 7

@@ -6,13 +6,6 @@
 set -u
 source bench/device_env.sh || exit 1
 root=$OUT
-: > "$root/steps.txt"
-step() {  # step NAME SECONDS COMMAND...: run it with a deadline, its output to $root/NAME.log
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@" > "$root/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" >> "$root/steps.txt"
-}
 tests="tests/workers/test_cuda_workers.py tests/shm/test_shared_cuda.py"
 step pytest 150 $PY -m pytest -q -p no:cacheprovider $tests
 ACCYD_DEVICE_WORKERS=1 step pytest_workers 90 $PY -m pytest -q -p no:cacheprovider \

@@ -11,13 +11,6 @@ root=$OUT
 
 nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader \
   > "$OUT/env.txt" 2>&1
-: > "$OUT/steps.txt"
-step() {  # step NAME SECONDS COMMAND...: run it with a deadline, its output to $OUT/NAME.log
-  local name=$1 limit=$2 start=$SECONDS
-  shift 2
-  timeout -k 10 "$limit" "$@" > "$root/$name.log" 2>&1
-  echo "$name rc=$? $((SECONDS - start))s" >> "$root/steps.txt"
-}
 step pytest 240 $PY -m pytest -q -p no:cacheprovider tests/workers \
   tests/core/test_device_isolation.py tests/backends/test_cuda_pipelines.py ${PYTEST_ARGS:-}
 step overhead 120 $PY bench/worker_overhead.py --backend cuda --json
