@@ -105,7 +105,10 @@ class Sessions:
 
 def settle(link: Link, timeout: float | None) -> None:
     """Let the launches sent on ``link`` without waiting reach the daemon before another call
-    does, as if each had waited to be enqueued (their refusals are reported elsewhere)."""
+    does, as if each had waited to be enqueued (their refusals are reported elsewhere): those
+    on its ring taken, those on its LaunchStream answered."""
+    if link.ring is not None:
+        link.ring.settle(timeout)
     if link.launches is not None:
         link.launches.settle(None, timeout)
 
@@ -305,8 +308,6 @@ class Connection:
         left = timeout  # the first try has it all; a second, what is left of it
         while True:
             use = link or self.current_link(deadline)
-            if use.ring is not None:  # calls see every launch published on the ring
-                use.ring.settle(timeout)
             message = request(use) if callable(request) else request
             cause: BaseException
             try:

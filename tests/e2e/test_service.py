@@ -121,6 +121,20 @@ def test_one_session_applies_launches_in_order(daemon: RunningDaemon) -> None:
     assert not np.allclose(shuffled, expected, rtol=1e-3)  # the test can tell orders apart
 
 
+def test_a_read_right_after_launches_not_waited_for_sees_them_all(target: str) -> None:
+    """No wait between the launches and the read: the read (a small one, over ReadBuffer) is
+    ordered after every launch the client made, on each way in."""
+    n, count = 64, 300
+    with Client(target) as client, client.load(SAXPY) as session:
+        x, y = client.buffer(np.ones(n, np.float32)), client.buffer(np.zeros(n, np.float32))
+        for _ in range(count):  # y = 0.5 * x + y, in place: each launch needs the last
+            session.launch([x, y], [y], wait=False, n=n, a=0.5)
+        np.testing.assert_array_equal(y.read(), np.full(n, count * 0.5, np.float32))
+        y.write(np.zeros(n, np.float32))  # a write is ordered after them too
+        session.launch([x, y], [y], wait=False, n=n, a=0.5)
+        np.testing.assert_array_equal(y.read(), np.full(n, 0.5, np.float32))
+
+
 def test_threads_of_one_client_share_its_launch_stream(target: str) -> None:
     """8 threads launch over the client's one stream (or ring), each its own chain; each chain
     is right."""
