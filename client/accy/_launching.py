@@ -12,7 +12,7 @@ from accy._connection import UNSET, Connection
 from accy._launches import LaunchStream, Sent
 from accy._link import Link, device_lost
 from accy._ring import RingClosed
-from accy._ring_path import RingPath, open_ring, ring_wanted
+from accy._ring_path import RingPath, open_ring, open_stream_ring, ring_wanted, stream_ring_wanted
 from accy.errors import AccyError, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -47,16 +47,26 @@ def ring_of(conn: Connection, timeout: float | None) -> tuple[RingPath | None, L
     if link.ring_tried:
         return link.ring, link
     socket_path = ring_wanted(conn.target)
-    if socket_path is None:
-        link.ring_tried = True
-        return None, link
     with _opening:
         if not link.ring_tried:
-            link.ring = open_ring(
-                lambda request: conn.call(conn.stub.OpenRing, request, left, link=link)[0],
-                socket_path,
-                lambda: link.lost is not None,
-            )
+            lost = lambda: link.lost is not None  # noqa: E731
+            ring = None
+            if socket_path is not None:
+                ring = open_ring(
+                    lambda request: conn.call(conn.stub.OpenRing, request, left, link=link)[0],
+                    socket_path,
+                    lost,
+                )
+            if ring is None and stream_ring_wanted():
+                ring = open_stream_ring(
+                    conn.stub,
+                    link.metadata,
+                    conn.translate,
+                    lost,
+                    10.0 if left is None else left,
+                    conn.launch_window,
+                )
+            link.ring = ring
             link.ring_tried = True
     return link.ring, link
 

@@ -79,7 +79,8 @@ class Link:
         waiting were answered (enqueued), for up to ``CLOSE_DRAIN_SECONDS``.
         """
         if self.ring is not None and now:  # a lost link's ring stays readable: its
-            self.ring.close()  # error entries say why its last work failed
+            # error entries say why its last work failed
+            self.ring.close(CLOSE_DRAIN_SECONDS if self.lost is None else 0.0)
         if self.launches is None:
             return
         if now and self.lost is None:  # the client is closing: answers on their way count

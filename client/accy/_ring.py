@@ -92,6 +92,8 @@ class Ring:
         self._errors_seen = 0
         self._next_handle = 1
         self.spin_seconds = wait_spin_seconds()
+        self.closed_reason = "the daemon closed this ring"
+        """What a ``RingClosed`` says once the daemon closed the ring."""
         self.abandoned: Callable[[], bool] | None = None
         """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
         self._closed = False
@@ -228,7 +230,7 @@ class Ring:
     def _slot(self, timeout: float) -> int:
         """The offset of the next record's slot, once the daemon has taken what was there."""
         if self._closed or self._halves[_CLOSED]:
-            raise RingClosed("the daemon closed this ring")
+            raise RingClosed(self.closed_reason)
         # A slot is free once taken, but launches in flight are also bounded by the ring's
         # size, so done (not tail) is the window: one client cannot queue without end.
         head = self._head
@@ -281,7 +283,7 @@ class Ring:
         spin_until = time.monotonic() + self.spin_seconds
         while not check():
             if self._u32(layout.CLOSED):
-                raise RingClosed("the daemon closed this ring")
+                raise RingClosed(self.closed_reason)
             now = time.monotonic()
             if now >= deadline:
                 raise error(f"the ring did not move within {timeout:g} s")

@@ -5,7 +5,13 @@ then the ring's memory taken from the handoff socket beside the daemon's
 socket. Sessions and buffers are bound to small handles once; each launch is
 then one record in shared memory, with no call. A refused or failed launch is
 raised by the session's next launch or wait, naming it, as CUDA reports
-asynchronous errors. ``ACCY_RING=0`` keeps a client on gRPC.
+asynchronous errors.
+
+A client that cannot map the daemon's memory (a TCP target, or a daemon that
+offers no shared ring) gets the same ring carried over a ``RingStream`` call
+(``accy._ring_stream``): the same records and errors, sent as messages.
+``ACCY_RING=0`` keeps a client on ``LaunchStream``; ``ACCY_RING=stream`` takes
+the stream even on a local socket.
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ from typing import cast
 import grpc
 
 from accy._ring import Ring, RingClosed, RingError, RingFull
+from accy._ring_stream import RingStreamLink
+from accy._rpc import Stub
 from accy._target import unix_socket_of
 from accy.errors import AccyError, FieldViolation, error_class
 from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["RingPath", "open_ring", "ring_wanted"]
+__all__ = ["RingPath", "open_ring", "open_stream_ring", "ring_wanted", "stream_ring_wanted"]
 
 _CODES = {
     "INVALID_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
@@ -48,6 +56,9 @@ _CODES = {
 }
 """The status code each domain reason is answered with over gRPC, for ring errors."""
 
+STREAM = "stream"
+"""``ACCY_RING=stream``: launch through a ring over a stream even on a local socket."""
+
 ENTRY_GRACE_SECONDS = 0.5
 """How long a wait whose daemon went away still looks for the daemon's word on its work."""
 
@@ -64,10 +75,15 @@ _PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64"
 
 
 def ring_wanted(target: str) -> Path | None:
-    """The daemon's socket path when launches should go through a ring, else ``None``."""
-    if os.environ.get(layout.RING_ENV, "1") == "0":
+    """The daemon's socket path when launches should go through a shared ring, else ``None``."""
+    if os.environ.get(layout.RING_ENV, "1") in ("0", STREAM):
         return None
     return unix_socket_of(target)
+
+
+def stream_ring_wanted() -> bool:
+    """Whether launches without a shared ring should go through a ring over a stream."""
+    return os.environ.get(layout.RING_ENV, "1") != "0"
 
 
 def open_ring(
@@ -88,13 +104,39 @@ def open_ring(
     return RingPath(ring)
 
 
-class RingPath:
-    """A link's ring, shared by its sessions; owns the ``Ring`` and closes it."""
+def open_stream_ring(
+    stub: Stub,
+    metadata: Sequence[tuple[str, str]],
+    translate: Callable[[grpc.RpcError], AccyError],
+    abandoned: Callable[[], bool],
+    timeout: float,
+    window: int,
+) -> RingPath | None:
+    """A ring carried over a ``RingStream`` call on the link of ``metadata``, holding at least
+    ``window`` launches not done (a power of two, 16 to 4096); ``None`` where the daemon
+    refuses one (``--no-rings``, or a daemon that predates it)."""
+    slots = 1 << max(4, min(12, (window - 1).bit_length()))
+    link = RingStreamLink(stub, metadata, translate, slots)
+    if not link.opened(timeout):
+        link.close()
+        return None
+    link.ring.abandoned = abandoned
+    return RingPath(link.ring, link)
 
-    def __init__(self, ring: Ring) -> None:
+
+class RingPath:
+    """A link's ring, shared by its sessions; owns the ``Ring`` (and the ``RingStream`` call
+    that carries it, if any) and closes them."""
+
+    def __init__(self, ring: Ring, stream: RingStreamLink | None = None) -> None:
         self.ring = ring
+        self.stream = stream
+        self.copies = stream is None
+        """Whether COPY records (shared segments) go through this ring."""
         # A lost link's ring is kept (its error entries) until nothing holds its link.
         weakref.finalize(self, ring.close)
+        if stream is not None:
+            weakref.finalize(self, stream.close)
         self.lock = threading.Lock()
         self._sessions: dict[str, tuple[int, struct.Struct, tuple[str, ...]]] = {}
         self._buffers: dict[str, int] = {}
@@ -258,7 +300,11 @@ class RingPath:
         if self._failed:
             raise _error(self._failed.pop(min(self._failed)))
 
-    def close(self) -> None:
+    def close(self, drain: float = 0.0) -> None:
+        """Close the ring; a stream's first waits up to ``drain`` seconds for the daemon to
+        take the records sent (a shared ring's are in the daemon's memory already)."""
+        if self.stream is not None:
+            self.stream.close(drain)
         with self.lock, contextlib.suppress(Exception):
             self.ring.close()
 

@@ -83,6 +83,7 @@ class Stub:
         self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
         self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)
         self.OpenRing = uu("OpenRing", pb.OpenRingRequest, pb.OpenRingResponse)
+        self.RingStream = ss("RingStream", pb.RingFrame, pb.RingState)
         self.OpenSegment = uu("OpenSegment", pb.OpenSegmentRequest, pb.OpenSegmentResponse)
         self.CopySegment = uu("CopySegment", pb.CopySegmentRequest, pb.CopySegmentResponse)
         self.CloseSegment = uu("CloseSegment", pb.CloseSegmentRequest, pb.CloseSegmentResponse)

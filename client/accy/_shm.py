@@ -150,7 +150,8 @@ class SharedPool:
         timeout: float | None,
     ) -> int:
         ring, link = ring_of(self._conn, timeout)
-        if ring is not None and link is self._link:  # a record, not a call: ~1 ms less a copy
+        # A record, not a call: about 1 ms less a copy.
+        if ring is not None and ring.copies and link is self._link:
             with ring_errors(self._conn, link, f"a copy with buffer {buffer_id}"):
                 ring.copy(
                     segment.id,

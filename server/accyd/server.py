@@ -151,6 +151,7 @@ class Server:
             quotas=config.quotas,
             metrics=metrics,
             lineage=self.lineage,
+            ring_streams=not config.no_rings,
         )
         self.health = Health([SERVICE_NAME])
         self._authenticator = authenticator = Authenticator(

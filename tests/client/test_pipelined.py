@@ -9,6 +9,7 @@ import pytest
 
 from accy import errors
 from accy.client import Client, Launch
+from accy.protocol.ring import RING_ENV
 from accy.testing import running_daemon
 from tests.client.fake_daemon import FakeLaunchService, until
 
@@ -146,7 +147,12 @@ def test_nothing_sent_is_lost_when_the_client_closes(fake: tuple[str, FakeLaunch
     assert len(service.state.launches) == 20
 
 
-def test_pipelined_launches_over_tcp_on_a_real_daemon() -> None:
+@pytest.mark.parametrize("way", ["ring-stream", "launch-stream"])
+def test_pipelined_launches_over_tcp_on_a_real_daemon(
+    way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if way == "launch-stream":
+        monkeypatch.setenv(RING_ENV, "0")
     n, count = 64, 500
     with (
         running_daemon(backend="host") as daemon,
@@ -161,4 +167,6 @@ def test_pipelined_launches_over_tcp_on_a_real_daemon() -> None:
         bad = session.launch([x, y], [y], wait=False, n=n + 1, a=1.0)
         with pytest.raises(errors.AccyError) as caught:
             session.wait()
-        assert f"launch #{tag_of(bad)}" in str(caught.value)
+        named = f"ring record {bad._seq}" if way == "ring-stream" else f"launch #{tag_of(bad)}"
+        assert named in str(caught.value)
+        assert caught.value.fields == ("n",) or "n" in str(caught.value)

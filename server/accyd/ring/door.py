@@ -24,12 +24,23 @@ from accyd.ring.memory import RingMemory
 from accyd.ring.ring import RingCore, ServerRing
 from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
 
-__all__ = ["OFFER_SECONDS", "RingDoor", "RingOffer", "flight_spin_for"]
+__all__ = ["OFFER_SECONDS", "RingDoor", "RingOffer", "flight_spin_for", "ring_slots"]
 
 log = structlog.get_logger("accyd.ring")
 
 MAX_SLOTS = 4096
 DEFAULT_SLOTS = 1024
+
+
+def ring_slots(asked: int) -> int:
+    """The slots of a ring a client asked for (0: the default); refused unless a power of two
+    up to ``MAX_SLOTS``."""
+    slots = asked or DEFAULT_SLOTS
+    if slots > MAX_SLOTS or slots & (slots - 1):
+        raise InvalidRequest(
+            f"slots must be a power of two up to {MAX_SLOTS}, not {slots}", field="slots"
+        )
+    return slots
 
 
 def flight_spin_for(core: RingCore) -> float:
@@ -72,11 +83,7 @@ class RingDoor:
         """Make a ring for ``client_id``; it goes live once the client takes it."""
         if not self.handoff.open:
             raise Unavailable("the daemon is not offering rings now")
-        slots = slots or DEFAULT_SLOTS
-        if slots > MAX_SLOTS or slots & (slots - 1):
-            raise InvalidRequest(
-                f"slots must be a power of two up to {MAX_SLOTS}, not {slots}", field="slots"
-            )
+        slots = ring_slots(slots)
         memory = RingMemory(slots)
         ring = ServerRing(new_id("ring"), client_id, memory, self._core, self.copier)
 

@@ -1,8 +1,9 @@
-"""A ring's shared memory and eventfds: made by the daemon, sealed, and handed to one client."""
+"""A ring's memory and eventfds: made by the daemon, sealed, and handed to one client."""
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 
 from accy.protocol import ring as layout
@@ -19,21 +20,31 @@ class RingMemory:
     client sees it, so a client that truncates its copy cannot make the daemon
     fault on a read past the end. Nothing the client writes is trusted: readers
     copy a record out before they look at it.
+
+    With ``shared=False`` the memory is the daemon's alone (an anonymous
+    mapping, no descriptors): a ring whose records arrive as messages
+    (``RingStream``) is filled by the daemon itself, and its counters go back
+    as messages; waking and draining do nothing.
     """
 
-    def __init__(self, slot_count: int) -> None:
+    def __init__(self, slot_count: int, *, shared: bool = True) -> None:
         if slot_count <= 0 or slot_count & (slot_count - 1):
             raise ValueError(f"slot_count must be a power of two, not {slot_count}")
         self.slot_count = slot_count
         self.size = layout.ring_bytes(slot_count)
-        self.fd, self.map = sealed_memfd("accy-ring", self.size)
-        try:
-            self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-        except BaseException:
-            self.map.close()
-            os.close(self.fd)
-            raise
+        self.shared = shared
+        self.fd = self.submit_fd = self.complete_fd = -1
+        if not shared:
+            self.map = mmap.mmap(-1, self.size)
+        else:
+            self.fd, self.map = sealed_memfd("accy-ring", self.size)
+            try:
+                self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+                self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            except BaseException:
+                self.map.close()
+                os.close(self.fd)
+                raise
         layout.HEADER.pack_into(
             self.map,
             0,
@@ -82,11 +93,40 @@ class RingMemory:
             self.map[at : self.size] + self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + wrapped]
         )
 
+    def write(self, seq: int, records: bytes) -> None:
+        """Put whole records ``seq`` onward into their slots (at most ``slot_count``): the
+        daemon's own copy of what a ``RingStream`` client sent."""
+        count = len(records) // layout.SLOT_SIZE
+        first = seq & (self.slot_count - 1)
+        at = layout.HEADER_SIZE + first * layout.SLOT_SIZE
+        fits = min(count, self.slot_count - first) * layout.SLOT_SIZE
+        self.map[at : at + fits] = records[:fits]
+        rest = len(records) - fits
+        if rest:
+            self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + rest] = records[fits:]
+
+    def entries(self, first: int, end: int) -> bytes:
+        """Error entries ``first`` .. ``end - 1`` (the newest ``error_slots`` at most), one
+        after another, as written."""
+        slots = layout.error_slots()
+        first = max(first, end - slots)
+        return b"".join(
+            self.map[at : at + layout.ERROR_SIZE]
+            for at in (
+                layout.ERROR_BASE + (index % slots) * layout.ERROR_SIZE
+                for index in range(first, end)
+            )
+        )
+
     def drain_submit(self) -> None:
+        if not self.shared:
+            return
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.submit_fd)
 
     def wake_client(self) -> None:
+        if not self.shared:
+            return
         # A hostile client can fill the counter; a full eventfd is not our problem.
         with contextlib.suppress(BlockingIOError, OSError):
             os.eventfd_write(self.complete_fd, 1)
@@ -99,8 +139,9 @@ class RingMemory:
             self.set_u32(layout.CLOSED, 1)
         self.wake_client()
         for fd in (self.fd, self.submit_fd, self.complete_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._words.release()
         self._halves.release()
         self.map.close()

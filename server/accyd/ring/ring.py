@@ -15,7 +15,7 @@ import contextlib
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -327,6 +327,21 @@ class ServerRing:
         return buffer_id
 
     # Completions -------------------------------------------------------------------
+
+    def notify_settled(self, callback: Callable[[], None]) -> int:
+        """Have ``callback`` called (from another thread) once the newest batch in flight is
+        over: once per session it used. How many calls to expect (0: none was taken)."""
+        if not self._flights:
+            return 0
+        return sum(watch.notify(callback) for _, watch in self._flights[-1].watches)
+
+    def settle_for(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for the newest batch in flight, then ``settle``."""
+        if self._flights and seconds > 0:
+            until = time.monotonic() + seconds
+            for _, watch in self._flights[-1].watches:
+                watch.settle(until - time.monotonic())
+        return self.settle()
 
     def settle(self) -> bool:
         """Advance ``done`` past every finished entry; whether it moved."""

@@ -27,6 +27,7 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import TypeVar
 
 import structlog
 
@@ -41,9 +42,11 @@ from accyd.service.calls import CallTracker, Context, id_fields, log_failure, te
 from accyd.service.errors import to_rpc_status
 from accyd.service.tasks import TaskSet
 
-__all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher"]
+__all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher", "until_stopped"]
 
 log = structlog.get_logger("accyd.service")
+
+_Message = TypeVar("_Message")
 
 NOTIFY_PATIENCE_SECONDS = 0.005
 """How long a waiting launch relies on its own notification before the core's awaited wait."""
@@ -206,7 +209,7 @@ class Launcher:
         answers = _Answers(context)
         finishing = TaskSet()
         try:
-            async for message in _until_stopped(requests, self.daemon):
+            async for message in until_stopped(requests, self.daemon):
                 ready: list[pb.LaunchStreamResponse] = []
                 reap: list[str] = []
                 for request, nested in _launches_in(message):
@@ -301,9 +304,9 @@ NESTED = InvalidRequest(
 )
 
 
-async def _until_stopped(
-    requests: AsyncIterator[pb.LaunchRequest], daemon: Daemon
-) -> AsyncIterator[pb.LaunchRequest]:
+async def until_stopped(
+    requests: AsyncIterator[_Message], daemon: Daemon
+) -> AsyncIterator[_Message]:
     """The stream's requests; a read that fails because the server is stopping ends them."""
     iterator = aiter(requests)
     while True:

@@ -34,6 +34,7 @@ from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, defaul
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
 from accyd.service.launches import Launcher
+from accyd.service.ring_stream import RingStreams
 from accyd.service.segments import SegmentHandlers
 from accyd.service.tasks import TaskSet
 from accyd.shm import Segments
@@ -62,6 +63,7 @@ class LaunchServicer(SegmentHandlers):
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
         rings: RingDoor | None = None,
+        ring_streams: bool = True,
     ) -> None:
         self.daemon = daemon
         self.rings = rings
@@ -79,6 +81,9 @@ class LaunchServicer(SegmentHandlers):
         self._detaching = TaskSet()
         self._watching = TaskSet()
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
+        self._ring_streams = (
+            RingStreams(daemon, spin_seconds=launch_spin_seconds) if ring_streams else None
+        )
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
         """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
@@ -400,6 +405,16 @@ class LaunchServicer(SegmentHandlers):
             handoff_name=offer.handoff_name,
             slots=offer.slots,
         )
+
+    @unary
+    async def RingStream(self, request: AsyncIterator[pb.RingFrame], call: Call) -> None:
+        client_id = call.need_client()
+        if self._ring_streams is None:
+            raise FailedPrecondition(
+                "this daemon hands out no rings (--no-rings): launch with LaunchStream",
+                field="slots",
+            )
+        await self._ring_streams.serve(client_id, request, call.context)
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:

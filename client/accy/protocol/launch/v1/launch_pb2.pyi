@@ -410,6 +410,32 @@ class OpenRingResponse(_message.Message):
     slots: int
     def __init__(self, ring_id: _Optional[str] = ..., ticket: _Optional[bytes] = ..., handoff_name: _Optional[str] = ..., slots: _Optional[int] = ...) -> None: ...
 
+class RingFrame(_message.Message):
+    __slots__ = ("slots", "first", "records")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    first: int
+    records: bytes
+    def __init__(self, slots: _Optional[int] = ..., first: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class RingState(_message.Message):
+    __slots__ = ("slots", "tail", "done", "errors", "entries", "first_error")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    tail: int
+    done: int
+    errors: int
+    entries: bytes
+    first_error: int
+    def __init__(self, slots: _Optional[int] = ..., tail: _Optional[int] = ..., done: _Optional[int] = ..., errors: _Optional[int] = ..., entries: _Optional[bytes] = ..., first_error: _Optional[int] = ...) -> None: ...
+
 class OpenSegmentRequest(_message.Message):
     __slots__ = ("byte_size", "device")
     BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]

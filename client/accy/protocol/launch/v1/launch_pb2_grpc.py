@@ -114,6 +114,11 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
                 _registered_method=True)
+        self.RingStream = channel.stream_stream(
+                '/accy.launch.v1.LaunchService/RingStream',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.RingFrame.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.RingState.FromString,
+                _registered_method=True)
         self.OpenSegment = channel.unary_unary(
                 '/accy.launch.v1.LaunchService/OpenSegment',
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenSegmentRequest.SerializeToString,
@@ -270,6 +275,20 @@ class LaunchServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RingStream(self, request_iterator, context):
+        """The ring's records and counters carried over a stream, for a client that
+        cannot map the daemon's memory (another host, TCP): the records are the
+        same-host ring's, in its layout (accy.protocol.ring), checked and launched
+        the same way, with the same asynchronous errors. The client's first frame
+        opens the ring (`slots`), each later one carries the records published
+        since; the daemon answers the first with the ring's size and then sends the
+        counters whenever they move (one message for many records). Refused
+        (FAILED_PRECONDITION) where the daemon hands out no rings (--no-rings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OpenSegment(self, request, context):
         """Host-shared memory for the calling (attached) client on the same host: the
         daemon makes a segment (sealed memfd, page-locked for the device once),
@@ -391,6 +410,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.OpenRing,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.SerializeToString,
+            ),
+            'RingStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.RingStream,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.RingFrame.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.RingState.SerializeToString,
             ),
             'OpenSegment': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSegment,
@@ -845,6 +869,33 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/OpenRing',
             accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RingStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/accy.launch.v1.LaunchService/RingStream',
+            accy_dot_launch_dot_v1_dot_launch__pb2.RingFrame.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.RingState.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,193 @@
+"""A ring over a gRPC stream: the same-host ring's records, for a client that cannot map it.
+
+A client on another host (a TCP target) keeps the ring's memory itself: an
+ordinary ``Ring`` writes records into it and waits on its counters, exactly as
+on a shared ring. ``RingStreamLink`` carries the rest over one ``RingStream``
+call: the call's request iterator sends the records published since its last
+frame (many in one message when the caller is ahead), and a reader thread
+writes the daemon's counters and error entries back into the memory, waking a
+caller that sleeps on them. So a launch costs the caller a record in memory,
+and the daemon a record to check or replay, not a ``LaunchRequest`` each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import grpc
+
+from accy._ring import Ring
+from accy._rpc import Stub
+from accy.errors import AccyError
+from accy.protocol import ring as layout
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["FRAME_RECORDS", "STREAM_SLOTS", "RingStreamLink"]
+
+STREAM_SLOTS = 1024
+"""Records a stream ring holds: launches published and not done, at most."""
+FRAME_RECORDS = 256
+"""Records sent in one frame at most (64 KiB)."""
+
+_HEAD, _TAIL, _DONE, _ERRORS = (
+    o >> 3 for o in (layout.HEAD, layout.TAIL, layout.DONE, layout.ERRORS)
+)
+_CLIENT_WAITS, _DAEMON_WAITS, _CLOSED = (
+    o >> 2 for o in (layout.CLIENT_WAITS, layout.DAEMON_WAITS, layout.CLOSED)
+)
+
+
+class RingStreamLink:
+    """One ``RingStream`` call and the ring it carries (``ring``).
+
+    Owns the call, the ring memory's local mapping and the eventfds the sender
+    and reader share with ``ring`` (which owns its own copies); ``close()``
+    ends the call (idempotent). The sender runs in gRPC's request thread; the
+    reader is a daemon thread that ends with the call.
+    """
+
+    def __init__(
+        self,
+        stub: Stub,
+        metadata: Sequence[tuple[str, str]],
+        translate: Callable[[grpc.RpcError], AccyError],
+        slots: int = STREAM_SLOTS,
+    ) -> None:
+        size = layout.ring_bytes(slots)
+        memory = os.memfd_create("accy-ring-stream", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(memory, size)
+            self._map = mmap.mmap(memory, size)
+            layout.HEADER.pack_into(
+                self._map,
+                0,
+                layout.MAGIC,
+                layout.VERSION,
+                slots,
+                layout.SLOT_SIZE,
+                layout.error_slots(),
+            )
+            self._submit = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._complete = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self._stop = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.ring = Ring(os.dup(memory), os.dup(self._submit), os.dup(self._complete))
+        finally:
+            os.close(memory)
+        # A waiter must not spin: the reader thread that moves the counters needs the GIL.
+        self.ring.spin_seconds = 0.0
+        self._words = memoryview(self._map).cast("Q")
+        self._halves = memoryview(self._map).cast("I")
+        self._slots = slots
+        self._translate = translate
+        self.error: AccyError | None = None
+        """Why the call ended, if the daemon ended it with an error."""
+        self._opened = threading.Event()
+        self._closed = False
+        self._call = stub.RingStream(self._frames(), metadata=tuple(metadata))
+        self._reader = threading.Thread(target=self._read, name="accy-ring-stream", daemon=True)
+        self._reader.start()
+
+    def opened(self, timeout: float) -> bool:
+        """Wait for the daemon's first answer: whether it took the ring (else see ``error``)."""
+        return self._opened.wait(timeout) and self.error is None and not self._closed
+
+    # Sending ---------------------------------------------------------------------------
+
+    def _frames(self) -> Iterator[pb.RingFrame]:
+        """The call's messages: the opening frame, then the records published since the last
+        frame, in frames of at most ``FRAME_RECORDS`` (never across the ring's end)."""
+        yield pb.RingFrame(slots=self._slots)
+        words, halves, mask = self._words, self._halves, self._slots - 1
+        sent = 0
+        try:
+            while not self._closed:
+                head = int(words[_HEAD])
+                if head == sent:
+                    halves[_DAEMON_WAITS] = 1  # the ring writes ``submit`` once it sees this
+                    try:
+                        if int(words[_HEAD]) == sent:
+                            select.select([self._submit, self._stop], [], [])
+                            with contextlib.suppress(BlockingIOError):
+                                os.eventfd_read(self._submit)
+                    finally:
+                        halves[_DAEMON_WAITS] = 0
+                    continue
+                first = sent & mask
+                count = min(head - sent, FRAME_RECORDS, self._slots - first)
+                at = layout.HEADER_SIZE + first * layout.SLOT_SIZE
+                records = self._map[at : at + count * layout.SLOT_SIZE]
+                yield pb.RingFrame(first=sent, records=records)
+                sent += count
+        except (ValueError, OSError):  # closed under the sender
+            return
+
+    # Reading ---------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        """The reader thread: the daemon's counters and error entries into the memory."""
+        words, halves = self._words, self._halves
+        slots, size = layout.error_slots(), layout.ERROR_SIZE
+        try:
+            for state in self._call:
+                if not self._opened.is_set():
+                    self._opened.set()  # the first answer: the ring is open
+                    continue
+                entries = state.entries
+                for index in range(len(entries) // size):
+                    at = layout.ERROR_BASE + ((state.first_error + index) % slots) * size
+                    self._map[at : at + size] = entries[index * size : (index + 1) * size]
+                # Entries before their count, the count before ``done``: a waiter that sees the
+                # records done sees why any of them failed.
+                words[_ERRORS] = state.errors
+                words[_TAIL] = state.tail
+                words[_DONE] = state.done
+                if halves[_CLIENT_WAITS]:
+                    self._wake()
+        except grpc.RpcError as error:
+            if not self._closed:
+                self.error = self._translate(error)
+                self.ring.closed_reason = f"the daemon ended the ring's stream: {self.error}"
+        except (ValueError, OSError):
+            return
+        finally:
+            with contextlib.suppress(ValueError):
+                halves[_CLOSED] = 1
+            self._wake()
+            self._opened.set()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_write(self._complete, 1)
+
+    # Closing ---------------------------------------------------------------------------
+
+    def close(self, drain: float = 0.0) -> None:
+        """End the call (idempotent). With ``drain``, first wait up to that many seconds for
+        the daemon to take every record published (they are enqueued then)."""
+        if self._closed:
+            return
+        if drain > 0 and self.error is None:
+            until = time.monotonic() + drain
+            with contextlib.suppress(ValueError):
+                head = int(self._words[_HEAD])
+                while (
+                    int(self._words[_TAIL]) < head
+                    and not self._halves[_CLOSED]
+                    and time.monotonic() < until
+                ):
+                    time.sleep(0.001)
+        self._closed = True
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._stop, 1)
+        self._call.cancel()
+        if threading.current_thread() is not self._reader:
+            self._reader.join(1.0)
+        for fd in (self._submit, self._complete, self._stop):
+            with contextlib.suppress(OSError):
+                os.close(fd)

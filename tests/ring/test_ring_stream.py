@@ -1,0 +1,158 @@
+"""The ring over a stream (RingStream): remote launches as ring records, checked the same way."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from accy import errors
+from accy.client import Client
+from accy.protocol import ring as layout
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.testing import RunningDaemon, running_daemon
+from accyd.backends.cuda import cuda_available
+
+SAXPY = "accy.kernel.saxpy"
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "host",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(not cuda_available(), reason="no CUDA driver or device here"),
+            ],
+        ),
+    ],
+)
+def daemon(request: pytest.FixtureRequest) -> Iterator[RunningDaemon]:
+    with running_daemon(backend=request.param) as running:
+        yield running
+        assert running.process.poll() is None, running.log_text()
+
+
+@pytest.fixture
+def client(daemon: RunningDaemon) -> Iterator[Client]:
+    assert daemon.tcp_target is not None
+    with Client(daemon.tcp_target, client_name="ring-stream") as client:
+        yield client
+
+
+def test_tcp_launches_go_through_the_ring_stream_in_order(client: Client) -> None:
+    n = 256
+    x, y = client.buffer(np.ones(n, np.float32)), client.buffer(np.zeros(n, np.float32))
+    session = client.load(SAXPY)
+    launches = [session.launch([x, y], [y], wait=False, n=n, a=0.25) for _ in range(400)]
+    session.wait()
+    assert all(launch.completed or launch.wait() is launch for launch in launches)
+    np.testing.assert_array_equal(y.read(), np.full(n, 100.0, np.float32))
+    waited = session.launch([x, y], [y], n=n, a=1.0)
+    assert waited.completed
+    link = client._conn.last
+    assert link is not None and link.ring is not None and link.ring.stream is not None
+    assert link.launches is None  # no LaunchStream was opened
+
+
+def test_a_refused_record_is_raised_by_the_next_wait_naming_it(client: Client) -> None:
+    n = 64
+    x, y = client.buffer(np.ones(n, np.float32)), client.empty(n, "f32")
+    session = client.load(SAXPY)
+    bad = session.launch([x, x], [y], wait=False, n=n + 1, a=1.0)  # more than the buffers hold
+    with pytest.raises(errors.InvalidArgument) as caught:
+        session.wait()
+    assert f"ring record {bad._seq}" in str(caught.value) and session.id in str(caught.value)
+    session.launch([x, x], [y], n=n, a=1.0)  # reported once; the session works on
+    np.testing.assert_array_equal(y.read(), np.full(n, 2.0, np.float32))
+
+
+def test_another_clients_buffer_is_not_found_through_the_stream(
+    daemon: RunningDaemon, client: Client
+) -> None:
+    assert daemon.tcp_target is not None
+    with Client(daemon.tcp_target, client_name="other") as other:
+        theirs = other.buffer(np.ones(8, np.float32))
+        session = client.load(SAXPY)
+        mine = client.empty(8, "f32")
+        with pytest.raises(errors.NotFound) as caught:
+            session.launch([theirs.id, theirs.id], [mine], n=8, a=1.0)
+        assert "ring record" in str(caught.value)
+        np.testing.assert_array_equal(theirs.read(), np.ones(8, np.float32))
+
+
+def _raw_stream(client: Client, frames: list[pb.RingFrame]) -> list[pb.RingState]:
+    """Send ``frames`` on a RingStream of ``client``'s link; the states that came back."""
+    conn = client._conn
+    link = conn.current_link(None)
+    call = conn.stub.RingStream(iter(frames), metadata=link.metadata, timeout=10)
+    return list(call)
+
+
+def _record(seq: int, handle: int = 1) -> bytes:
+    raw = layout.RECORD.pack(seq, layout.Kind.LAUNCH, 0, handle, 0, 0, 0, *([0] * 16), b"")
+    return raw.ljust(layout.SLOT_SIZE, b"\0")
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        (pb.RingFrame(first=5, records=_record(5)), "from seq 0"),
+        (pb.RingFrame(first=0, records=b"\1" * 100), "whole records"),
+        (pb.RingFrame(first=0, records=b"".join(_record(s) for s in range(17))), "at most 16"),
+    ],
+)
+def test_a_frame_that_breaks_the_framing_ends_the_stream(
+    client: Client, frame: pb.RingFrame, why: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        _raw_stream(client, [pb.RingFrame(slots=16), frame])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert why in (caught.value.details() or "")
+    session = client.load(SAXPY)  # the daemon serves on
+    x = client.buffer(np.ones(8, np.float32))
+    session.launch([x, x], [x], n=8, a=1.0)
+    np.testing.assert_array_equal(x.read(), np.full(8, 2.0, np.float32))
+
+
+def test_hostile_records_are_refused_one_by_one_in_entries(client: Client) -> None:
+    rng = np.random.default_rng(3)
+    garbage = [bytes(rng.integers(0, 256, layout.SLOT_SIZE, dtype=np.uint8)) for _ in range(6)]
+    unbound = _record(6, handle=99)
+    records = b"".join(struct.pack("<Q", s) + g[8:] for s, g in enumerate(garbage)) + unbound
+    states = _raw_stream(client, [pb.RingFrame(slots=16), pb.RingFrame(first=0, records=records)])
+    assert states[0].slots == 16
+    last = states[-1]
+    assert (last.tail, last.done, last.errors) == (7, 7, 7)  # each refused, none launched
+    entries = b"".join(s.entries for s in states)
+    assert len(entries) == 7 * layout.ERROR_SIZE
+    fields = [layout.ERROR_ENTRY.unpack_from(entries, i * layout.ERROR_SIZE) for i in range(7)]
+    assert [f[0] for f in fields] == list(range(7))  # each names its record
+    assert fields[-1][1].rstrip(b"\0") == b"NOT_FOUND"  # no session bound to handle 99
+    assert {f[1].rstrip(b"\0") for f in fields} <= {b"INVALID_REQUEST", b"NOT_FOUND"}
+
+
+def test_the_first_frame_must_open_the_ring(client: Client) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        _raw_stream(client, [pb.RingFrame(slots=3)])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "power of two" in (caught.value.details() or "")
+
+
+def test_a_daemon_without_rings_keeps_tcp_launches_on_launch_stream() -> None:
+    with (
+        running_daemon(backend="host", extra=["--no-rings"]) as daemon,
+        Client(str(daemon.tcp_target), client_name="no-rings") as client,
+    ):
+        x = client.buffer(np.ones(8, np.float32))
+        session = client.load(SAXPY)
+        session.launch([x, x], [x], wait=False, n=8, a=1.0)
+        session.wait()
+        np.testing.assert_array_equal(x.read(), np.full(8, 2.0, np.float32))
+        link = client._conn.last
+        assert link is not None and link.ring is None and link.launches is not None
