@@ -53,10 +53,12 @@ class _Fma:
 
 
 def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """Launches with ``wait=False`` as fast as they go, the session waited on every 16."""
+    """Launches with ``wait=False`` as fast as they go, the session waited on every 16 (or
+    ``sync_every``: a remote client pipelines deeper than one round trip per 16)."""
     fma = _Fma(spec["target"], f"bench-rate-{spec['index']}")
     iters, seconds = int(spec["iters"]), float(spec["seconds"])
-    for _ in range(SYNC_EVERY):
+    every = int(spec.get("sync_every", SYNC_EVERY))
+    for _ in range(every):
         fma.launch(iters, wait=False)
     fma.session.wait()
 
@@ -64,10 +66,10 @@ def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         count, started = 0, time.perf_counter()
         end = started + seconds
         while time.perf_counter() < end:
-            for _ in range(SYNC_EVERY):
+            for _ in range(every):
                 fma.launch(iters, wait=False)
             fma.session.wait()
-            count += SYNC_EVERY
+            count += every
         elapsed = time.perf_counter() - started
         fma.check(iters)
         fma.client.close()

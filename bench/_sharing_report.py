@@ -59,7 +59,7 @@ GOALS = (
         1.0,
     ),
     Goal(
-        "remote (TCP), one client, wait=False: launches/s",
+        "remote (TCP), one client, wait=False (waited every 256): launches/s",
         ("accy", "remote_rate", "per_second"),
         None,
         ">=",

@@ -47,6 +47,9 @@ HOST_ITERS = {"tiny": 1, "short": 8, "long": 32}
 UNCALIBRATED_ITERS = {"tiny": 1, "short": 3500, "long": 23000}
 """On the GPU when calibration failed: about 8 and 46.5 µs on an H200 (4-cycle FMA chains)."""
 SCAN_N = 5000
+REMOTE_SYNC_EVERY = 256
+"""The remote rate waits on its session every this many launches (the client's launch window):
+pipelined, where a wait every 16 launches would cost a network round trip per 16."""
 WORKERS: dict[str, tuple[str, str]] = {
     "cuda-inproc": ("_sharing_cuda", "prepare_inproc"),
     "cuda-rate": ("_sharing_cuda", "prepare_rate"),
@@ -223,18 +226,21 @@ def accy_series(plan: Plan, args: argparse.Namespace, iters: dict[str, int]) -> 
                 found[f"clients_{name}"] = plan.step(
                     f"accy {args.clients} clients, {name} kernel", functools.partial(many, specs)
                 )
-            found["remote_rate"] = plan.step(
-                "accy remote (TCP) one client, tiny kernel, wait=False",
-                lambda: one(
-                    {
-                        "kind": "accy-rate",
-                        "index": 0,
-                        "target": tcp,
-                        "iters": iters["tiny"],
-                        "seconds": seconds,
-                    }
-                ),
-            )
+            for key, every in (("remote_rate", REMOTE_SYNC_EVERY), ("remote_rate_16", 16)):
+                found[key] = plan.step(
+                    f"accy remote (TCP) one client, tiny kernel, wait=False, waited every {every}",
+                    functools.partial(
+                        one,
+                        {
+                            "kind": "accy-rate",
+                            "index": 0,
+                            "target": tcp,
+                            "iters": iters["tiny"],
+                            "seconds": seconds,
+                            "sync_every": every,
+                        },
+                    ),
+                )
             found["remote_round_trip"] = plan.step(
                 "accy remote (TCP) round trip against a streaming echo",
                 lambda: one(
