@@ -10,11 +10,13 @@ step tests 240 $PY -m pytest -q -p no:cacheprovider tests/ring/test_ring_stream.
   tests/ring/test_ring_bound.py tests/shm/test_shared_cuda.py
 step rate_ring_stream 120 $PY bench/launch_rate.py --backend cuda --count 20000
 ACCY_RING=0 step rate_launch_stream 120 $PY bench/launch_rate.py --backend cuda --count 20000
+step probe 120 $PY bench/remote_probe.py --backend cuda --iterations 3000
 OUT=$OUT/sharing bash bench/device_sharing.sh > "$OUT/sharing.txt" 2>&1
 
 echo "==== steps"; cat "$STEPS/steps.txt"
 echo "==== tests"; tail -5 "$STEPS/tests.log"
 echo "==== launch rate, ring stream"; tail -5 "$STEPS/rate_ring_stream.log"
 echo "==== launch rate, LaunchStream"; tail -5 "$STEPS/rate_launch_stream.log"
+echo "==== remote round trip by leg"; tail -10 "$STEPS/probe.log"
 echo "==== sharing"; tail -40 "$OUT/sharing.txt"
 exit 0
