@@ -1,118 +1,162 @@
-"""Where a waited remote launch's round trip goes, on the client's side of a RingStream.
+"""Where a waited remote launch's round trip goes, leg by leg, on both sides of a RingStream.
 
 Run from the repository root:
 
     python bench/remote_probe.py [--backend host|cuda] [--iterations 2000]
 
-It starts ``accyd serve`` on TCP loopback and one client in this process, and
-times each waited launch of saxpy (n = 64) in three legs by wrapping the
-client's ``RingStream`` call: from the call to ``Session.launch`` until its
-frame is handed to gRPC (the caller, the record, the sender thread's wake-up),
-from there until the daemon's answer is read by the reader thread (the wire
-both ways and everything the daemon does), and from there until
-``Session.launch`` returns (the reader waking the caller). A raw streaming
-gRPC echo of a frame's size, on its own server, is timed alongside (the
-floor of the middle leg). It prints p50 of each, in µs.
+It runs the daemon's server in this process (its event loop on a thread, as
+``bench/ring_cost.py`` does) on TCP loopback, and one client in a child
+process that uses the public client API, and times each waited launch of
+saxpy (n = 64) by stamping (``CLOCK_MONOTONIC``, the same clock in both
+processes): in the client, the call to ``Session.launch``, its frame handed to
+gRPC (the call's request iterator) and the daemon's answer read (the reader
+thread), and the return; in the daemon, ``_StreamRing.take`` entered, its
+answer built, and the answer written. A raw streaming gRPC echo of a frame's
+size, on its own server, is timed after (the floor). It prints p50 of each
+leg, in µs.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import multiprocessing as mp
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from bench_service import EchoServer, _channel, _StreamEcho
+from ring_cost import ServerThread
 
-from accy import _rpc
 from accy._table import markdown
-from accy.client import Client
-from accy.testing import free_port, running_daemon
+from accy.testing import free_port
 
 SAXPY = "accy.kernel.saxpy"
-
-_sent: list[float] = []
-_read: list[float] = []
+N = 64
 
 
-class _Timed:
-    """A RingStream call whose frames and answers are stamped as they pass."""
-
-    def __init__(self, call: Any) -> None:
-        self._call = call
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        state = next(self._call)
-        _read.append(time.perf_counter())
-        return state
-
-    def cancel(self) -> None:
-        self._call.cancel()
+# The client (a child process) -------------------------------------------------------------
 
 
-def _stamped(frames: Iterator[Any]) -> Iterator[Any]:
-    for frame in frames:
-        _sent.append(time.perf_counter())
-        yield frame
+def _client(target: str, iterations: int, out: Any) -> None:
+    """Waited launches, each stamped: (called, frame to gRPC, answer read, returned)."""
+    from accy import _rpc
+    from accy.client import Client
 
+    sent: list[float] = []
+    read: list[float] = []
 
-def _patch() -> None:
+    class Timed:
+        def __init__(self, call: Any) -> None:
+            self._call = call
+
+        def __iter__(self) -> Iterator[Any]:
+            return self
+
+        def __next__(self) -> Any:
+            state = next(self._call)
+            read.append(time.perf_counter())
+            return state
+
+        def cancel(self) -> None:
+            self._call.cancel()
+
+    def stamped(frames: Iterator[Any]) -> Iterator[Any]:
+        for frame in frames:
+            sent.append(time.perf_counter())
+            yield frame
+
     original = _rpc.Stub.__init__
 
-    def init(self: _rpc.Stub, channel: Any) -> None:
+    def init(self: Any, channel: Any) -> None:
         original(self, channel)
         plain = self.RingStream
-
-        def ring_stream(frames: Iterator[Any], **kwargs: Any) -> _Timed:
-            return _Timed(plain(_stamped(frames), **kwargs))
-
-        self.RingStream = ring_stream  # type: ignore[assignment]
+        self.RingStream = lambda frames, **kw: Timed(plain(stamped(frames), **kw))
 
     _rpc.Stub.__init__ = init  # type: ignore[method-assign]
+    trips: list[tuple[float, float, float, float]] = []
+    with Client(target, client_name="remote-probe") as client:
+        x, y = client.buffer(np.ones(N, np.float32)), client.empty(N, "f32")
+        session = client.load(SAXPY)
+        for _ in range(200):
+            session.launch([x, x], [y], n=N, a=1.0)
+        for _ in range(iterations):
+            frames, answers = len(sent), len(read)
+            started = time.perf_counter()
+            session.launch([x, x], [y], n=N, a=1.0)
+            ended = time.perf_counter()
+            if len(sent) == frames + 1 and len(read) == answers + 1:  # one frame, one answer
+                trips.append((started, sent[-1], read[-1], ended))
+        np.testing.assert_array_equal(y.read(), np.full(N, 2.0, np.float32))
+    out.put(trips)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="host")
-    parser.add_argument("--iterations", type=int, default=2000)
-    args = parser.parse_args()
-    _patch()
-    n = 64
-    legs: dict[str, list[float]] = {"to gRPC": [], "gRPC to reader": [], "reader to caller": []}
-    whole: list[float] = []
-    with running_daemon(backend=args.backend) as daemon:
-        assert daemon.tcp_target is not None
-        with Client(daemon.tcp_target, client_name="remote-probe") as client:
-            x = client.buffer(np.ones(n, np.float32))
-            out = client.empty(n, "f32")
-            session = client.load(SAXPY)
-            for _ in range(200):
-                session.launch([x, x], [out], n=n, a=1.0)
-            for _ in range(args.iterations):
-                sent, read = len(_sent), len(_read)
-                started = time.perf_counter()
-                session.launch([x, x], [out], n=n, a=1.0)
-                ended = time.perf_counter()
-                if len(_sent) != sent + 1 or len(_read) != read + 1:
-                    continue  # a frame or an answer more than the one launch's: not one trip
-                legs["to gRPC"].append(_sent[-1] - started)
-                legs["gRPC to reader"].append(_read[-1] - _sent[-1])
-                legs["reader to caller"].append(ended - _read[-1])
-                whole.append(ended - started)
-            np.testing.assert_array_equal(out.read(), np.full(n, 2.0, np.float32))
-    rows = [[name, f"{statistics.median(v) * 1e6:.1f}"] for name, v in legs.items()]
-    rows.append(["whole launch (p50)", f"{statistics.median(whole) * 1e6:.1f}"])
-    rows.append(["clean trips", str(len(whole))])
-    rows.append(["streaming echo (p50)", f"{_echo(args.iterations) * 1e6:.1f}"])
-    print(f"waited remote launches through RingStream, {args.backend} backend, saxpy n={n}")
-    print(markdown(["leg", "µs"], rows))
-    return 0
+# The daemon's stamps -----------------------------------------------------------------------
+
+_frames: list[tuple[float, float, float]] = []
+"""Per frame taken: entered, answer built, answer written."""
+
+
+def _stamp_daemon() -> None:
+    from accyd.service import ring_stream
+
+    ring = ring_stream._StreamRing
+    take, state = ring.take, ring._state
+    built: list[float] = []
+
+    async def timed_take(self: Any, frame: Any) -> None:
+        entered = time.perf_counter()
+        count = len(built)
+        await take(self, frame)
+        written = time.perf_counter()
+        _frames.append((entered, built[-1] if len(built) > count else written, written))
+
+    def timed_state(self: Any) -> Any:
+        answer = state(self)
+        if answer is not None:
+            built.append(time.perf_counter())
+        return answer
+
+    ring.take = timed_take  # type: ignore[method-assign]
+    ring._state = timed_state  # type: ignore[method-assign]
+
+
+def _legs(trips: list[tuple[float, float, float, float]]) -> dict[str, list[float]]:
+    legs: dict[str, list[float]] = {
+        "client: Session.launch -> frame to gRPC": [],
+        "wire in: frame to gRPC -> daemon takes it": [],
+        "daemon: take (checks, launch, spin, settle) -> answer built": [],
+        "daemon: answer built -> written": [],
+        "wire out: answer built -> client reader has it": [],
+        "client: reader -> Session.launch returns": [],
+        "whole launch": [],
+    }
+    entered = [frame[0] for frame in _frames]
+    for called, sent, read, returned in trips:
+        at = bisect.bisect_left(entered, sent)
+        if at == len(entered) or entered[at] > read:
+            continue
+        taken, built, written = _frames[at]
+        for name, value in zip(
+            legs,
+            (
+                sent - called,
+                taken - sent,
+                built - taken,
+                written - built,
+                read - built,
+                returned - read,
+                returned - called,
+            ),
+            strict=True,
+        ):
+            legs[name].append(value)
+    return legs
 
 
 def _echo(iterations: int) -> float:
@@ -133,6 +177,33 @@ def _echo(iterations: int) -> float:
     finally:
         server.close()
     return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="host")
+    parser.add_argument("--iterations", type=int, default=2000)
+    args = parser.parse_args()
+    _stamp_daemon()
+    tcp = f"127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="accy-probe-") as folder:
+        server = ServerThread(Path(folder), args.backend, tcp)
+        try:
+            context = mp.get_context("spawn")
+            results = context.Queue()
+            child = context.Process(target=_client, args=(tcp, args.iterations, results))
+            child.start()
+            trips = results.get(timeout=600)
+            child.join(30)
+        finally:
+            server.stop()
+    legs = _legs(trips)
+    rows = [[name, f"{statistics.median(v) * 1e6:.1f}"] for name, v in legs.items() if v]
+    rows.append(["trips matched", f"{len(legs['whole launch'])} of {args.iterations}"])
+    rows.append(["raw streaming echo, whole", f"{_echo(args.iterations) * 1e6:.1f}"])
+    print(f"waited remote launches through RingStream, {args.backend} backend, saxpy n={N}, p50")
+    print(markdown(["leg", "µs"], rows))
+    return 0
 
 
 if __name__ == "__main__":

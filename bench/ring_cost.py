@@ -275,9 +275,10 @@ class Meter:
 
 
 class ServerThread:
-    """``accyd.server.Server`` on an event loop of its own thread, on a Unix socket."""
+    """``accyd.server.Server`` on an event loop of its own thread, on a Unix socket (and
+    ``tcp``, an address, if given)."""
 
-    def __init__(self, folder: Path, backend_name: str) -> None:
+    def __init__(self, folder: Path, backend_name: str, tcp: str | None = None) -> None:
         from accyd.catalog import load_catalog
         from accyd.config import Config
         from accyd.server import Server
@@ -291,9 +292,8 @@ class ServerThread:
             from accyd.backends.select import make_backend
 
             backend = make_backend(backend_name)
-        config = Config(
-            listen=(f"unix:{folder / 'accyd.sock'}",), insecure=True, log_level="warning"
-        ).validate()
+        listen = (f"unix:{folder / 'accyd.sock'}", *([tcp] if tcp else []))
+        config = Config(listen=listen, insecure=True, log_level="warning").validate()
         self.server = Server(config, backends={0: backend}, catalog=load_catalog())
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
