@@ -183,11 +183,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="host")
     parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument(
+        "--loop-spin-us", type=float, default=None, help="the daemon's event loop spin (auto)"
+    )
     args = parser.parse_args()
+    settings = {}
+    if args.loop_spin_us is not None:
+        settings["loop_spin_seconds"] = args.loop_spin_us / 1e6
     _stamp_daemon()
     tcp = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="accy-probe-") as folder:
-        server = ServerThread(Path(folder), args.backend, tcp)
+        server = ServerThread(Path(folder), args.backend, tcp, **settings)
         try:
             context = mp.get_context("spawn")
             results = context.Queue()
@@ -201,7 +207,11 @@ def main() -> int:
     rows = [[name, f"{statistics.median(v) * 1e6:.1f}"] for name, v in legs.items() if v]
     rows.append(["trips matched", f"{len(legs['whole launch'])} of {args.iterations}"])
     rows.append(["raw streaming echo, whole", f"{_echo(args.iterations) * 1e6:.1f}"])
-    print(f"waited remote launches through RingStream, {args.backend} backend, saxpy n={N}, p50")
+    spin = "auto" if args.loop_spin_us is None else f"{args.loop_spin_us:g} us"
+    print(
+        f"waited remote launches through RingStream, {args.backend} backend, saxpy n={N}, "
+        f"loop spin {spin}, p50"
+    )
     print(markdown(["leg", "µs"], rows))
     return 0
 

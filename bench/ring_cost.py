@@ -276,9 +276,11 @@ class Meter:
 
 class ServerThread:
     """``accyd.server.Server`` on an event loop of its own thread, on a Unix socket (and
-    ``tcp``, an address, if given)."""
+    ``tcp``, an address, if given); ``settings`` go to its ``Config``."""
 
-    def __init__(self, folder: Path, backend_name: str, tcp: str | None = None) -> None:
+    def __init__(
+        self, folder: Path, backend_name: str, tcp: str | None = None, **settings: Any
+    ) -> None:
         from accyd.catalog import load_catalog
         from accyd.config import Config
         from accyd.server import Server
@@ -293,7 +295,7 @@ class ServerThread:
 
             backend = make_backend(backend_name)
         listen = (f"unix:{folder / 'accyd.sock'}", *([tcp] if tcp else []))
-        config = Config(listen=listen, insecure=True, log_level="warning").validate()
+        config = Config(listen=listen, insecure=True, log_level="warning", **settings).validate()
         self.server = Server(config, backends={0: backend}, catalog=load_catalog())
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)

@@ -62,6 +62,7 @@ def new_session(
     session._failure = None
     session._unwaited = None
     session._packed = {}
+    session._checked = set()
     session._where = []
     session._replaced = False
     session._take(response, link)
@@ -94,9 +95,11 @@ class Session(Resource):
     _failure: AccyError | None
     _unwaited: Link | None
     _packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]]
+    _checked: set[tuple[tuple[tuple[str, object], ...], tuple[type, ...]]]
+    """Scalars a ring launch had before that the pipeline takes (names and types)."""
     _ring: RingPath | None = None
-    _ring_specs: list[tuple[str, str]] | None = None
     """The ring this session launched on last, if any: ``wait`` waits there too."""
+    _ring_specs: list[tuple[str, str]] | None = None
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
     _replaced: bool
@@ -197,6 +200,22 @@ class Session(Resource):
             self._packed[key] = packed
         return packed
 
+    def _check_scalars(self, values: Mapping[str, object]) -> None:
+        """Refuse here what ``_scalars`` refuses (names the pipeline does not take, values
+        their type cannot hold), for a ring launch, which packs its record itself: the same
+        values again are looked up, not typed again."""
+        key = (tuple(values.items()), tuple(map(type, values.values())))
+        try:
+            if key in self._checked:
+                return
+        except TypeError:  # an unhashable value: packing says what is wrong with it
+            _dtypes.pack_scalars(self.info.runtime_scalars, values)
+            return
+        _dtypes.pack_scalars(self.info.runtime_scalars, values)
+        if len(self._checked) >= _PACKED_KEPT:
+            self._checked.clear()
+        self._checked.add(key)
+
     def allocate_intermediates(self, **scalars: float) -> int:
         """Allocate the session's scratch once for these scalars; returns its size in bytes.
 
@@ -262,10 +281,11 @@ class Session(Resource):
         timeout: float | None,
         scalars: dict[str, float],
     ) -> Launch:
-        packed = self._scalars(scalars)
         ring, link = ring_of(self._conn, timeout)
         if ring is not None:
+            self._check_scalars(scalars)
             return self._launch_on_ring(ring, link, operands, results, wait, timeout, scalars)
+        packed = self._scalars(scalars)
 
         def request(link: Link) -> pb.LaunchRequest:
             return pb.LaunchRequest(
