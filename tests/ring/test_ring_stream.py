@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import queue
 import struct
 from collections.abc import Iterator
 
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accy import errors
 from accy.client import Client
@@ -15,6 +18,7 @@ from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon
 from accyd.backends.cuda import cuda_available
+from accyd.service.ring_stream import STREAMS_PER_CLIENT
 
 SAXPY = "accy.kernel.saxpy"
 
@@ -137,6 +141,30 @@ def test_hostile_records_are_refused_one_by_one_in_entries(client: Client) -> No
     assert {f[1].rstrip(b"\0") for f in fields} <= {b"INVALID_REQUEST", b"NOT_FOUND"}
 
 
+def test_a_client_holds_at_most_eight_ring_streams(client: Client) -> None:
+    conn = client._conn
+    link = conn.current_link(None)
+    outboxes: list[queue.SimpleQueue[pb.RingFrame | None]] = []
+    calls = []
+    try:
+        for _ in range(STREAMS_PER_CLIENT):
+            outbox: queue.SimpleQueue[pb.RingFrame | None] = queue.SimpleQueue()
+            outbox.put(pb.RingFrame(slots=16))
+            call = conn.stub.RingStream(iter(outbox.get, None), metadata=link.metadata)
+            assert next(call).slots == 16  # open
+            outboxes.append(outbox)
+            calls.append(call)
+        with pytest.raises(grpc.RpcError) as caught:
+            _raw_stream(client, [pb.RingFrame(slots=16)])
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        for outbox in outboxes:
+            outbox.put(None)  # half-close: each stream ends
+        for call in calls:
+            assert list(call) == []
+    assert _raw_stream(client, [pb.RingFrame(slots=16)])[0].slots == 16  # one may open again
+
+
 def test_the_first_frame_must_open_the_ring(client: Client) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         _raw_stream(client, [pb.RingFrame(slots=3)])
@@ -156,3 +184,44 @@ def test_a_daemon_without_rings_keeps_tcp_launches_on_launch_stream() -> None:
         np.testing.assert_array_equal(x.read(), np.full(8, 2.0, np.float32))
         link = client._conn.last
         assert link is not None and link.ring is None and link.launches is not None
+
+
+_SLOTS = 16
+
+
+@st.composite
+def _frames(draw: st.DrawFn) -> list[pb.RingFrame]:
+    """Frames a hostile client might send: records of any bytes (their seqs mostly right,
+    so they reach the checks), framing mostly whole, sometimes not."""
+    frames, seq = [], 0
+    for _ in range(draw(st.integers(1, 4))):
+        count = draw(st.integers(0, _SLOTS))
+        body = b""
+        for index in range(count):
+            raw = draw(st.binary(min_size=layout.SLOT_SIZE, max_size=layout.SLOT_SIZE))
+            right = draw(st.booleans())
+            body += (struct.pack("<Q", seq + index) + raw[8:]) if right else raw
+        if draw(st.integers(0, 9)) == 0:
+            body += draw(st.binary(min_size=1, max_size=300))  # not whole records
+        first = seq if draw(st.integers(0, 9)) else draw(st.integers(0, 1 << 40))
+        frames.append(pb.RingFrame(first=first, records=body))
+        seq += count
+    return frames
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(frames=_frames())
+def test_any_frames_are_taken_or_refused_and_the_daemon_serves_on(
+    client: Client, frames: list[pb.RingFrame]
+) -> None:
+    try:
+        states = _raw_stream(client, [pb.RingFrame(slots=_SLOTS), *frames])
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert "whole records" in (error.details() or "")
+    else:
+        sent = sum(len(frame.records) // layout.SLOT_SIZE for frame in frames)
+        last = states[-1]
+        assert last.slots == _SLOTS or (last.tail, last.done) == (sent, sent)
+        assert last.errors <= sent  # a record is refused at most once
+    assert any(info.target == SAXPY for info in client.pipelines())  # it serves on

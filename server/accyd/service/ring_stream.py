@@ -33,19 +33,22 @@ from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon
 from accyd.core.ids import new_id
-from accyd.errors import InvalidRequest, Unavailable
+from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 from accyd.ring.door import ring_slots
 from accyd.ring.memory import RingMemory
 from accyd.ring.ring import ServerRing
 from accyd.service.calls import Context
 from accyd.service.launches import until_stopped
 
-__all__ = ["POLL_SECONDS", "RingStreams"]
+__all__ = ["POLL_SECONDS", "STREAMS_PER_CLIENT", "RingStreams"]
 
 log = structlog.get_logger("accyd.ring")
 
 POLL_SECONDS = 0.05
 """With launches in flight, how often they are looked at besides the device's notification."""
+
+STREAMS_PER_CLIENT = 8
+"""Ring streams one client may hold open at once (each is up to a MiB of the daemon's memory)."""
 
 _FLAGS = 10
 """A record's flags' low byte."""
@@ -59,6 +62,8 @@ class RingStreams:
         self.spin_seconds = spin_seconds
         """How long a frame with a waited record is spun on (the service's launch spin)."""
         self.batch = batch
+        self._open: dict[str, int] = {}
+        """Open streams per client."""
 
     async def serve(
         self, client_id: str, frames: AsyncIterator[pb.RingFrame], context: Context
@@ -76,6 +81,14 @@ class RingStreams:
             )
         self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
         slots = ring_slots(hello.slots)
+        held = self._open.get(client_id, 0)
+        if held >= STREAMS_PER_CLIENT:
+            raise QuotaExceeded(
+                f"client {client_id} has {held} ring streams open, the most one client may "
+                "have: launch on those (one per connection is enough)",
+                quota="ring_streams_per_client",
+            )
+        self._open[client_id] = held + 1
         ring = _StreamRing(self, client_id, slots, context)
         try:
             await context.write(pb.RingState(slots=slots))
@@ -85,6 +98,9 @@ class RingStreams:
             await ring.drain()
         finally:
             ring.close()
+            left = self._open.pop(client_id) - 1
+            if left:
+                self._open[client_id] = left
 
 
 class _StreamRing:
