@@ -80,3 +80,22 @@ def test_replayed_graph_scans_match_numpy(daemon: Daemon, n: int) -> None:
     assert np.allclose(_read(daemon, client, ys, n), np.cumsum(last, dtype=np.float64), 1e-4)
     daemon.detach(client)
     assert daemon.backend.memory_in_use() == baseline
+
+
+def test_a_bound_launch_replays_a_run_as_one_graph_loop(daemon: Daemon) -> None:
+    """``launch_bound(bound, count)`` launches the graph ``count`` times in stream order."""
+    n = 4096
+    client = daemon.attach("graph-runs").id
+    session = daemon.load_pipeline(client, "accy.kernel.saxpy").session_id
+    acc = daemon.allocate_buffer(client, 4 * n, DType.F32).id
+    ones = daemon.allocate_buffer(client, 4 * n, DType.F32).id
+    _write(daemon, client, acc, np.zeros(n, np.float32))
+    _write(daemon, client, ones, np.ones(n, np.float32))
+    scalars = {"n": Scalar.u32(n), "a": Scalar.f32(1.0)}
+    bound = daemon.bind_launch(client, session, [acc, ones], [acc], scalars)
+    assert bound is not None
+    for count in (1, 7, 16):  # acc = 1 * acc + 1, count times in a row
+        assert daemon.launch_bound(bound, count)
+    daemon.wait_launch(client, session)
+    assert np.all(_read(daemon, client, acc, n) == 24.0)
+    daemon.detach(client)

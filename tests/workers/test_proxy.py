@@ -267,7 +267,7 @@ def test_prepared_launches_replay_in_order_with_plain_launches(
     shared: WorkerBackend, kernels: Kernels
 ) -> None:
     stream = shared.create_stream()
-    log = shared.allocate_buffer(4 * 31, zero=True)
+    log = shared.allocate_buffer(4 * 37, zero=True)
     prepared = shared.prepare(
         [
             LaunchRequest(None, kernels.loaded["append"], [log], [Scalar.u32(7)], ONE, stream),
@@ -277,9 +277,10 @@ def test_prepared_launches_replay_in_order_with_plain_launches(
     for value in range(10):
         prepared.launch(stream)
         kernels.launch("append", stream, [log], value)
+    prepared.launch(stream, 3)  # three replays in one op
     shared.synchronize(stream)
-    expected = [v for value in range(10) for v in (7, 8, value)]
-    assert log_values(shared, log, 30) == expected
+    expected = [v for value in range(10) for v in (7, 8, value)] + [7, 8] * 3
+    assert log_values(shared, log, 36) == expected
     prepared.close()
     prepared.close()
     with pytest.raises(LaunchFailed, match="closed"):

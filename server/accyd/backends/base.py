@@ -181,7 +181,9 @@ class PreparedLaunch(Protocol):
     its requests named.
     """
 
-    def launch(self, stream: Stream | None) -> None: ...
+    def launch(self, stream: Stream | None, count: int = 1) -> None:
+        """Enqueue the launches ``count`` times on ``stream``, in its order."""
+        ...
 
     def close(self) -> None: ...
 
@@ -194,13 +196,15 @@ class SequentialLaunch:
         self._requests = tuple(requests)
         self._on: tuple[Stream | None, tuple[LaunchRequest, ...]] = (None, ())
 
-    def launch(self, stream: Stream | None) -> None:
+    def launch(self, stream: Stream | None, count: int = 1) -> None:
         on, requests = self._on
         if on is not stream or not requests:
             requests = tuple(dataclasses.replace(r, stream=stream) for r in self._requests)
             self._on = (stream, requests)
-        for request in requests:
-            self._backend.launch(request)
+        launch = self._backend.launch
+        for _ in range(count):
+            for request in requests:
+                launch(request)
 
     def close(self) -> None:
         self._on = (None, ())

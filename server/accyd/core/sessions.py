@@ -260,8 +260,7 @@ class Session:
         """Enqueue ``prepared`` (from ``prepared_for``) ``count`` times, as one record (one
         mark after the last). A failure part way still leaves the record."""
         try:
-            for _ in range(count):
-                prepared.launch(self.stream)
+            prepared.launch(self.stream, count)
         except BaseException:
             with contextlib.suppress(AccyError):
                 self._push(None, count)

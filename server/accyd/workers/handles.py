@@ -119,11 +119,11 @@ class RemotePrepared:
         self.channel = channel
         self.pid: int | None = pid
 
-    def launch(self, stream: Stream | None) -> None:
+    def launch(self, stream: Stream | None, count: int = 1) -> None:
         pid = self.pid
         if pid is None:
             raise LaunchFailed("this prepared launch was closed")
-        self.channel.post((Op.REPLAY, pid, None if stream is None else stream.id))
+        self.channel.post((Op.REPLAY, pid, None if stream is None else stream.id, count))
 
     def close(self) -> None:
         pid, self.pid = self.pid, None

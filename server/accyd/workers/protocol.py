@@ -35,7 +35,7 @@ op                 fields after the opcode                               answer
 ``LOAD``           call, aid, kid                                        None
 ``LAUNCH``         sid, *launch* (below)                                 one-way
 ``PREPARE``        call, pid, tuple of (sid, *launch*)                   None
-``REPLAY``         pid, sid                                              one-way
+``REPLAY``         pid, sid, count                                       one-way
 ``CLOSE_PREPARED`` pid                                                   one-way
 ``DESTROY_BUFFER`` bid                                                   one-way
 ``DESTROY_KERNEL`` kid                                                   one-way

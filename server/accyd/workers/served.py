@@ -181,12 +181,12 @@ class Served(ServedState):
         self._blocking(call, prepare)
 
     def _replay(self, op: tuple[Any, ...]) -> None:
-        _, pid, sid = op
+        _, pid, sid, count = op
         try:
             prepared = self.prepared.get(pid)
             if prepared is None:
                 raise LaunchFailed("this prepared launch was closed")
-            prepared.launch(self._stream(sid))
+            prepared.launch(self._stream(sid), count)
         except BaseException as error:
             self._failed(sid, error)
 

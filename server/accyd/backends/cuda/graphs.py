@@ -55,14 +55,21 @@ class GraphLaunch:
             backend.destroy_stream(capture)
         self.stages = len(requests)
 
-    def launch(self, stream: Stream | None) -> None:
-        """Enqueue the whole pipeline on ``stream``; returns without waiting."""
+    def launch(self, stream: Stream | None, count: int = 1) -> None:
+        """Enqueue the whole pipeline ``count`` times on ``stream``; returns without waiting.
+
+        The lookups are made once for all ``count``: a replayed run is one Python loop
+        around ``cuGraphLaunch``."""
         backend = self._backend
-        if self._exec is None:
+        graph_exec = self._exec
+        if graph_exec is None:
             raise LaunchFailed("this prepared launch was closed")
-        err = backend._cu.cuGraphLaunch(self._exec, backend._stream_handle(stream))[0]
-        if err:
-            raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
+        handle = backend._stream_handle(stream)
+        graph_launch = backend._cu.cuGraphLaunch
+        for _ in range(count):
+            err = graph_launch(graph_exec, handle)[0]
+            if err:
+                raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
 
     def close(self) -> None:
         graph_exec, self._exec = self._exec, None
