@@ -89,6 +89,8 @@ class RingStreamLink:
         """Why the call ended, if the daemon ended it with an error."""
         self._opened = threading.Event()
         self._closed = False
+        self._ended = False
+        """The call ended (the reader saw its end): nothing more is sent."""
         self._call = stub.RingStream(self._frames(), metadata=tuple(metadata))
         self._reader = threading.Thread(target=self._read, name="accy-ring-stream", daemon=True)
         self._reader.start()
@@ -106,7 +108,7 @@ class RingStreamLink:
         words, halves, mask = self._words, self._halves, self._slots - 1
         sent = 0
         try:
-            while not self._closed:
+            while not (self._closed or self._ended):
                 head = int(words[_HEAD])
                 if head == sent:
                     halves[_DAEMON_WAITS] = 1  # the ring writes ``submit`` once it sees this
@@ -158,6 +160,9 @@ class RingStreamLink:
         finally:
             with contextlib.suppress(ValueError):
                 halves[_CLOSED] = 1
+            self._ended = True
+            with contextlib.suppress(OSError):  # the sender may sleep: nothing more to send
+                os.eventfd_write(self._stop, 1)
             self._wake()
             self._opened.set()
 
@@ -188,6 +193,8 @@ class RingStreamLink:
         self._call.cancel()
         if threading.current_thread() is not self._reader:
             self._reader.join(1.0)
+        if self._reader.is_alive():
+            return  # it may still write them: leave the eventfds to the process
         for fd in (self._submit, self._complete, self._stop):
             with contextlib.suppress(OSError):
                 os.close(fd)

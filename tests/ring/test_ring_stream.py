@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import queue
 import struct
+import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -225,3 +227,21 @@ def test_any_frames_are_taken_or_refused_and_the_daemon_serves_on(
         assert last.slots == _SLOTS or (last.tail, last.done) == (sent, sent)
         assert last.errors <= sent  # a record is refused at most once
     assert any(info.target == SAXPY for info in client.pipelines())  # it serves on
+
+
+def test_a_stream_the_daemon_ended_lets_its_threads_go() -> None:
+    """The call's sending thread (gRPC's, asleep in the record iterator) and the reader both
+    end once the daemon is gone."""
+    with running_daemon(backend="host") as daemon:
+        client = Client(str(daemon.tcp_target), client_name="ended", reattach_timeout=0.5)
+        x = client.buffer(np.ones(8, np.float32))
+        session = client.load(SAXPY)
+        before = set(threading.enumerate())
+        session.launch([x, x], [x], n=8, a=1.0)  # opens the ring stream: two threads
+        started = set(threading.enumerate()) - before
+        assert {t.name for t in started} >= {"accy-ring-stream"} and len(started) >= 2
+    deadline = time.monotonic() + 10
+    while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in started if t.is_alive()]
+    client.close()
