@@ -169,6 +169,15 @@ class Buffer(Resource):
 
     def on(self, link: Link) -> str:
         """This buffer's id for a call on ``link``; ``BufferLost`` if the buffer is not there."""
+        finalizer = self._finalizer  # the usual case first, in one test: every launch asks
+        if (
+            self._link is link
+            and link.lost is None
+            and self._gone is None
+            and finalizer is not None
+            and finalizer.alive
+        ):
+            return self.id
         if self.closed:
             raise InvalidArgument(
                 f"buffer {self.id} was freed; make a new one",

@@ -22,6 +22,7 @@ from accy._launching import (
 from accy._link import Link, device_replaced
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
+from accy._ring import RingClosed
 from accy._ring_path import RingPath
 from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -317,7 +318,7 @@ class Session(Resource):
             specs = self._ring_specs = [
                 (spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars
             ]
-        with ring_errors(self._conn, link, f"a launch of session {self.id}"):
+        try:  # ring_errors, in its exceptional path only: every launch comes here
             seq = ring.launch(
                 self._on(link),
                 specs,
@@ -327,6 +328,9 @@ class Session(Resource):
                 wait=wait,
                 timeout=ring_timeout(self._conn, timeout),
             )
+        except (AccyError, RingClosed):
+            with ring_errors(self._conn, link, f"a launch of session {self.id}"):
+                raise
         self._ring = ring
         return ring_launch(self, self._conn, link, ring, seq, wait)
 
