@@ -319,7 +319,7 @@ class Ring:
         first = max(self._errors_seen, written - self._error_slots)
         found = []
         for index in range(first, written):
-            at = layout.ERROR_BASE + (index % self._error_slots) * layout.ERROR_SIZE
+            at = layout.error_offset(index, self._error_slots)
             seq, reason, field, session, length = layout.ERROR_ENTRY.unpack_from(self._map, at)
             start = at + layout.ERROR_ENTRY.size
             message = self._map[start : start + min(length, layout.MESSAGE_BYTES)]

@@ -17,12 +17,11 @@ import mmap
 import os
 import select
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
-from accy._ring import Ring
+from accy._ring import Ring, RingClosed
 from accy._rpc import Stub
 from accy.errors import AccyError
 from accy.protocol import ring as layout
@@ -64,15 +63,7 @@ class RingStreamLink:
         try:
             os.ftruncate(memory, size)
             self._map = mmap.mmap(memory, size)
-            layout.HEADER.pack_into(
-                self._map,
-                0,
-                layout.MAGIC,
-                layout.VERSION,
-                slots,
-                layout.SLOT_SIZE,
-                layout.error_slots(),
-            )
+            layout.pack_header(self._map, slots)
             self._submit = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._complete = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
             self._stop = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
@@ -142,7 +133,7 @@ class RingStreamLink:
                     continue
                 entries = state.entries
                 for index in range(len(entries) // size):
-                    at = layout.ERROR_BASE + ((state.first_error + index) % slots) * size
+                    at = layout.error_offset(state.first_error + index, slots)
                     self._map[at : at + size] = entries[index * size : (index + 1) * size]
                 # Entries before their count, the count before ``done``: a waiter that sees the
                 # records done sees why any of them failed.
@@ -178,15 +169,8 @@ class RingStreamLink:
         if self._closed:
             return
         if drain > 0 and self.error is None:
-            until = time.monotonic() + drain
-            with contextlib.suppress(ValueError):
-                head = int(self._words[_HEAD])
-                while (
-                    int(self._words[_TAIL]) < head
-                    and not self._halves[_CLOSED]
-                    and time.monotonic() < until
-                ):
-                    time.sleep(0.001)
+            with contextlib.suppress(RingClosed, TimeoutError, ValueError):
+                self.ring.flush(drain)  # woken by the reader as the daemon takes them
         self._closed = True
         with contextlib.suppress(OSError):
             os.eventfd_write(self._stop, 1)

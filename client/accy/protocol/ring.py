@@ -48,6 +48,7 @@ message bytes (UTF-8, cut to ``MESSAGE_BYTES``).
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 
 __all__ = [
@@ -82,8 +83,10 @@ __all__ = [
     "TO_SEGMENT",
     "VERSION",
     "Kind",
+    "error_offset",
     "error_slots",
     "fault_origin",
+    "pack_header",
     "parse_fault_origin",
     "ring_bytes",
 ]
@@ -148,6 +151,17 @@ def ring_bytes(slot_count: int) -> int:
 
 def error_slots() -> int:
     return (HEADER_SIZE - ERROR_BASE) // ERROR_SIZE
+
+
+def error_offset(index: int, slots: int) -> int:
+    """Where error entry ``index`` is written in a ring of ``slots`` error entries."""
+    return ERROR_BASE + (index % slots) * ERROR_SIZE
+
+
+def pack_header(memory: bytearray | memoryview | mmap.mmap, slot_count: int) -> None:
+    """Write a new ring's header (magic, version, sizes) into ``memory``: the daemon's rings,
+    and a client's own copy of a ring carried over a stream."""
+    HEADER.pack_into(memory, 0, MAGIC, VERSION, slot_count, SLOT_SIZE, error_slots())
 
 
 def fault_origin(session: str | None, device: int | None) -> bytes:

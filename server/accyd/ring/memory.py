@@ -45,15 +45,7 @@ class RingMemory:
                 self.map.close()
                 os.close(self.fd)
                 raise
-        layout.HEADER.pack_into(
-            self.map,
-            0,
-            layout.MAGIC,
-            layout.VERSION,
-            slot_count,
-            layout.SLOT_SIZE,
-            layout.error_slots(),
-        )
+        layout.pack_header(self.map, slot_count)
         # Counters go through word views: one aligned 8- or 4-byte store or load each, where
         # struct.pack_into writes byte by byte and a reader could see a torn value.
         self._words = memoryview(self.map).cast("Q")
@@ -105,17 +97,14 @@ class RingMemory:
         if rest:
             self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + rest] = records[fits:]
 
-    def entries(self, first: int, end: int) -> bytes:
-        """Error entries ``first`` .. ``end - 1`` (the newest ``error_slots`` at most), one
-        after another, as written."""
+    def entries(self, first: int, end: int) -> tuple[int, bytes]:
+        """Error entries ``first`` .. ``end - 1``, one after another, as written: the newest
+        ``error_slots`` at most, so with the index of the first one returned."""
         slots = layout.error_slots()
         first = max(first, end - slots)
-        return b"".join(
+        return first, b"".join(
             self.map[at : at + layout.ERROR_SIZE]
-            for at in (
-                layout.ERROR_BASE + (index % slots) * layout.ERROR_SIZE
-                for index in range(first, end)
-            )
+            for at in (layout.error_offset(index, slots) for index in range(first, end))
         )
 
     def drain_submit(self) -> None:

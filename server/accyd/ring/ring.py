@@ -398,7 +398,7 @@ class ServerRing:
             self.broken = True  # the daemon is going away; one device's fault spares the ring
         field = (error.field or "").encode()[: layout.FIELD_BYTES]
         message = f"{what}: {error.message}".encode()[: layout.MESSAGE_BYTES]
-        at = layout.ERROR_BASE + (self._errors % layout.error_slots()) * layout.ERROR_SIZE
+        at = layout.error_offset(self._errors, layout.error_slots())
         session = b""
         if isinstance(error, DeviceFault):
             session = layout.fault_origin(error.session, error.device if error.isolated else None)

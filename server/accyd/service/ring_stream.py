@@ -230,8 +230,7 @@ class _StreamRing:
         tail, done, errors = now
         state = pb.RingState(tail=tail, done=done, errors=errors)
         if errors != told:
-            state.first_error = max(told, errors - layout.error_slots())
-            state.entries = memory.entries(told, errors)
+            state.first_error, state.entries = memory.entries(told, errors)
         return state
 
     def close(self) -> None:
