@@ -211,6 +211,8 @@ class Buffer(Resource):
         """Note that ``error`` (``device_replaced``) took this buffer's device; the error."""
         session = error.metadata.get("session")
         self._gone = (f"a fault took device {self.device}", session)
+        if self._link.ring is not None:  # plans sessions keep may name it
+            self._link.ring.invalidate()
         return BufferLost(self.id, self._gone[0], session=session)
 
     def _range(self, offset: int, size: int) -> None:

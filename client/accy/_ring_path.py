@@ -38,7 +38,7 @@ from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["RingPath", "open_ring", "open_stream_ring", "ring_wanted", "stream_ring_wanted"]
+__all__ = ["Plan", "RingPath", "open_ring", "open_stream_ring", "ring_wanted", "stream_ring_wanted"]
 
 _CODES = {
     "INVALID_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
@@ -67,7 +67,7 @@ PLANS_KEPT = 256
 
 _NO_SCALARS = struct.Struct(f"{layout.ID_OFFSET - layout.SCALARS_OFFSET}x")
 
-_Plan = tuple[bytes, struct.Struct, Callable[[Mapping[str, float]], tuple[object, ...]], bytes]
+Plan = tuple[bytes, struct.Struct, Callable[[Mapping[str, float]], tuple[object, ...]], bytes]
 """A launch's record without seq and scalars, its scalars' struct, what picks their values out
 of the caller's scalars in order, and the record that says the scalars did not pack."""
 
@@ -142,8 +142,10 @@ class RingPath:
         self._buffers: dict[str, int] = {}
         self._failed: dict[int, RingError] = {}
         """Errors the daemon wrote and nobody raised yet, by record."""
-        self._plans: dict[tuple[str | None, ...], _Plan] = {}
+        self._plans: dict[tuple[str | None, ...], Plan] = {}
         """Launches made before, by session and buffers: their records' fixed parts."""
+        self.changes = 0
+        """Counts the handles unbound (and buffers lost): a plan is good while it holds."""
 
     # Binding ---------------------------------------------------------------------------
 
@@ -175,6 +177,7 @@ class RingPath:
             if handle is None:
                 return
             self._plans.clear()  # some may name the handle
+            self.changes += 1  # and so may plans kept by sessions
             with contextlib.suppress(RingClosed, RingFull, ValueError):
                 self.ring.unbind(handle, 1.0)
 
@@ -193,17 +196,53 @@ class RingPath:
     ) -> int:
         """Publish one launch; with ``wait``, return once it finished. Its record's seq.
 
-        A launch of a session on buffers it used before reuses that launch's record (its
-        handles and counts), so only the seq, the flags and the scalars are written.
+        ``plan`` and ``launch_planned`` in one; ``Session`` calls them apart, to keep
+        the plan for its next launch on the same buffers.
         """
+        seq = None
+        while seq is None:
+            plan, changes = self.plan(session_id, scalar_specs, operands, results, timeout)
+            seq = self.launch_planned(plan, changes, scalars, wait=wait, timeout=timeout)
+        return seq
+
+    def plan(
+        self,
+        session_id: str,
+        scalar_specs: Sequence[tuple[str, str]],
+        operands: Sequence[str],
+        results: Sequence[str],
+        timeout: float,
+    ) -> tuple[Plan, int]:
+        """The record of a launch of ``session_id`` on these buffers, bound (once) and kept
+        ready, and the ``changes`` it is good for (see ``launch_planned``)."""
         key = (session_id, *operands, None, *results)
+        with self.lock:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plan(key, session_id, scalar_specs, operands, results, timeout)
+            return plan, self.changes
+
+    def launch_planned(
+        self,
+        plan: Plan,
+        changes: int,
+        scalars: Mapping[str, float],
+        *,
+        wait: bool,
+        timeout: float,
+    ) -> int | None:
+        """Publish a launch of ``plan`` with these scalars; with ``wait``, return once it
+        finished. Its record's seq, or ``None`` (nothing published) when a handle was
+        unbound since the plan was made: ``plan`` again.
+
+        The failures of earlier records nobody raised yet raise first.
+        """
         with self.lock:
             ring = self.ring
             if self._failed or ring.has_errors():
                 self._raise_failed()
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plan(key, session_id, scalar_specs, operands, results, timeout)
+            if changes != self.changes:
+                return None
             fixed, packer, values_of, unpacked = plan
             try:
                 seq = ring.launch_fixed(fixed, packer, values_of(scalars), wait, timeout)
@@ -213,6 +252,11 @@ class RingPath:
             self.wait(seq, timeout)
         return seq
 
+    def invalidate(self) -> None:
+        """Make the plans handed out so far stale (a buffer they name was lost)."""
+        with self.lock:
+            self.changes += 1
+
     def _plan(
         self,
         key: tuple[str | None, ...],
@@ -221,7 +265,7 @@ class RingPath:
         operands: Sequence[str],
         results: Sequence[str],
         timeout: float,
-    ) -> _Plan:
+    ) -> Plan:
         """Bind what a launch names (once) and keep its record's fixed part under ``key``."""
         if len(scalar_specs) > layout.MAX_SCALARS:
             raise ValueError("too many runtime scalars for a ring record")

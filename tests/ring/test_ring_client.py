@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,4 +74,59 @@ def test_a_missing_scalar_is_the_daemons_to_name_and_later_launches_run(client: 
     assert raised.value.reason == "LAUNCH_ARGUMENT_MISMATCH"
     assert "ring record" in str(raised.value)
     session.launch([x, y], [z], wait=True, n=N, a=5.0)
+    np.testing.assert_array_equal(z.read(), np.full(N, 6.0, np.float32))
+
+
+def test_a_session_relaunches_on_the_same_buffers_and_sees_any_change(client: Client) -> None:
+    """The session's kept plan serves a launch on the very same buffers; another buffer in
+    the same list, a freed one, or a new object where a collected one was, all miss it."""
+    x = client.buffer(np.arange(N, dtype=np.float32))
+    y = client.buffer(np.ones(N, np.float32))
+    w = client.buffer(np.full(N, 10.0, np.float32))
+    z = client.empty(N, "f32")
+    session = client.load(SAXPY)
+    operands = [x, y]
+    session.launch(operands, [z], wait=True, n=N, a=1.0)
+    kept = session._kept
+    assert kept is not None
+    session.launch(operands, [z], wait=True, n=N, a=2.0)
+    assert session._kept is kept, "the same buffers again: the kept plan served"
+    xs = np.arange(N, dtype=np.float32)
+    np.testing.assert_array_equal(z.read(), 2.0 * xs + 1.0)
+    operands[1] = w  # the same list, another buffer in it
+    session.launch(operands, [z], wait=True, n=N, a=2.0)
+    np.testing.assert_array_equal(z.read(), 2.0 * xs + 10.0)
+    assert session._kept is not kept
+
+    y.free()
+    with pytest.raises(AccyError) as raised:  # refused here, before anything is published
+        session.launch([x, y], [z], wait=True, n=N, a=1.0)
+    assert raised.value.reason == "BUFFER_FREED"
+    del raised  # its traceback holds the frames that held the buffers
+
+    # A buffer collected unfreed; new objects made until one lands at its address.
+    session.launch([x, w], [z], wait=True, n=N, a=1.0)
+    address, collected = id(z), weakref.ref(z)
+    del z
+    assert collected() is None
+    made = []
+    for _ in range(256):
+        z = client.empty(N, "f32")
+        if id(z) == address:
+            break
+        made.append(z)
+    assert id(z) == address, "no new buffer landed at the collected one's address"
+    session.launch([x, w], [z], wait=True, n=N, a=3.0)
+    np.testing.assert_array_equal(z.read(), 3.0 * xs + 10.0)
+
+
+def test_ids_given_as_strings_are_not_kept(client: Client) -> None:
+    x = client.buffer(np.ones(N, np.float32))
+    y = client.buffer(np.ones(N, np.float32))
+    z = client.empty(N, "f32")
+    session = client.load(SAXPY)
+    session.launch([x.id, y], [z], wait=True, n=N, a=1.0)
+    assert session._kept is None, "an id string holds no handle: it could be any buffer"
+    session.launch([x, y], [z], wait=True, n=N, a=5.0)
+    assert session._kept is not None
     np.testing.assert_array_equal(z.read(), np.full(N, 6.0, np.float32))
