@@ -16,12 +16,16 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
+from accyd.core.daemon import UNKNOWN_PIPELINE
 from accyd.errors import AccyError
 
 if TYPE_CHECKING:
     from accyd.core.daemon import DaemonStatus
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "RingLaunchCounts", "status_of"]
+
+SESSIONS_KEPT = 4096
+"""Sessions whose pipeline ``RingLaunchCounts`` keeps; past this it starts over."""
 
 _LATENCY_BUCKETS = (
     50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 20e-3, 50e-3, 0.1, 0.2, 0.5, 1.0,
@@ -90,27 +94,30 @@ class Metrics:
         self._server: WSGIServer | None = None
         self._launch_children: dict[tuple[str, str, bool], tuple[Counter, Histogram]] = {}
         self._quota_children: dict[tuple[str, str], Counter] = {}
+        self._count_children: dict[tuple[str, str], Counter] = {}
 
     def observe_launch(
         self, pipeline: str, seconds: float, *, waited: bool, error: BaseException | None = None
     ) -> None:
         """Count one launch (status ``ok``, or the error's reason in lower case) and its latency."""
-        if error is None:
-            status = "ok"
-        elif isinstance(error, AccyError):
-            status = error.reason.lower()
-        else:
-            status = "internal"
-        key = (pipeline, status, waited)
+        key = (pipeline, status_of(error), waited)
         children = self._launch_children.get(key)
         if children is None:
             children = self._launch_children[key] = (
-                self.launches.labels(pipeline, status),
+                self.launches.labels(pipeline, key[1]),
                 self.launch_seconds.labels(pipeline, "true" if waited else "false"),
             )
         children[0].inc()
         if error is None:
             children[1].observe(seconds)
+
+    def count_launches(self, pipeline: str, status: str, count: int) -> None:
+        """Count ``count`` launches of one status with no latency to observe (the rings')."""
+        key = (pipeline, status)
+        child = self._count_children.get(key)
+        if child is None:
+            child = self._count_children[key] = self.launches.labels(pipeline, status)
+        child.inc(count)
 
     def quota_refused(self, tenant: str, quota: str) -> None:
         """Count one refusal; the labelled child is kept (``labels()`` costs µs a call)."""
@@ -153,3 +160,39 @@ class Metrics:
     def render(self) -> str:
         """The text exposition of every metric, as ``/metrics`` serves it."""
         return generate_latest(self.registry).decode()
+
+
+def status_of(error: BaseException | None) -> str:
+    """A launch's ``status`` label: ``ok``, or its error's reason in lower case."""
+    if error is None:
+        return "ok"
+    if isinstance(error, AccyError):
+        return error.reason.lower()
+    return "internal"
+
+
+class RingLaunchCounts:
+    """Counts the launches that rings take in ``accy_launches`` (a ``RingObserver``): each
+    session's pipeline is looked up once, with ``pipeline_of``."""
+
+    def __init__(self, metrics: Metrics, pipeline_of: Callable[[str, str], str]) -> None:
+        self._metrics = metrics
+        self._pipeline_of = pipeline_of
+        self._pipelines: dict[str, str] = {}
+
+    def _pipeline(self, client_id: str, session_id: str) -> str:
+        pipeline = self._pipelines.get(session_id)
+        if pipeline is None:
+            pipeline = self._pipeline_of(client_id, session_id)
+            if pipeline != UNKNOWN_PIPELINE:
+                if len(self._pipelines) >= SESSIONS_KEPT:
+                    self._pipelines.clear()
+                self._pipelines[session_id] = pipeline
+        return pipeline
+
+    def launched(self, client_id: str, session_id: str, count: int) -> None:
+        self._metrics.count_launches(self._pipeline(client_id, session_id), "ok", count)
+
+    def refused(self, client_id: str, session_id: str | None, error: AccyError) -> None:
+        pipeline = UNKNOWN_PIPELINE if session_id is None else self._pipeline(client_id, session_id)
+        self._metrics.count_launches(pipeline, status_of(error), 1)

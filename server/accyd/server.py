@@ -187,7 +187,9 @@ class Server:
             claim.bound()
         if self._claims and not config.no_rings:
             # Beside the first Unix socket, with its mode: who may call may take a ring.
-            self.rings = self.servicer.rings = RingDoor(self.daemon, self._claims[0].path)
+            self.rings = self.servicer.rings = RingDoor(
+                self.daemon, self._claims[0].path, observer=self.servicer.ring_counts
+            )
             self.servicer.segments = self.rings.copier.copies = Segments(
                 self.daemon, self.rings.handoff
             )

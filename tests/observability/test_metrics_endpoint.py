@@ -8,16 +8,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from accy import Client
+from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
-from accyd.errors import LaunchArgumentMismatch
-from accyd.metrics import Metrics
+from accyd.errors import LaunchArgumentMismatch, NotFound
+from accyd.metrics import Metrics, RingLaunchCounts
 from tests.security.harness import Caller
 from tests.service.harness import ServerThread, make_config
 
 SCAN = "accy.kernel.device_scan"
+SAXPY = "accy.kernel.saxpy"
 
 
 @pytest.fixture
@@ -100,3 +104,42 @@ def test_launches_through_the_service_are_counted(served: ServerThread) -> None:
     samples = scrape(served)
     assert samples[f'accy_launches_total{{pipeline="{SCAN}",status="ok"}}'] == 1
     assert samples[f'accy_launch_seconds_count{{pipeline="{SCAN}",waited="true"}}'] == 1
+
+
+@pytest.mark.parametrize("ring", ["1", "stream"])
+def test_ring_launches_are_counted_by_pipeline_and_status(
+    served: ServerThread, monkeypatch: pytest.MonkeyPatch, ring: str
+) -> None:
+    """Launches through either kind of ring count as launches: those enqueued as ``ok``
+    (replayed runs by their length), a refused record under its reason."""
+    monkeypatch.setenv("ACCY_RING", ring)
+    with Client(served.address, client_name="counted") as client:
+        session = client.load(SAXPY)
+        x = client.buffer(np.ones(64, np.float32))  # the tenant's quota is two buffers
+        out = client.empty(64, "f32")
+        for _ in range(40):  # bound after the first: the rest replayed in runs
+            session.launch([x, x], [out], wait=False, n=64, a=2.0)
+        session.launch([x, x], [out], wait=False, n=64)  # no a: refused by the daemon
+        with pytest.raises(AccyError) as raised:
+            session.wait()
+        assert raised.value.reason == "LAUNCH_ARGUMENT_MISMATCH"
+        session.launch([x, x], [out], wait=True, n=64, a=1.0)
+        np.testing.assert_array_equal(out.read(), np.full(64, 2.0, np.float32))
+        assert session._ring is not None and (session._ring.stream is not None) == (
+            ring == "stream"
+        )
+    samples = scrape(served)
+    assert samples[f'accy_launches_total{{pipeline="{SAXPY}",status="ok"}}'] == 41
+    mismatch = f'accy_launches_total{{pipeline="{SAXPY}",status="launch_argument_mismatch"}}'
+    assert samples[mismatch] == 1
+
+
+def test_ring_launch_counts_name_an_unknown_session_so() -> None:
+    metrics = Metrics()
+    counts = RingLaunchCounts(metrics, lambda client, session: SCAN)
+    counts.launched("c", "s1", 16)
+    counts.launched("c", "s1", 3)
+    counts.refused("c", None, NotFound("no session bound to handle 9"))
+    text = metrics.render()
+    assert f'accy_launches_total{{pipeline="{SCAN}",status="ok"}} 19.0' in text
+    assert 'accy_launches_total{pipeline="unknown",status="not_found"} 1.0' in text

@@ -40,6 +40,7 @@ from accyd.core.tenants import DEFAULT_TENANT, Quotas, Usage
 from accyd.errors import AccyError, DeviceFault, NotFound
 
 __all__ = [
+    "UNKNOWN_PIPELINE",
     "CatalogView",
     "Daemon",
     "DaemonStatus",
@@ -49,6 +50,9 @@ __all__ = [
     "Tensor",
     "WouldBlock",
 ]
+
+UNKNOWN_PIPELINE = "unknown"
+"""What ``pipeline_of`` says of a session it does not know (a bounded metrics label)."""
 
 log = structlog.get_logger("accyd.core")
 
@@ -215,7 +219,7 @@ class Daemon(Launching):
             try:
                 return self._session(client_id, session_id)[1].pipeline.target
             except AccyError:
-                return "unknown"
+                return UNKNOWN_PIPELINE
 
     # Sessions ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from accyd.errors import InvalidRequest, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
 from accyd.ring.copies import Copier
 from accyd.ring.memory import RingMemory
+from accyd.ring.needs import RingObserver
 from accyd.ring.ring import RingCore, ServerRing
 from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
 
@@ -63,9 +64,15 @@ class RingDoor:
     """Owns every ring (through its submitter) and the handoff socket they go out on."""
 
     def __init__(
-        self, core: RingCore, socket_path: Path, *, submitter: Submitter | None = None
+        self,
+        core: RingCore,
+        socket_path: Path,
+        *,
+        submitter: Submitter | None = None,
+        observer: RingObserver | None = None,
     ) -> None:
         self._core = core
+        self._observer = observer
         self.handoff = Handoff(socket_path)
         """Shared with other things handed to clients (memory segments)."""
         self.path = self.handoff.path
@@ -85,7 +92,9 @@ class RingDoor:
             raise Unavailable("the daemon is not offering rings now")
         slots = ring_slots(slots)
         memory = RingMemory(slots)
-        ring = ServerRing(new_id("ring"), client_id, memory, self._core, self.copier)
+        ring = ServerRing(
+            new_id("ring"), client_id, memory, self._core, self.copier, self._observer
+        )
 
         def dropped() -> None:
             with self._lock:

@@ -10,8 +10,9 @@ from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
 from accyd.core.launching import BoundLaunch
 from accyd.core.marks import MarkWatch
+from accyd.errors import AccyError
 
-__all__ = ["RingCore", "Ticket"]
+__all__ = ["RingCore", "RingObserver", "Ticket"]
 
 
 class Ticket(Protocol):
@@ -63,3 +64,14 @@ class RingCore(Protocol):
     def touch(self, client_id: str) -> None: ...
 
     def frees_of(self, client_id: str) -> int: ...
+
+
+class RingObserver(Protocol):
+    """Who counts a ring's launches (the service's metrics); called by whoever takes its
+    records, so it must be quick and must not raise."""
+
+    def launched(self, client_id: str, session_id: str, count: int) -> None:
+        """``count`` launch records of the session were checked and enqueued."""
+
+    def refused(self, client_id: str, session_id: str | None, error: AccyError) -> None:
+        """A launch record was refused (its session, if the record named a bound one)."""

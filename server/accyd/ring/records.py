@@ -37,15 +37,15 @@ _CODES = {
 class Batch:
     """Records taken together: a copy of their slots, and the sessions their launches used."""
 
-    __slots__ = ("_words", "first", "reap", "records", "sessions")
+    __slots__ = ("_words", "first", "launches", "reap", "records")
 
     def __init__(self, records: bytes, first: int) -> None:
         self.records = records
         self.first = first
         """The first record's seq."""
         self._words = memoryview(records).cast("Q")
-        self.sessions: set[str] = set()
-        """Sessions with a launch enqueued in the batch."""
+        self.launches: dict[str, int] = {}
+        """Launches enqueued in the batch, by session."""
         self.reap: set[str] = set()
         """Sessions whose launches ran on scratch of their own: reaped once over."""
 
@@ -58,13 +58,14 @@ class Batch:
         at = index * layout.SLOT_SIZE
         return self.records[at : at + layout.SLOT_SIZE]
 
-    def launched(self, what: tuple[str, bool] | None) -> None:
-        """Note what taking one record gave: a launch of a session (and whether it ran on
-        scratch of its own), or nothing."""
+    def launched(self, what: tuple[str, bool] | None, count: int = 1) -> None:
+        """Note what taking records gave: ``count`` launches of a session (and whether they
+        ran on scratch of their own), or nothing."""
         if what is not None:
-            self.sessions.add(what[0])
+            session = what[0]
+            self.launches[session] = self.launches.get(session, 0) + count
             if what[1]:
-                self.reap.add(what[0])
+                self.reap.add(session)
 
 
 def scalar_struct(specs: Sequence[ScalarSpec]) -> struct.Struct:

@@ -35,7 +35,7 @@ from accyd.errors import (
 )
 from accyd.ring.copies import Copier, CopyInFlight
 from accyd.ring.memory import RingMemory
-from accyd.ring.needs import RingCore
+from accyd.ring.needs import RingCore, RingObserver
 from accyd.ring.records import KEY, KEY_END, KIND, LAUNCH_KIND, Batch, id_of, scalar_struct
 
 __all__ = ["RingCore", "ServerRing"]
@@ -90,6 +90,7 @@ class ServerRing:
         memory: RingMemory,
         core: RingCore,
         copier: Copier | None = None,
+        observer: RingObserver | None = None,
     ) -> None:
         self.id = ring_id
         self.client_id = client_id
@@ -107,6 +108,7 @@ class ServerRing:
         self._touched = 0.0
         self._copier = copier
         self._copying: CopyInFlight | None = None
+        self._observer = observer
         self.broken = False
 
     @property
@@ -156,7 +158,10 @@ class ServerRing:
         # the newest one's end is the end of them all. Published after the launches are
         # enqueued, so a client that sees the tail move may call over gRPC in their order.
         client_id = self.client_id
-        watches = [(s, w) for s in batch.sessions if (w := core.newest_launch(client_id, s))]
+        watches = [(s, w) for s in batch.launches if (w := core.newest_launch(client_id, s))]
+        if self._observer is not None:
+            for session_id, count in batch.launches.items():
+                self._observer.launched(client_id, session_id, count)
         self._flights.append(_Flight(end, watches, batch.reap, self._copying))
         memory.set_u64(layout.TAIL, end)
         now = time.monotonic()
@@ -192,10 +197,10 @@ class ServerRing:
             replayed = self._core.launch_bound(bound.launch, run)
         except AccyError as error:
             for failed in range(seq, seq + run):
-                self._refuse(failed, error, f"launch of session {bound.session_id}")
+                self._refuse_launch(failed, error, bound.session_id)
             return run
         if replayed:
-            batch.launched((bound.session_id, False))
+            batch.launched((bound.session_id, False), run)
             return run
         self._bound.clear()  # something it named changed: check each again
         for again in range(index, index + run):
@@ -234,14 +239,22 @@ class ServerRing:
             else:
                 raise InvalidRequest(f"unknown record kind {kind}", field="kind")
         except AccyError as error:
-            self._refuse(seq, error, self._named(kind, handle))
+            if kind == layout.Kind.LAUNCH:
+                binding = self._sessions.get(handle)
+                self._refuse_launch(seq, error, binding.session_id if binding else None)
+            else:
+                self._refuse(seq, error, self._named(kind, handle))
         return None
 
+    def _refuse_launch(self, seq: int, error: AccyError, session_id: str | None) -> None:
+        """Refuse a launch record (counted as a refused launch)."""
+        what = f"launch of session {session_id}" if session_id else "launch"
+        self._refuse(seq, error, what)
+        if self._observer is not None:
+            self._observer.refused(self.client_id, session_id, error)
+
     def _named(self, kind: int, handle: int) -> str:
-        """What a refused record was, for its message: "launch of session ..." and so on."""
-        if kind == layout.Kind.LAUNCH:
-            binding = self._sessions.get(handle)
-            return f"launch of session {binding.session_id}" if binding else "launch"
+        """What a refused record other than a launch was, for its message."""
         if kind == layout.Kind.COPY:
             return f"copy with buffer {self._buffers.get(handle, handle)}"
         return "binding" if kind != layout.Kind.UNBIND else "unbinding"

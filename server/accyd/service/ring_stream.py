@@ -36,6 +36,7 @@ from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 from accyd.ring.door import ring_slots
 from accyd.ring.memory import RingMemory
+from accyd.ring.needs import RingObserver
 from accyd.ring.ring import ServerRing
 from accyd.service.calls import Context
 from accyd.service.launches import until_stopped
@@ -57,8 +58,16 @@ _FLAGS = 10
 class RingStreams:
     """Serves ``RingStream`` for the service: one ``_StreamRing`` per open stream."""
 
-    def __init__(self, daemon: Daemon, *, spin_seconds: float, batch: int = 64) -> None:
+    def __init__(
+        self,
+        daemon: Daemon,
+        *,
+        spin_seconds: float,
+        batch: int = 64,
+        observer: RingObserver | None = None,
+    ) -> None:
         self.daemon = daemon
+        self.observer = observer
         self.spin_seconds = spin_seconds
         """How long a frame with a waited record is spun on (the service's launch spin)."""
         self.batch = batch
@@ -110,7 +119,9 @@ class _StreamRing:
     def __init__(self, streams: RingStreams, client_id: str, slots: int, context: Context) -> None:
         self._streams = streams
         self._memory = RingMemory(slots, shared=False)
-        self._ring = ServerRing(new_id("ring"), client_id, self._memory, streams.daemon)
+        self._ring = ServerRing(
+            new_id("ring"), client_id, self._memory, streams.daemon, observer=streams.observer
+        )
         self._context = context
         self._loop = asyncio.get_running_loop()
         self._head = 0

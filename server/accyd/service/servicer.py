@@ -27,7 +27,7 @@ from accyd.core.tenants import Quotas
 from accyd.errors import FailedPrecondition, InvalidRequest
 from accyd.lineage import Lineage
 from accyd.logs import bind
-from accyd.metrics import Metrics
+from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
@@ -81,8 +81,12 @@ class LaunchServicer(SegmentHandlers):
         self._detaching = TaskSet()
         self._watching = TaskSet()
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
+        self.ring_counts = RingLaunchCounts(self.metrics, daemon.pipeline_of)
+        """Counts the rings' launches (both kinds) in ``accy_launches``."""
         self._ring_streams = (
-            RingStreams(daemon, spin_seconds=launch_spin_seconds) if ring_streams else None
+            RingStreams(daemon, spin_seconds=launch_spin_seconds, observer=self.ring_counts)
+            if ring_streams
+            else None
         )
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
