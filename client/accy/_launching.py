@@ -273,9 +273,12 @@ class Launch:
         if self.completed:
             return self
         if self._ring is not None:
-            what = f"launch {self.id} of session {self._session_id}"
-            with ring_errors(self._conn, self._link, what):
+            try:
                 self._ring.wait(self._seq, ring_timeout(self._conn, timeout))
+            except (AccyError, RingClosed):  # judged as ring_errors says, only when raised
+                what = f"launch {self.id} of session {self._session_id}"
+                with ring_errors(self._conn, self._link, what):
+                    raise
             self.completed = True
             return self
         self._answered(timeout)

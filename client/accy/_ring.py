@@ -26,10 +26,8 @@ from accy.protocol import ring as layout
 __all__ = ["Ring", "RingClosed", "RingError", "RingFull", "wait_spin_seconds"]
 
 _HEADER_READ = struct.Struct("<IIIII")
-_HEAD, _DONE, _ERRORS = layout.HEAD >> 3, layout.DONE >> 3, layout.ERRORS >> 3
-"""Word indexes (u64) of the counters."""
-_CLOSED, _DAEMON_WAITS = layout.CLOSED >> 2, layout.DAEMON_WAITS >> 2
-"""Half-word indexes (u32) of the flags."""
+_HEAD, _DONE, _ERRORS = layout.HEAD_WORD, layout.DONE_WORD, layout.ERRORS_WORD
+_CLOSED, _DAEMON_WAITS = layout.CLOSED_HALF, layout.DAEMON_WAITS_HALF
 _FLAGS = 10
 """A record's flags' low byte."""
 _SCALAR_BYTES = layout.ID_OFFSET - layout.SCALARS_OFFSET
@@ -88,7 +86,7 @@ class Ring:
         self._error_slots = error_slots
         self._submit_fd = submit_fd
         self._complete_fd = complete_fd
-        self._head = int(self._words[layout.HEAD >> 3])
+        self._head = int(self._words[_HEAD])
         self._errors_seen = 0
         self._next_handle = 1
         self.spin_seconds = wait_spin_seconds()
@@ -251,11 +249,11 @@ class Ring:
 
     @property
     def done(self) -> int:
-        return int(self._words[layout.DONE >> 3])
+        return int(self._words[_DONE])
 
     @property
     def taken(self) -> int:
-        return int(self._words[layout.TAIL >> 3])
+        return int(self._words[layout.TAIL_WORD])
 
     def flush(self, timeout: float) -> None:
         """Wait until the daemon has taken every record published (checked and enqueued)."""
@@ -291,7 +289,7 @@ class Ring:
                 continue
             if self.abandoned is not None and self.abandoned():
                 raise RingClosed("the daemon went away")
-            self._halves[layout.CLIENT_WAITS >> 2] = 1
+            self._halves[layout.CLIENT_WAITS_HALF] = 1
             try:
                 if not check():
                     readable, _, _ = select.select(
@@ -301,7 +299,7 @@ class Ring:
                         with contextlib.suppress(BlockingIOError):
                             os.eventfd_read(self._complete_fd)
             finally:
-                self._halves[layout.CLIENT_WAITS >> 2] = 0
+                self._halves[layout.CLIENT_WAITS_HALF] = 0
 
     # Errors -----------------------------------------------------------------------------
 

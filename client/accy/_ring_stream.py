@@ -35,10 +35,15 @@ FRAME_RECORDS = 256
 """Records sent in one frame at most (64 KiB)."""
 
 _HEAD, _TAIL, _DONE, _ERRORS = (
-    o >> 3 for o in (layout.HEAD, layout.TAIL, layout.DONE, layout.ERRORS)
+    layout.HEAD_WORD,
+    layout.TAIL_WORD,
+    layout.DONE_WORD,
+    layout.ERRORS_WORD,
 )
 _CLIENT_WAITS, _DAEMON_WAITS, _CLOSED = (
-    o >> 2 for o in (layout.CLIENT_WAITS, layout.DAEMON_WAITS, layout.CLOSED)
+    layout.CLIENT_WAITS_HALF,
+    layout.DAEMON_WAITS_HALF,
+    layout.CLOSED_HALF,
 )
 
 

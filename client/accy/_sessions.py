@@ -414,8 +414,11 @@ class Session(Resource):
     def _wait(self, timeout: float | None) -> None:
         ring = self._ring
         if ring is not None and self._link.ring is ring:
-            with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):
+            try:
                 ring.wait(None, ring_timeout(self._conn, timeout))
+            except (AccyError, RingClosed):  # judged as ring_errors says, only when raised
+                with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):
+                    raise
             if self._unwaited is None:
                 return
         pending = self._unwaited

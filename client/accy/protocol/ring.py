@@ -53,11 +53,16 @@ import struct
 
 __all__ = [
     "CLIENT_WAITS",
+    "CLIENT_WAITS_HALF",
     "CLOSED",
+    "CLOSED_HALF",
     "COPY_FIELDS",
     "DAEMON_WAITS",
+    "DAEMON_WAITS_HALF",
     "DONE",
+    "DONE_WORD",
     "ERRORS",
+    "ERRORS_WORD",
     "ERROR_BASE",
     "ERROR_ENTRY",
     "ERROR_SIZE",
@@ -66,6 +71,7 @@ __all__ = [
     "HEAD",
     "HEADER",
     "HEADER_SIZE",
+    "HEAD_WORD",
     "ID_OFFSET",
     "MAGIC",
     "MAX_BUFFERS",
@@ -79,6 +85,7 @@ __all__ = [
     "SCALARS_OFFSET",
     "SLOT_SIZE",
     "TAIL",
+    "TAIL_WORD",
     "TICKET_BYTES",
     "TO_SEGMENT",
     "VERSION",
@@ -103,6 +110,12 @@ HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED = (
     384,
     448,
 )
+HEAD_WORD, TAIL_WORD, DONE_WORD, ERRORS_WORD = (o >> 3 for o in (HEAD, TAIL, DONE, ERRORS))
+"""The u64 counters' indexes in the ring's memory seen as 8-byte words."""
+CLIENT_WAITS_HALF, DAEMON_WAITS_HALF, CLOSED_HALF = (
+    o >> 2 for o in (CLIENT_WAITS, DAEMON_WAITS, CLOSED)
+)
+"""The u32 flags' indexes in the ring's memory seen as 4-byte words."""
 ERROR_BASE = 512
 ERROR_SIZE = 384
 FIELD_BYTES = 64
