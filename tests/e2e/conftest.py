@@ -22,7 +22,8 @@ def daemon() -> Iterator[RunningDaemon]:
 def target(
     request: pytest.FixtureRequest, daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """Each way in: launches on the same-host ring, gRPC on the Unix socket, gRPC on TCP."""
+    """Each way in: launches on the same-host ring, on gRPC (``LaunchStream``) on the Unix
+    socket, and on the ring over a stream (``RingStream``) on TCP."""
     if request.param == "ring":
         return daemon.unix_target
     if request.param == "unix":
