@@ -94,6 +94,21 @@ def test_records_read_as_one_batch_across_the_end_of_the_ring(
     assert memory.records(6, 2) == memory.record(6) + memory.record(7)
 
 
+def test_records_written_across_the_end_of_the_ring_read_back_whole(
+    pair: tuple[RingMemory, Ring],
+) -> None:
+    """What a ``RingStream`` frame carries lands in the slots it names, wrapping at the end."""
+    memory, _ = pair
+    slots = memory.slot_count
+    records = b"".join(bytes([index]) * layout.SLOT_SIZE for index in range(1, 5))
+    memory.write(slots - 2, records)  # the last two slots, then the first two
+    assert memory.records(slots - 2, 4) == records
+    assert memory.record(slots - 1) == bytes([2]) * layout.SLOT_SIZE
+    assert memory.record(slots) == memory.record(0) == bytes([3]) * layout.SLOT_SIZE
+    memory.write(1, records[: layout.SLOT_SIZE])  # no wrap
+    assert memory.record(1) == bytes([1]) * layout.SLOT_SIZE
+
+
 def test_a_ring_sees_new_errors_without_reading_them(pair: tuple[RingMemory, Ring]) -> None:
     memory, ring = pair
     assert not ring.has_errors()

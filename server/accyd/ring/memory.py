@@ -76,26 +76,30 @@ class RingMemory:
     def records(self, seq: int, count: int) -> bytes:
         """A copy of the slots of records ``seq`` .. ``seq + count - 1`` (``count`` at most the
         ring's slots), one after another: the client may change them while we read."""
-        first = seq & (self.slot_count - 1)
-        at = layout.HEADER_SIZE + first * layout.SLOT_SIZE
-        if first + count <= self.slot_count:
-            return self.map[at : at + count * layout.SLOT_SIZE]
-        wrapped = (first + count - self.slot_count) * layout.SLOT_SIZE
-        return (
-            self.map[at : self.size] + self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + wrapped]
-        )
+        spans = self._spans(seq, count)
+        if len(spans) == 1:
+            start, end = spans[0]
+            return self.map[start:end]
+        return b"".join(self.map[start:end] for start, end in spans)
 
     def write(self, seq: int, records: bytes) -> None:
         """Put whole records ``seq`` onward into their slots (at most ``slot_count``): the
         daemon's own copy of what a ``RingStream`` client sent."""
-        count = len(records) // layout.SLOT_SIZE
+        done = 0
+        for start, end in self._spans(seq, len(records) // layout.SLOT_SIZE):
+            self.map[start:end] = records[done : done + end - start]
+            done += end - start
+
+    def _spans(self, seq: int, count: int) -> tuple[tuple[int, int], ...]:
+        """Where the slots of records ``seq`` .. ``seq + count - 1`` lie in the map: one span,
+        or two where they wrap past the ring's end."""
         first = seq & (self.slot_count - 1)
         at = layout.HEADER_SIZE + first * layout.SLOT_SIZE
-        fits = min(count, self.slot_count - first) * layout.SLOT_SIZE
-        self.map[at : at + fits] = records[:fits]
-        rest = len(records) - fits
-        if rest:
-            self.map[layout.HEADER_SIZE : layout.HEADER_SIZE + rest] = records[fits:]
+        fits = min(count, self.slot_count - first)
+        if fits == count:
+            return ((at, at + count * layout.SLOT_SIZE),)
+        wrapped = layout.HEADER_SIZE + (count - fits) * layout.SLOT_SIZE
+        return ((at, at + fits * layout.SLOT_SIZE), (layout.HEADER_SIZE, wrapped))
 
     def entries(self, first: int, end: int) -> tuple[int, bytes]:
         """Error entries ``first`` .. ``end - 1``, one after another, as written: the newest
