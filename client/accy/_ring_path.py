@@ -170,10 +170,14 @@ class RingPath:
         return handle
 
     def forget(self, object_id: str) -> None:
-        """A buffer about to be freed: drop its handle here and on the daemon (an UNBIND
-        record), so neither side's table grows with every buffer a client ever used."""
+        """A buffer about to be freed or a session about to be released: drop its handle
+        here and on the daemon (an UNBIND record), so neither side's tables grow with every
+        buffer and session a client ever used."""
         with self.lock:
             handle = self._buffers.pop(object_id, None)
+            if handle is None:
+                session = self._sessions.pop(object_id, None)
+                handle = None if session is None else session[0]
             if handle is None:
                 return
             self._plans.clear()  # some may name the handle

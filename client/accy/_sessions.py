@@ -39,6 +39,8 @@ def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) 
     session_id, link = state[0]
     if conn.closed or link.lost is not None:
         return
+    if link.ring is not None:
+        link.ring.forget(session_id)
     request = pb.ReleaseRequest(session_id=session_id)
     conn.later(lambda: conn.call(conn.stub.Release, request, link=link))
 
@@ -145,6 +147,8 @@ class Session(Resource):
 
     def _take(self, response: pb.LoadPipelineResponse, link: Link) -> None:
         self._kept = None  # its plan names the session by its old id
+        if self._where and (old := self._where[0][1].ring) is not None:
+            old.forget(self._id)  # loaded again after a fault: the old id's handle goes
         self._id = response.session_id
         self._link = link
         self._where[:] = [(self._id, link)]
@@ -449,6 +453,8 @@ class Session(Resource):
             link = self._link
         if conn.closed or link.lost is not None or self._failure is not None:
             return
+        if link.ring is not None:  # before the call, which the daemon takes after the ring
+            link.ring.forget(self._id)
         try:
             conn.call(conn.stub.Release, pb.ReleaseRequest(session_id=self._id), link=link)
         except AccyError:

@@ -13,6 +13,7 @@ from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.ring import RingDoor
+from accyd.ring import ring as ring_module
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"
@@ -139,5 +140,33 @@ def test_closing_a_client_closes_its_ring(door: tuple[Daemon, RingDoor]) -> None
         ring_door.close_client(client)
         with pytest.raises(RingClosed):
             ring.launch(1, [], [], b"", 0, notify=False, timeout=1.0)
+    finally:
+        ring.close()
+
+
+def test_a_ring_binds_a_bounded_number_of_handles(
+    door: tuple[Daemon, RingDoor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that binds and never unbinds is refused past the bound, and unbinding lets it
+    bind again: the daemon's tables for one ring cannot grow without end."""
+    monkeypatch.setattr(ring_module, "BOUND_HANDLES", 3)
+    daemon, ring_door = door
+    client = daemon.attach("binder").id
+    buffers = [daemon.allocate_buffer(client, 64, DType.F32).id for _ in range(4)]
+    ring = open_ring(ring_door, client)
+    try:
+        handles = [ring.new_handle() for _ in buffers]
+        seqs = [
+            ring.bind(layout.Kind.BIND_BUFFER, handle, buffer_id, 1.0)
+            for handle, buffer_id in zip(handles, buffers, strict=True)
+        ]
+        ring.wait(seqs[-1], 5.0)
+        (refused,) = ring.errors()
+        assert (refused.seq, refused.reason) == (seqs[3], "QUOTA_EXCEEDED")
+        assert "at most 3 bound" in refused.message
+        ring.unbind(handles[0], 1.0)
+        again = ring.bind(layout.Kind.BIND_BUFFER, handles[3], buffers[3], 1.0)
+        ring.wait(again, 5.0)
+        assert ring.errors() == []
     finally:
         ring.close()

@@ -32,19 +32,23 @@ from accyd.errors import (
     InvalidRequest,
     LaunchArgumentMismatch,
     NotFound,
+    QuotaExceeded,
 )
 from accyd.ring.copies import Copier, CopyInFlight
 from accyd.ring.memory import RingMemory
 from accyd.ring.needs import RingCore, RingObserver
 from accyd.ring.records import KEY, KEY_END, KIND, LAUNCH_KIND, Batch, id_of, scalar_struct
 
-__all__ = ["RingCore", "ServerRing"]
+__all__ = ["BOUND_HANDLES", "RingCore", "ServerRing"]
 
 log = structlog.get_logger("accyd.ring")
 
 BOUND_PER_RING = 1024
 """Launches a ring keeps checked (by record contents); past this it starts over."""
 
+BOUND_HANDLES = 65536
+"""Sessions and buffers bound on one ring at once, at most: a client that never unbinds
+cannot grow the daemon's tables without end (the client library unbinds what it frees)."""
 TOUCH_SECONDS = 0.05
 """How often a busy ring tells the core its client is alive (liveness is judged in seconds)."""
 
@@ -284,6 +288,13 @@ class ServerRing:
     def _bind(self, kind: int, handle: int, object_id: str) -> None:
         if handle in self._sessions or handle in self._buffers:
             raise InvalidRequest(f"handle {handle} is bound already", field="handle")
+        if len(self._sessions) + len(self._buffers) >= BOUND_HANDLES:
+            raise QuotaExceeded(
+                f"a ring holds at most {BOUND_HANDLES} bound sessions and buffers; unbind "
+                "those no longer used (free them, or release their sessions)",
+                quota="ring_bound_handles",
+                field="handle",
+            )
         if kind == layout.Kind.BIND_SESSION:
             specs = self._core.session_scalars(self.client_id, object_id)
             if len(specs) > layout.MAX_SCALARS:
