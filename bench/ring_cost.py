@@ -14,8 +14,8 @@ Series:
 
 - *bursts*: ``launch(wait=False)`` in bursts of 256 (fewer than the ring's slots,
   so none blocks), waited after each: the client's wall and CPU time per launch
-  (median burst), and the same through ``RingPath.launch`` (no ``Session``) and
-  ``Ring.launch`` (the record alone);
+  (median burst), and the same through ``RingPath.launch_planned`` with a plan
+  made once (no ``Session``) and ``Ring.launch`` (the record alone);
 - *stream*: ``launch(wait=False)`` with ``session.wait()`` after every 16 (the
   sharing benchmark's one-client loop): launches/s;
 - *window*: ``launch(wait=False)`` only, one wait at the end: the pipeline's rate,
@@ -164,13 +164,13 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
             Ring._publish = publish  # type: ignore[method-assign]
         out["trace"] = trace
 
-        phase("path")  # the ring path without Session: RingPath.launch with ids and scalars
+        phase("path")  # the ring path without Session: a kept plan and the scalars
         specs = session._ring_specs
         assert specs is not None
-        ids = ([x.id, y.id], [z.id])
+        plan, changes = ring.plan(session.id, specs, [x.id, y.id], [z.id], 10.0)
         values = {"n": 1, "a": 1.0}
         out["path"] = _bursts(
-            lambda: ring.launch(session.id, specs, values, *ids, wait=False, timeout=10.0),
+            lambda: ring.launch_planned(plan, changes, values, wait=False, timeout=10.0),
             lambda: ring.wait(None, 10.0),
             bursts,
         )
@@ -418,7 +418,7 @@ def report(backend: str, result: dict[str, Any]) -> str:
             f"{burst['wall_us']:.2f} / {burst['cpu_us']:.2f}",
         ],
         [
-            "client: RingPath.launch (no Session), µs each (wall / CPU)",
+            "client: RingPath.launch_planned (no Session), µs each (wall / CPU)",
             f"{path['wall_us']:.2f} / {path['cpu_us']:.2f}",
         ],
         [

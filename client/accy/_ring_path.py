@@ -187,28 +187,6 @@ class RingPath:
 
     # Launching -------------------------------------------------------------------------
 
-    def launch(
-        self,
-        session_id: str,
-        scalar_specs: Sequence[tuple[str, str]],
-        scalars: Mapping[str, float],
-        operands: Sequence[str],
-        results: Sequence[str],
-        *,
-        wait: bool,
-        timeout: float,
-    ) -> int:
-        """Publish one launch; with ``wait``, return once it finished. Its record's seq.
-
-        ``plan`` and ``launch_planned`` in one; ``Session`` calls them apart, to keep
-        the plan for its next launch on the same buffers.
-        """
-        seq = None
-        while seq is None:
-            plan, changes = self.plan(session_id, scalar_specs, operands, results, timeout)
-            seq = self.launch_planned(plan, changes, scalars, wait=wait, timeout=timeout)
-        return seq
-
     def plan(
         self,
         session_id: str,
@@ -218,7 +196,8 @@ class RingPath:
         timeout: float,
     ) -> tuple[Plan, int]:
         """The record of a launch of ``session_id`` on these buffers, bound (once) and kept
-        ready, and the ``changes`` it is good for (see ``launch_planned``)."""
+        ready, and the ``changes`` it is good for (see ``launch_planned``). ``Session``
+        keeps the last one, for its next launch on the same buffers."""
         key = (session_id, *operands, None, *results)
         with self.lock:
             plan = self._plans.get(key)
