@@ -12,8 +12,10 @@ from accy._ring import Ring, RingClosed
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
+from accyd.errors import QuotaExceeded
 from accyd.ring import RingDoor
 from accyd.ring import ring as ring_module
+from accyd.ring.door import RINGS_PER_CLIENT
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"
@@ -170,3 +172,22 @@ def test_a_ring_binds_a_bounded_number_of_handles(
         assert ring.errors() == []
     finally:
         ring.close()
+
+
+def test_a_client_holds_a_bounded_number_of_rings(door: tuple[Daemon, RingDoor]) -> None:
+    """Rings taken or only offered count: a client cannot make the daemon map (and its
+    submitter look at) rings without end; another client is not held back by it."""
+    daemon, ring_door = door
+    greedy, other = daemon.attach("greedy").id, daemon.attach("other").id
+    taken = [open_ring(ring_door, greedy) for _ in range(RINGS_PER_CLIENT // 2)]
+    offered = [ring_door.offer(greedy) for _ in range(RINGS_PER_CLIENT - len(taken))]
+    try:
+        with pytest.raises(QuotaExceeded, match=f"{RINGS_PER_CLIENT} rings open or offered"):
+            ring_door.offer(greedy)
+        open_ring(ring_door, other).close()
+        assert len(offered) + len(taken) == RINGS_PER_CLIENT
+        ring_door.close_client(greedy)  # its detach: its rings and offers go
+        open_ring(ring_door, greedy).close()
+    finally:
+        for ring in taken:
+            ring.close()

@@ -17,7 +17,7 @@ import structlog
 
 from accyd.backends.base import BackendKind
 from accyd.core.ids import new_id
-from accyd.errors import InvalidRequest, Unavailable
+from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
 from accyd.ring.copies import Copier
 from accyd.ring.memory import RingMemory
@@ -25,12 +25,22 @@ from accyd.ring.needs import RingObserver
 from accyd.ring.ring import RingCore, ServerRing
 from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
 
-__all__ = ["OFFER_SECONDS", "RingDoor", "RingOffer", "flight_spin_for", "ring_slots"]
+__all__ = [
+    "OFFER_SECONDS",
+    "RINGS_PER_CLIENT",
+    "RingDoor",
+    "RingOffer",
+    "flight_spin_for",
+    "ring_slots",
+]
 
 log = structlog.get_logger("accyd.ring")
 
 MAX_SLOTS = 4096
 DEFAULT_SLOTS = 1024
+RINGS_PER_CLIENT = 8
+"""Rings one client may hold open or offered at once (each is up to a MiB of the daemon's
+memory, and the submitter looks at every ring on each pass)."""
 
 
 def ring_slots(asked: int) -> int:
@@ -102,7 +112,15 @@ class RingDoor:
             ring.close()
 
         with self._lock:
-            self._by_client.setdefault(client_id, set()).add(ring.id)
+            held = self._by_client.setdefault(client_id, set())
+            if len(held) >= RINGS_PER_CLIENT:
+                ring.close()
+                raise QuotaExceeded(
+                    f"client {client_id} has {len(held)} rings open or offered, the most one "
+                    "client may have: launch on those (one per connection is enough)",
+                    quota="rings_per_client",
+                )
+            held.add(ring.id)
         ticket = self.handoff.offer(
             Offered(
                 ring.id,
