@@ -337,9 +337,9 @@ class Session(Resource):
             return self._launch_on_ring(
                 kept.ring, kept.link, kept, operands, results, wait, timeout, scalars
             )
+        self._check_scalars(scalars)  # before a first launch opens the link's ring
         ring, link = ring_of(self._conn, timeout)
         if ring is not None:
-            self._check_scalars(scalars)
             return self._launch_on_ring(ring, link, None, operands, results, wait, timeout, scalars)
         packed = self._scalars(scalars)
 

@@ -162,3 +162,17 @@ def test_released_sessions_and_freed_buffers_leave_no_handle_on_either_side(
     assert rings is not None
     (ring,) = [r for r in rings._submitter._rings.values() if r.client_id == client.client_id]
     assert len(ring._sessions) <= 2 and len(ring._buffers) <= 3, (ring._sessions, ring._buffers)
+
+
+def test_a_bad_scalar_on_a_first_launch_is_refused_before_a_ring_opens(client: Client) -> None:
+    x = client.buffer(np.ones(N, np.float32))
+    session = client.load(SAXPY)
+    link = client._conn.link
+    assert link is not None and not link.ring_tried
+    with pytest.raises(AccyError) as raised:
+        session.launch([x, x], [x], wait=True, n=N, a=1.0, alpha=2.0)
+    assert "alpha" in str(raised.value)
+    assert not link.ring_tried, "the refused launch opened a ring"
+    session.launch([x, x], [x], wait=True, n=N, a=1.0)
+    assert link.ring is not None
+    np.testing.assert_array_equal(x.read(), np.full(N, 2.0, np.float32))
