@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from accy import Client
-from accy.errors import AccyError
+from accy.errors import AccyError, BufferLost, Unavailable
 from tests.service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
@@ -176,3 +176,18 @@ def test_a_bad_scalar_on_a_first_launch_is_refused_before_a_ring_opens(client: C
     session.launch([x, x], [x], wait=True, n=N, a=1.0)
     assert link.ring is not None
     np.testing.assert_array_equal(x.read(), np.full(N, 2.0, np.float32))
+
+
+def test_a_buffer_its_device_took_is_lost_on_the_next_launch_not_later(client: Client) -> None:
+    """A buffer marked lost (a fault took its device) makes the kept plan stale: the next
+    launch on it raises ``BufferLost`` itself, as a launch with no kept plan does."""
+    x = client.buffer(np.ones(N, np.float32))
+    z = client.empty(N, "f32")
+    session = client.load(SAXPY)
+    session.launch([x, x], [z], wait=True, n=N, a=1.0)
+    assert session._kept is not None
+    fault = Unavailable("device 0 faulted", reason="DEVICE_LOST", metadata={"session": "ses_x"})
+    assert isinstance(z.gone(fault), BufferLost)
+    with pytest.raises(BufferLost) as raised:
+        session.launch([x, x], [z], wait=False, n=N, a=1.0)
+    assert raised.value.metadata.get("session") == "ses_x"
