@@ -75,7 +75,8 @@ class ring_errors:
     """Errors of ring work, judged as a call's are (a device fault loses the link); a ring
     closed under ``what`` raises why: the link's loss, else that it closed.
 
-    A class rather than a generator: it is entered on every launch.
+    Entered only once ring work raised (``except (AccyError, RingClosed):`` around the
+    work, then ``with ring_errors(...): raise``), so the common path builds no context.
     """
 
     __slots__ = ("conn", "link", "what")

@@ -9,6 +9,7 @@ import numpy as np
 
 from accy import _dtypes
 from accy._connection import UNSET, Connection
+from accy._kept import KeptPlan, keepable
 from accy._launching import (
     Launch,
     launch_on,
@@ -23,7 +24,7 @@ from accy._link import Link, device_replaced
 from accy._models import PipelineInfo
 from accy._resources import Buffer, Resource, buffer_ids
 from accy._ring import RingClosed
-from accy._ring_path import Plan, RingPath
+from accy._ring_path import RingPath
 from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -74,39 +75,6 @@ def new_session(
     return session
 
 
-class _Kept:
-    """A session's last ring launch, for its next launch on the same buffers: no lookups,
-    no checks but that nothing changed.
-
-    Buffers are known again by ``id()``, and only ``Buffer`` objects are kept (never ids
-    given as strings, which hold no handle): a buffer that goes away (freed, collected
-    or lost) unbinds its handle or marks the ring's plans stale, which ``changes`` sees,
-    so no new object at a dead buffer's address passes for it.
-    """
-
-    __slots__ = ("changes", "link", "operands", "plan", "results", "ring")
-
-    def __init__(
-        self,
-        link: Link,
-        ring: RingPath,
-        plan: Plan,
-        changes: int,
-        operands: Sequence[Buffer | str],
-        results: Sequence[Buffer | str],
-    ) -> None:
-        self.link = link
-        self.ring = ring
-        self.plan = plan
-        self.changes = changes
-        self.operands = tuple(map(id, operands))
-        self.results = tuple(map(id, results))
-
-
-def _keepable(buffers: Sequence[Buffer | str]) -> bool:
-    return all(type(b) is Buffer for b in buffers)
-
-
 class Session(Resource):
     """A loaded pipeline with its own stream on the daemon: launch it many times, then release.
 
@@ -136,7 +104,7 @@ class Session(Resource):
     _ring: RingPath | None = None
     """The ring this session launched on last, if any: ``wait`` waits there too."""
     _ring_specs: list[tuple[str, str]] | None = None
-    _kept: _Kept | None = None
+    _kept: KeptPlan | None = None
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
     _replaced: bool
@@ -321,6 +289,7 @@ class Session(Resource):
         timeout: float | None,
         scalars: dict[str, float],
     ) -> Launch:
+        self._check_scalars(scalars)  # before anything else, a first launch's ring included
         kept = self._kept
         if (  # the same buffers as the last ring launch, and nothing changed since
             kept is not None
@@ -333,11 +302,9 @@ class Session(Resource):
             and tuple(map(id, operands)) == kept.operands
             and tuple(map(id, results)) == kept.results
         ):
-            self._check_scalars(scalars)
             return self._launch_on_ring(
                 kept.ring, kept.link, kept, operands, results, wait, timeout, scalars
             )
-        self._check_scalars(scalars)  # before a first launch opens the link's ring
         ring, link = ring_of(self._conn, timeout)
         if ring is not None:
             return self._launch_on_ring(ring, link, None, operands, results, wait, timeout, scalars)
@@ -361,7 +328,7 @@ class Session(Resource):
         self,
         ring: RingPath,
         link: Link,
-        kept: _Kept | None,
+        kept: KeptPlan | None,
         operands: Sequence[Buffer | str],
         results: Sequence[Buffer | str],
         wait: bool,
@@ -384,8 +351,8 @@ class Session(Resource):
                     left,
                 )
                 self._kept = None
-                if _keepable(operands) and _keepable(results):
-                    self._kept = _Kept(link, ring, plan, changes, operands, results)
+                if keepable(operands) and keepable(results):
+                    self._kept = KeptPlan(link, ring, plan, changes, operands, results)
                 seq = ring.launch_planned(plan, changes, scalars, wait=wait, timeout=left)
         except (AccyError, RingClosed):
             with ring_errors(self._conn, link, f"a launch of session {self.id}"):
