@@ -92,31 +92,29 @@ class Metrics:
             "accy_restarts", "Times the supervisor restarted the server process.", registry=r
         )
         self._server: WSGIServer | None = None
-        self._launch_children: dict[tuple[str, str, bool], tuple[Counter, Histogram]] = {}
+        self._launch_children: dict[tuple[str, str], Counter] = {}
+        self._seconds_children: dict[tuple[str, bool], Histogram] = {}
         self._quota_children: dict[tuple[str, str], Counter] = {}
-        self._count_children: dict[tuple[str, str], Counter] = {}
 
     def observe_launch(
         self, pipeline: str, seconds: float, *, waited: bool, error: BaseException | None = None
     ) -> None:
         """Count one launch (status ``ok``, or the error's reason in lower case) and its latency."""
-        key = (pipeline, status_of(error), waited)
-        children = self._launch_children.get(key)
-        if children is None:
-            children = self._launch_children[key] = (
-                self.launches.labels(pipeline, key[1]),
-                self.launch_seconds.labels(pipeline, "true" if waited else "false"),
-            )
-        children[0].inc()
+        self.count_launches(pipeline, status_of(error), 1)
         if error is None:
-            children[1].observe(seconds)
+            key = (pipeline, waited)
+            child = self._seconds_children.get(key)
+            if child is None:
+                label = "true" if waited else "false"
+                child = self._seconds_children[key] = self.launch_seconds.labels(pipeline, label)
+            child.observe(seconds)
 
     def count_launches(self, pipeline: str, status: str, count: int) -> None:
-        """Count ``count`` launches of one status with no latency to observe (the rings')."""
+        """Count ``count`` launches of one status (the rings' have no latency to observe)."""
         key = (pipeline, status)
-        child = self._count_children.get(key)
+        child = self._launch_children.get(key)
         if child is None:
-            child = self._count_children[key] = self.launches.labels(pipeline, status)
+            child = self._launch_children[key] = self.launches.labels(pipeline, status)
         child.inc(count)
 
     def quota_refused(self, tenant: str, quota: str) -> None:
