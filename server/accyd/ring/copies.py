@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from accy.protocol import ring as layout
 from accyd.errors import FailedPrecondition
 
 __all__ = ["COPY_THREADS", "Copier", "CopyInFlight", "RingCopies"]
@@ -67,8 +68,28 @@ class Copier:
         self._lock = threading.Lock()
         self._closed = False
 
-    def start(self, copy: Callable[[RingCopies], int], what: str) -> CopyInFlight:
-        """Run ``copy`` (given what copies run through) on a copy thread."""
+    def start(
+        self, client_id: str, flags: int, values: bytes, buffer_id: str, segment_id: str
+    ) -> CopyInFlight:
+        """Run a COPY record of ``client_id`` (its flags and value bytes, its buffer and
+        segment bound) on a copy thread."""
+        segment_offset, buffer_offset, size = layout.COPY_FIELDS.unpack_from(values)
+        to_buffer = not flags & layout.TO_SEGMENT
+
+        def copy(copies: RingCopies) -> int:
+            return copies.copy(
+                client_id,
+                segment_id,
+                segment_offset,
+                buffer_id,
+                buffer_offset,
+                size,
+                to_buffer=to_buffer,
+            )
+
+        return self._run(copy, f"copy with buffer {buffer_id}")
+
+    def _run(self, copy: Callable[[RingCopies], int], what: str) -> CopyInFlight:
         copies = self.copies
         if copies is None or self._closed:
             raise FailedPrecondition(

@@ -111,6 +111,25 @@ class RingMemory:
             for at in (layout.error_offset(index, slots) for index in range(first, end))
         )
 
+    def write_entry(
+        self, index: int, seq: int, reason: str, field: str, session: bytes, message: str
+    ) -> None:
+        """Write error entry ``index`` (its slot comes round again past ``error_slots``),
+        each part cut to its room; the caller then publishes the count."""
+        data = message.encode()[: layout.MESSAGE_BYTES]
+        at = layout.error_offset(index, layout.error_slots())
+        layout.ERROR_ENTRY.pack_into(
+            self.map,
+            at,
+            seq,
+            reason.encode()[:32],
+            field.encode()[: layout.FIELD_BYTES],
+            session,
+            len(data),
+        )
+        start = at + layout.ERROR_ENTRY.size
+        self.map[start : start + len(data)] = data
+
     def drain_submit(self) -> None:
         if not self.shared:
             return

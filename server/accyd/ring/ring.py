@@ -266,24 +266,11 @@ class ServerRing:
     def _copy(self, flags: int, handle: int, values: bytes, segment_id: str) -> None:
         """Start a COPY record on a copy thread; the ring takes nothing more until it is over."""
         buffer_id = self._buffer(handle, "buffer", 0)
-        segment_offset, buffer_offset, size = layout.COPY_FIELDS.unpack_from(values)
         if self._copier is None:
             raise FailedPrecondition(
                 "this daemon runs no ring copies: copy with CopySegment", field="kind"
             )
-        client_id, to_buffer = self.client_id, not flags & layout.TO_SEGMENT
-        self._copying = self._copier.start(
-            lambda copies: copies.copy(
-                client_id,
-                segment_id,
-                segment_offset,
-                buffer_id,
-                buffer_offset,
-                size,
-                to_buffer=to_buffer,
-            ),
-            f"copy with buffer {buffer_id}",
-        )
+        self._copying = self._copier.start(self.client_id, flags, values, buffer_id, segment_id)
 
     def _bind(self, kind: int, handle: int, object_id: str) -> None:
         if handle in self._sessions or handle in self._buffers:
@@ -420,17 +407,12 @@ class ServerRing:
     def _refuse(self, seq: int, error: AccyError, what: str = "record") -> None:
         if isinstance(error, DeviceFault) and not error.isolated:
             self.broken = True  # the daemon is going away; one device's fault spares the ring
-        field = (error.field or "").encode()[: layout.FIELD_BYTES]
-        message = f"{what}: {error.message}".encode()[: layout.MESSAGE_BYTES]
-        at = layout.error_offset(self._errors, layout.error_slots())
         session = b""
         if isinstance(error, DeviceFault):
             session = layout.fault_origin(error.session, error.device if error.isolated else None)
-        layout.ERROR_ENTRY.pack_into(
-            self.memory.map, at, seq, error.reason.encode()[:32], field, session, len(message)
+        self.memory.write_entry(
+            self._errors, seq, error.reason, error.field or "", session, f"{what}: {error.message}"
         )
-        start = at + layout.ERROR_ENTRY.size
-        self.memory.map[start : start + len(message)] = message
         self._errors += 1
         self.memory.set_u64(layout.ERRORS, self._errors)
         log.info(
