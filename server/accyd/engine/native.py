@@ -278,7 +278,12 @@ class NativeEngine:
         ring = entry.ring
         if kind == _native.SLOW_RECORD:
             raw = ring.memory.record(seq)  # what is decided, and a ticket's key, is this copy
-            outcome = ring.handle(seq, raw)
+            try:
+                outcome: Handled | Pending = ring.handle(seq, raw)
+            except Exception as failure:  # a bug: the record is refused, the ring goes on
+                log.exception("a ring record could not be decided", ring_id=ring.id, seq=seq)
+                ring.refuse(seq, LaunchFailed(f"the daemon failed on this record: {failure!r}"))
+                outcome = Handled()
             if isinstance(outcome, Pending):
                 pending = outcome
                 pending.add_done_callback(lambda: self._resume(entry, seq, raw, pending.result()))
@@ -305,26 +310,33 @@ class NativeEngine:
                 self._engine.resume(index, seq + 1)
 
     def _resume(self, entry: _Ring, seq: int, raw: bytes, handled: Handled) -> None:
-        """Record ``seq`` is decided: the engine takes the ring again after it."""
+        """Record ``seq`` is decided: the engine takes the ring again after it. A ticket that
+        cannot be made is left out (the record's work is still waited for); the ring is
+        resumed whatever happens, or its client would wait for it for ever."""
         streams = []
         tickets = []
-        if handled.stream is not None and handled.session_id is not None:
-            driver = self._drivers[handled.device]
-            token = self._token(entry.ring.client_id, handled.session_id, handled.device)
-            stream = driver.stream_handle(handled.stream)
-            streams.append((handled.device, stream, token))
-            entry.reap.add(handled.session_id)
-            if self._observer is not None:
-                self._observer.launched(entry.ring.client_id, handled.session_id, 1)
-            fast = handled.fast
-            if fast is not None:
-                key = raw[KEY:KEY_END]
-                exec_handle = driver.exec_handle(fast.launch)
-                tickets.append(
-                    (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
-                )
-        with contextlib.suppress(KeyError):  # the ring was removed meanwhile
-            self._engine.resume(entry.index, seq + 1, streams, tickets, handled.clear)
+        try:
+            if handled.stream is not None and handled.session_id is not None:
+                driver = self._drivers[handled.device]
+                token = self._token(entry.ring.client_id, handled.session_id, handled.device)
+                stream = driver.stream_handle(handled.stream)
+                streams.append((handled.device, stream, token))
+                entry.reap.add(handled.session_id)
+                if self._observer is not None:
+                    self._observer.launched(entry.ring.client_id, handled.session_id, 1)
+                fast = handled.fast
+                if fast is not None:
+                    exec_handle = driver.exec_handle(fast.launch)
+                    key = raw[KEY:KEY_END]
+                    tickets.append(
+                        (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
+                    )
+        except Exception:
+            log.exception("a ticket could not be made", ring_id=entry.ring.id, seq=seq)
+            tickets = []
+        finally:
+            with contextlib.suppress(KeyError):  # the ring was removed meanwhile
+                self._engine.resume(entry.index, seq + 1, streams, tickets, handled.clear)
 
     def _token(self, client_id: str, session_id: str, device: int) -> int:
         token = self._tokens.get(session_id)

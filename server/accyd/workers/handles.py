@@ -111,9 +111,10 @@ class RemoteArtifact(CompiledArtifact):
 class RemotePrepared:
     """A prepared launch held by the worker (a CUDA graph there), replayed by a one-way op.
 
-    Its owner closes it (idempotent) before freeing any buffer it names."""
+    Its owner closes it (idempotent) before freeing any buffer it names. A native engine's
+    table driver knows it by a weak reference."""
 
-    __slots__ = ("channel", "pid")
+    __slots__ = ("__weakref__", "channel", "pid")
 
     def __init__(self, channel: Channel, pid: int) -> None:
         self.channel = channel
