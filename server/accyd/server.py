@@ -119,6 +119,7 @@ class Server:
             )
         catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
         kinds = {backend.kind.value for backend in backends.values()}
+        kinds_served = set(kinds)
         self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
         spin = config.loop_spin_for(kinds.pop() if len(kinds) == 1 else "mixed")
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
@@ -157,7 +158,13 @@ class Server:
                 launches_per_client=self.daemon.launches_per_client,
             )
             ring_streams = RingStreams(
-                self.daemon, self.engine, observer=ring_counts, blocking=blocking
+                self.daemon,
+                self.engine,
+                # Spinning needs the GIL the host backend's kernels (and, through the
+                # engine's callbacks, its launches) need too: on a device only.
+                spin_seconds=0.0 if "host" in kinds_served else config.launch_spin_seconds,
+                observer=ring_counts,
+                blocking=blocking,
             )
         self.servicer = LaunchServicer(
             self.daemon,

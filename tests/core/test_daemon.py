@@ -9,7 +9,7 @@ import pytest
 import structlog.testing
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.core.daemon import Daemon, Tensor
+from accyd.core.daemon import Daemon, Tensor, WouldBlock
 from accyd.core.tenants import Quotas, Usage
 from accyd.errors import (
     DeviceFault,
@@ -71,7 +71,10 @@ def test_launch_without_scratch_makes_and_frees_its_own() -> None:
     daemon, backend = recording_daemon()
     client = daemon.attach().id
     session, x, y = scan_session(daemon, client)
-    ticket = daemon.launch(client, session, [x], [y], N)
+    with pytest.raises(WouldBlock):  # a door is told to finish it off its thread
+        daemon.launch(client, session, [x], [y], N)
+    assert backend.launch_count == 0 and backend.memory_in_use() == 40000
+    ticket = daemon.launch(client, session, [x], [y], N, may_block=True)
     assert ticket.must_wait and backend.launch_count == 3
     assert backend.memory_in_use() == 40000 + 2 * 79 * 4
     daemon.wait_launch(client, session, ticket.launch_id)
@@ -210,7 +213,7 @@ def test_an_ordinary_launch_failure_fails_one_call() -> None:
     session, x, y = scan_session(daemon, client)
     backend.fail_launch_after_count = 1
     with pytest.raises(LaunchFailed):
-        daemon.launch(client, session, [x], [y], N)
+        daemon.launch(client, session, [x], [y], N, may_block=True)
     daemon.wait_launch(client, session)
     assert daemon.serving
     assert backend.memory_in_use() == 40000

@@ -16,7 +16,6 @@ def test_freeing_a_buffer_drops_the_prepared_launches_that_name_it() -> None:
         session_id = daemon.load_pipeline(client, SAXPY).session_id
         session = daemon.client(client).sessions[session_id]
         scalars = {"n": Scalar.u32(N), "a": Scalar.f32(2.0)}
-        frees = daemon.frees_of(client)
         for _ in range(5):  # a fresh pair of buffers per step, as a long-lived client does
             x = daemon.allocate_buffer(client, 4 * N, DType.F32)
             y = daemon.allocate_buffer(client, 4 * N, DType.F32)
@@ -26,6 +25,5 @@ def test_freeing_a_buffer_drops_the_prepared_launches_that_name_it() -> None:
             daemon.free_buffer(client, x.id)
             daemon.free_buffer(client, y.id)
             assert len(session.prepared) == 0  # the graph naming them is gone with them
-        assert daemon.frees_of(client) == frees + 10  # what tells a ring to drop its bindings
     finally:
         daemon.close()

@@ -215,14 +215,14 @@ class Session:
         results: Sequence[DeviceBuffer],
         args: Sequence[Scalar],
         transient: Intermediates | None,
-        plan: LaunchPlan,
+        plan: LaunchPlan | None = None,
         entry: Prepared | None = None,
     ) -> LaunchRecord:
         """Enqueue one launch on the session's stream; returns once enqueued.
 
         ``entry`` is the prepared launch of a launch on the session's own scratch (replayed);
         ``transient`` is scratch made for this launch alone, freed when it is reaped;
-        ``plan`` what ``plan`` returned for the same buffers. A launch that fails after its
+        ``plan`` what ``plan`` returned for the same buffers (``None``: planned here). A launch that fails after its
         checks still leaves a record (the newest), so what it may have touched is waited
         for before it is freed.
         """

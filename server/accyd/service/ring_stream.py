@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import structlog
@@ -40,6 +41,9 @@ __all__ = ["STREAMS_PER_CLIENT", "RingStreams"]
 
 log = structlog.get_logger("accyd.ring")
 
+_FLAGS = 10
+"""A record's flags' low byte."""
+
 STREAMS_PER_CLIENT = 8
 """Ring streams one client may hold open at once (each is up to a MiB of the daemon's memory)."""
 
@@ -52,11 +56,15 @@ class RingStreams:
         daemon: Daemon,
         engine: RingTaker,
         *,
+        spin_seconds: float = 0.0,
         observer: RingObserver | None = None,
         blocking: Blocking | None = None,
     ) -> None:
         self.daemon = daemon
         self.engine = engine
+        self.spin_seconds = spin_seconds
+        """How long a frame with a record its client waits for is spun on, on the loop (the
+        service's launch spin): its answer then goes out without the engine's wake."""
         self.observer = observer
         self.blocking = blocking
         self._open: dict[str, int] = {}
@@ -95,7 +103,8 @@ class RingStreams:
             await context.write(pb.RingState(slots=slots))
             async for frame in frames:
                 self.daemon.client(client_id)  # a detached client's stream ends here
-                ring.take(frame)
+                if ring.take(frame) and self.spin_seconds:
+                    await ring.spin(self.spin_seconds)
                 if ring.broken:  # a fault that stops the daemon: say what the entries say
                     await ring.flush()
                     raise Unavailable("the daemon closed this ring: it is stopping")
@@ -143,8 +152,9 @@ class _StreamRing:
     def broken(self) -> bool:
         return self._ring.broken
 
-    def take(self, frame: pb.RingFrame) -> None:
-        """Check the frame's framing, copy its records in, kick the engine."""
+    def take(self, frame: pb.RingFrame) -> bool:
+        """Check the frame's framing, copy its records in, kick the engine; whether the client
+        waits for one of them (``NOTIFY``)."""
         records = frame.records
         count, odd = divmod(len(records), layout.SLOT_SIZE)
         memory = self._memory
@@ -157,11 +167,22 @@ class _StreamRing:
                 field="records",
             )
         if not count:
-            return
+            return False
         memory.write(self._head, records)
         self._head += count
         memory.set_u64(layout.HEAD, self._head)
         memory.kick()
+        return any(flags & layout.NOTIFY for flags in records[_FLAGS :: layout.SLOT_SIZE])
+
+    async def spin(self, seconds: float) -> None:
+        """Look for the records' end for at most ``seconds`` (a bounded slice of the loop),
+        and answer at once if it came."""
+        memory, head = self._memory, self._head
+        until = time.perf_counter() + seconds
+        while memory.u64(layout.DONE) < head and time.perf_counter() < until:
+            pass
+        if memory.u64(layout.DONE) >= head:
+            await self.flush()
 
     async def drain(self) -> None:
         """After the client's last frame: wait until its records are done, and say so."""
