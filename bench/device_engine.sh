@@ -13,6 +13,7 @@ step tests ${TESTS_TIMEOUT:-240} $PY -m pytest -q -p no:cacheprovider -x tests/e
 nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader > "$OUT/env.txt" 2>&1
 step sharing ${SHARING_TIMEOUT:-420} $PY bench/bench_sharing.py --out "$OUT/sharing.json" \
   --engine-threads ${ENGINE_THREADS:-1,2,4} ${SHARING_ARGS:---python-engine}
+step ring_cost 120 $PY bench/ring_cost.py --backend cuda --count 20000 --rtt 2000
 pgrep -a -x nvidia-cuda-mps-control > "$OUT/mps_left.txt" 2>&1 || echo "none" > "$OUT/mps_left.txt"
 
 echo "==== env"; cat "$OUT/env.txt"
@@ -21,5 +22,6 @@ echo "==== native"; tail -3 "$STEPS/native.log"
 echo "==== tests"; grep -E "passed|failed|error" "$STEPS/tests.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$STEPS/tests.log" | head -20
 echo "==== MPS control daemons still running"; cat "$OUT/mps_left.txt"
+echo "==== ring cost (one client, CUDA)"; tail -16 "$STEPS/ring_cost.log"
 echo "==== sharing"; tail -75 "$STEPS/sharing.log"
 exit 0
