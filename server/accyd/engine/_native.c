@@ -711,15 +711,15 @@ static void apply_commands(worker_t *w) {
                     flight_add_stream(&f, c->streams[k].driver, c->streams[k].stream, c->streams[k].token);
                 f.end = c->tail;
                 int at = 0;
-                if (flight_record(w, &f, &at) != 0) {
-                    /* No event on a stream Python used: its work is waited for by Python's
-                     * own marks; done waits for the flights before it only. */
-                    give_events(w, &f, at);
-                    f.events = 0;
-                }
+                int err = flight_record(w, &f, &at);
+                if (err != 0) f.events = at; /* done waits for the events recorded so far */
                 flight_push(r, &f);
                 r->tail = c->tail;
                 publish_tail(r);
+                if (err != 0) { /* the device failed the record Python launched: it says so */
+                    slow_push(w->engine, SLOW_LAUNCH_FAILED, r, c->tail - 1, err, f.ev[at].token);
+                    goto applied; /* stays parked until Python's word */
+                }
             }
             r->parked = 0;
             activate(w, r);
@@ -727,6 +727,7 @@ static void apply_commands(worker_t *w) {
             r->fault_pending = 0;
             activate(w, r);
         }
+    applied:
         if (c->done) atomic_store_explicit(c->done, 1, memory_order_release);
         free(c->streams);
         free(c->tickets);
