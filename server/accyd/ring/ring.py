@@ -290,16 +290,22 @@ class ServerRing:
             self._observer.refused(self.client_id, session_id, error)
 
     def fault(self, seq: int, error: AccyError, session_id: str | None, device: int) -> None:
-        """A launch the engine made failed on the device: the entry first, naming the session,
-        then the core notes it (a device fault stops the daemon, and a client that heard of
-        the stop before it read the entry would not learn which session faulted)."""
+        """A launch the engine made failed on the device: the core notes it (a device fault
+        latched, as every door's wait latches it) and the entry names the session whose
+        launch it was, whoever latched the device first (its worker's death, say)."""
         what = f"launch of session {session_id}" if session_id else "launch"
-        if isinstance(error, DeviceFault):
-            named = DeviceFault(error.message, session=error.session or session_id)
-            noted = self._core.note_fault(named, session_id, device)
-            self.refuse(seq, noted if noted.isolated else named, what)
-        else:
+        if not isinstance(error, DeviceFault):
             self.refuse(seq, error, what)
+            return
+        named = DeviceFault(error.message, session=session_id or error.session)
+        noted = self._core.note_fault(named, session_id, device)
+        scoped = DeviceFault(
+            noted.message,
+            session=named.session or noted.session,
+            device=noted.device,
+            isolated=noted.isolated,
+        )
+        self.refuse(seq, scoped, what)
 
     def refuse(self, seq: int, error: AccyError, what: str = "record") -> None:
         """Write an error entry for record ``seq``, then publish the count."""
