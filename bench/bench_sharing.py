@@ -332,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=420.0, help="skip series after this (s)")
     parser.add_argument(
         "--engine-threads",
-        default="1",
-        help="native engine threads: the first for every series, the others (comma-separated) "
-        "for the N-client series on the short kernel again (each its own daemon)",
+        default="0",
+        help="native engine threads (0: the daemon's default): the first for every series, the "
+        "others (comma-separated) for the N-client series on the short kernel again (each its "
+        "own daemon)",
     )
     parser.add_argument(
         "--python-engine",

@@ -155,8 +155,9 @@ class Config:
         choice("auto", "native", "python"), metavar="auto|native|python", group="tuning",
     )  # fmt: skip
     engine_threads: int = setting(
-        1, "native engine threads (each takes a share of the rings)", int_text, metavar="N",
-        group="tuning",
+        0, "native engine threads, each taking a share of the rings (0: two on a GPU where "
+        "this process may use 8 CPUs or more, else one)", int_text, metavar="N",
+        group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
     unix_trusted: bool = setting(
         False, "with --tokens: calls on the Unix socket without a token are the default "
@@ -275,8 +276,8 @@ class Config:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
-        if not 1 <= self.engine_threads <= 16:
-            raise ValueError("engine_threads is 1..16")
+        if not 0 <= self.engine_threads <= 16:
+            raise ValueError("engine_threads is 0 (auto) to 16")
         if self.device_gpus and not self.uses_device_workers:
             raise ValueError("--device-gpu needs device workers (--device-workers)")
         unknown = sorted({index for index, _ in self.device_gpus} - set(self.devices))

@@ -9,7 +9,7 @@ import structlog
 
 from accyd.backends.base import Backend, BackendKind
 from accyd.core.daemon import Daemon
-from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
 from accyd.ring.facade import RingObserver
 from accyd.ring.ring import ServerRing
 
@@ -52,11 +52,15 @@ def open_engine(
     core: Daemon,
     *,
     kind: EngineKind | None = None,
-    threads: int = 1,
+    threads: int = 0,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
 ) -> RingEngine:
     """The engine for ``core``'s rings (``kind`` ``None``: from ``ACCYD_ENGINE``, else auto).
+
+    ``threads`` 0: two native threads on a device where this process may use
+    ``SPIN_CPUS`` CPUs or more (measured on an H200: 8 clients' short kernels, 411k/s with
+    one thread, 435k with two, 439k with four), else one.
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
@@ -68,6 +72,8 @@ def open_engine(
     # A device runs launches without this process: spinning on them finds their ends at
     # once; the host backend runs them on Python threads, which need the GIL back.
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
+    if threads == 0:
+        threads = 2 if not host and may_spin() else 1
     if wanted != "python":
         try:
             from accyd.engine.native import NativeEngine
