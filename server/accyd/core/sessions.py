@@ -222,9 +222,9 @@ class Session:
 
         ``entry`` is the prepared launch of a launch on the session's own scratch (replayed);
         ``transient`` is scratch made for this launch alone, freed when it is reaped;
-        ``plan`` what ``plan`` returned for the same buffers (``None``: planned here). A launch that fails after its
-        checks still leaves a record (the newest), so what it may have touched is waited
-        for before it is freed.
+        ``plan`` what ``plan`` returned for the same buffers (``None``: planned here). A
+        launch that fails after its checks still leaves a record (the newest), so what it
+        may have touched is waited for before it is freed.
         """
         scratch = transient if transient is not None else self.scratch
         request = PipelineLaunch(
