@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -169,7 +170,9 @@ class Owners:
 
     def _start_sweep(self) -> None:
         if self._sweeping is None or self._sweeping.done():
-            self._sweeping = asyncio.get_running_loop().create_task(self._sweep())
+            # A context of its own: not the first caller's (its log fields, its principal).
+            loop = asyncio.get_running_loop()
+            self._sweeping = loop.create_task(self._sweep(), context=contextvars.Context())
 
     async def _sweep(self) -> None:
         while self._owners:
