@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from accyd.core.daemon import Daemon, WouldBlock
+from accyd.errors import InvalidRequest
 from accyd.kserve.cuda_regions import CudaRegion, CudaRegions
 from accyd.kserve.models import datatype_of
 from accyd.kserve.owners import Owner
@@ -55,6 +56,7 @@ class Inference:
     ) -> pb.ModelInferResponse:
         pipeline = checked.model.pipeline
         models = owner.models
+        self._check_regions(owner, checked)
         session = await models.session(
             pipeline.target, pipeline.version, bool(pipeline.intermediates)
         )
@@ -109,6 +111,21 @@ class Inference:
         )
         phases.answered = time.perf_counter_ns()
         return response
+
+    def _check_regions(self, owner: Owner, checked: Checked) -> None:
+        """Every region named exists and holds its slice: refused before anything runs."""
+        slices = [i.region for i in checked.inputs] + [o.region for o in checked.outputs]
+        for where in slices:
+            if where is None:
+                continue
+            cuda = self._cuda_region(owner, where)
+            size = cuda.byte_size if cuda is not None else owner.regions.size_of(where.region)
+            if where.offset + where.byte_size > size:
+                raise InvalidRequest(
+                    f"bytes {where.offset}..{where.offset + where.byte_size} are outside region "
+                    f"{where.region!r} of {size} bytes",
+                    field="parameters.shared_memory_offset",
+                )
 
     def _write_inputs(self, owner: Owner, checked: Checked, buffers: BufferSet) -> None:
         """Copy every input into its operand buffer (from a region where it lies in one)."""

@@ -231,6 +231,11 @@ class Regions:
     def has(self, name: str) -> bool:
         return name in self._regions
 
+    def size_of(self, name: str) -> int:
+        """Region ``name``'s size; ``NotFound`` where the caller has no such region."""
+        with self.use(name) as region:
+            return region.byte_size
+
     def status(self, name: str) -> list[RegionStatus]:
         with self._lock:
             if not name:
