@@ -43,6 +43,8 @@ __all__ = ["SERVICE_NAME", "STREAM_IN_FLIGHT", "KServeServicer"]
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 STREAM_IN_FLIGHT = 16
 """Requests of one ModelStreamInfer stream run at once; the stream reads on as they end."""
+MAX_MODELS_KEPT = 4096
+"""Models found by (name, version text) kept for the next request (only real ones are)."""
 EXTENSIONS = ("model_configuration", "model_repository", "statistics", "system_shared_memory")
 
 log = structlog.get_logger("accyd.kserve")
@@ -79,6 +81,7 @@ class KServeServicer:
         )
         self.memory = SharedMemory(self.owners, calls, cuda)
         self.stats = Statistics()
+        self._models: dict[tuple[str, str], Model] = {}
         self._inference = Inference(
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
         )
@@ -119,8 +122,15 @@ class KServeServicer:
         return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
 
     def _model(self, name: str, version: str) -> Model:
-        name = text_field(name, "name")
-        return find_model(self.daemon.pipelines(), name, parse_version(version))
+        """The model asked for; found models are kept (the catalog is the daemon's for life)."""
+        key = (name, version)
+        found = self._models.get(key)
+        if found is None:
+            text_field(name, "name")
+            found = find_model(self.daemon.pipelines(), name, parse_version(version))
+            if len(self._models) < MAX_MODELS_KEPT:
+                self._models[key] = found
+        return found
 
     # Health and metadata ------------------------------------------------------------
 

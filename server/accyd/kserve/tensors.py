@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.expr import extent_of
+from accyd.catalog.expr import Const, extent_of
 from accyd.catalog.model import BufferSpec
 from accyd.echo import clip
 from accyd.errors import AccyError, InvalidRequest, LaunchArgumentMismatch
@@ -336,15 +336,21 @@ def _scalars(
             args.append(Scalar(spec.dtype, value))  # type: ignore[arg-type]
         except AccyError as error:
             raise LaunchArgumentMismatch(f"{spec.name}: {error.message}", field=field) from None
-    pipeline.validate_runtime_scalars(args)
+    if args:
+        pipeline.validate_runtime_scalars(args)
     return tuple(args)
 
 
 def _extent(spec: BufferSpec, args: tuple[Scalar, ...]) -> int:
-    return extent_of(spec.extent, args)
+    extent = spec.extent
+    return extent.value if isinstance(extent, Const) else extent_of(extent, args)
 
 
 def _bytes(spec: BufferSpec, args: tuple[Scalar, ...]) -> int:
+    """A result's byte size (a constant extent needs no scalar arithmetic: the hot path)."""
+    extent = spec.extent
+    if isinstance(extent, Const) and extent.value:
+        return extent.value * spec.dtype.itemsize
     return spec.byte_size(args)
 
 
