@@ -9,6 +9,8 @@
 #   bin/perf_analyzer   runs the binary (through that loader where needed) and exits with the
 #                       binary's own status (the wheel's wrapper always exits 0)
 # Run again, it does nothing unless a pin changed. --check only says whether they are there.
+# --device-wheels DIR downloads (does not install) the wheels bench/device_kserve.sh needs on
+# a GPU machine without network (CPython 3.12, x86_64): carry DIR there as .whl/kserve/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tools=${ACCY_KSERVE_TOOLS:-$root/.kserve-tools}
@@ -17,6 +19,20 @@ PERF_ANALYZER=2.60.0
 RUNTIME_SUITE=trixie
 stamp="tritonclient=$TRITONCLIENT perf_analyzer=$PERF_ANALYZER runtime=$RUNTIME_SUITE"
 
+if [[ "${1:-}" == "--device-wheels" ]]; then
+  dir=${2:?--device-wheels DIR}
+  platforms=()
+  for tag in manylinux_2_38 manylinux_2_34 manylinux_2_28 manylinux_2_27 manylinux_2_24 \
+    manylinux_2_17 manylinux2014 manylinux1; do
+    platforms+=(--platform "${tag}_x86_64")
+  done
+  ${PYTHON:-python3} -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+    "${platforms[@]}" --python-version 3.12 --implementation cp -d "$dir" \
+    "tritonclient[grpc,cuda]==$TRITONCLIENT" "perf-analyzer==$PERF_ANALYZER" 2>&1 \
+    | grep -v "is ignored: it is neither" || true
+  ls "$dir"
+  exit 0
+fi
 if [[ "${1:-}" == "--check" ]]; then
   [[ -f $tools/stamp && $(cat "$tools/stamp") == "$stamp" ]] && echo "kserve tools: installed" && exit 0
   echo "kserve tools: missing (run scripts/kserve_tools.sh)" && exit 1
