@@ -54,12 +54,14 @@ class _Fma:
 
 def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     """Launches with ``wait=False`` as fast as they go, the session waited on every 16 (or
-    ``sync_every``: a remote client pipelines deeper than one round trip per 16)."""
+    ``sync_every``: a remote client pipelines deeper than one round trip per 16); with
+    ``waited``, every launch waited for (``wait=True``), as an inference client's loop does."""
     fma = _Fma(spec["target"], f"bench-rate-{spec['index']}")
     iters, seconds = int(spec["iters"]), float(spec["seconds"])
-    every = int(spec.get("sync_every", SYNC_EVERY))
+    waited = bool(spec.get("waited", False))
+    every = 1 if waited else int(spec.get("sync_every", SYNC_EVERY))
     for _ in range(every):
-        fma.launch(iters, wait=False)
+        fma.launch(iters, wait=waited)
     fma.session.wait()
 
     def run() -> dict[str, Any]:
@@ -67,8 +69,9 @@ def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         end = started + seconds
         while time.perf_counter() < end:
             for _ in range(every):
-                fma.launch(iters, wait=False)
-            fma.session.wait()
+                fma.launch(iters, wait=waited)
+            if not waited:
+                fma.session.wait()
             count += every
         elapsed = time.perf_counter() - started
         fma.check(iters)

@@ -107,10 +107,14 @@ class Rig:
 
 
 def kernels_per_second(
-    launches: Sequence[Callable[[], None]], syncs: Sequence[Callable[[], None]], seconds: float
+    launches: Sequence[Callable[[], None]],
+    syncs: Sequence[Callable[[], None]],
+    seconds: float,
+    every: int = SYNC_EVERY,
 ) -> dict[str, float]:
-    """Round-robin over the streams' launchers; each stream synchronized every SYNC_EVERY."""
-    for _ in range(SYNC_EVERY):  # warm
+    """Round-robin over the streams' launchers; each stream synchronized every ``every``
+    launches (1: each launch waited for, as an inference client's loop waits)."""
+    for _ in range(every):  # warm
         for launch in launches:
             launch()
     for sync in syncs:
@@ -118,12 +122,12 @@ def kernels_per_second(
     count, started = 0, time.perf_counter()
     end = started + seconds
     while time.perf_counter() < end:
-        for _ in range(SYNC_EVERY):
+        for _ in range(every):
             for launch in launches:
                 launch()
         for sync in syncs:
             sync()
-        count += SYNC_EVERY * len(launches)
+        count += every * len(launches)
     elapsed = time.perf_counter() - started
     return {"kernels": count, "seconds": elapsed, "per_second": count / elapsed}
 
@@ -212,7 +216,8 @@ def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     sync()
 
     def run() -> dict[str, Any]:
-        found = kernels_per_second([launch], [sync], float(spec["seconds"]))
+        every = int(spec.get("sync_every", SYNC_EVERY))
+        found = kernels_per_second([launch], [sync], float(spec["seconds"]), every)
         rig.check_result(iters)
         return found
 

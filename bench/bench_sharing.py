@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _sharing_kernel import SYNC_EVERY
 from _sharing_report import goals_table, ratios, series_table
 from _sharing_workers import Run, Spec, run_workers, worker_main
 
@@ -142,34 +143,38 @@ def baselines(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, A
         raise RuntimeError(f"the in-process baseline failed: {found['in_process']['error']}")
     kernels = found["in_process"]["kernels"]
 
-    def processes(env: dict[str, str] | None, name: str) -> dict[str, Any]:
+    def processes(env: dict[str, str] | None, name: str, every: int) -> dict[str, Any]:
         specs = _rate_specs(
             "cuda-rate",
             args.clients,
             image_path=image,
             iters=kernels[name]["iters"],
             seconds=seconds,
+            sync_every=every,
         )
         return _aggregate(run_workers(specs, env=env, run_timeout=timeout))
 
-    for name in TARGETS_US:
-        found[f"own_contexts_{name}"] = plan.step(
-            f"{args.clients} processes, own contexts, {name} kernel",
-            functools.partial(processes, None, name),
-        )
+    def each(prefix: str, label: str, env: dict[str, str] | None) -> None:
+        for name in TARGETS_US:
+            for suffix, every, how in (
+                ("", SYNC_EVERY, "a sync every 16"),
+                ("_waited", 1, "each launch synchronized"),
+            ):
+                found[f"{prefix}_{name}{suffix}"] = plan.step(
+                    f"{args.clients} processes, {label}, {name} kernel, {how}",
+                    functools.partial(processes, env, name, every),
+                )
+
+    each("own_contexts", "own contexts", None)
     try:
         with mps_server() as variables:
-            env = dict(os.environ) | variables
-            for name in TARGETS_US:
-                found[f"mps_{name}"] = plan.step(
-                    f"{args.clients} processes under MPS, {name} kernel",
-                    functools.partial(processes, env, name),
-                )
+            each("mps", "under MPS", dict(os.environ) | variables)
             found["mps_log"] = mps_log_tail(variables)
     except MpsUnavailable as error:
         plan.say(f"MPS: not started: {error}")
         for name in TARGETS_US:
-            found[f"mps_{name}"] = {"error": f"MPS did not start: {error}"}
+            for suffix in ("", "_waited"):
+                found[f"mps_{name}{suffix}"] = {"error": f"MPS did not start: {error}"}
     return found
 
 
@@ -191,10 +196,29 @@ def accy_series(plan: Plan, args: argparse.Namespace, iters: dict[str, int]) -> 
     def many(specs: list[Spec]) -> dict[str, Any]:
         return _aggregate(run_workers(specs, run_timeout=timeout))
 
+    def clients(into: dict[str, Any], target: str, tag: str, names: tuple[str, ...] = ()) -> None:
+        """The N-client series: a wait every 16, and each launch waited for."""
+        for name in names or tuple(TARGETS_US):
+            for suffix, waited in (("", False), ("_waited", True)):
+                specs = _rate_specs(
+                    "accy-rate",
+                    args.clients,
+                    target=target,
+                    iters=iters[name],
+                    seconds=seconds,
+                    waited=waited,
+                )
+                how = "each launch waited" if waited else "a wait every 16"
+                into[f"clients_{name}{suffix}{tag}"] = plan.step(
+                    f"accy {args.clients} clients{tag.replace('_', ' ')}, {name} kernel, {how}",
+                    functools.partial(many, specs),
+                )
+
     echo = EchoServer([f"127.0.0.1:{free_port()}"])
     extra = ["--catalog", str(CATALOG)]
     try:
-        with running_daemon(backend=args.backend, extra=extra, ready_timeout=90) as daemon:
+        first = [*extra, "--engine-threads", str(args.engine_threads[0])]
+        with running_daemon(backend=args.backend, extra=first, ready_timeout=90) as daemon:
             unix, tcp = daemon.unix_target, daemon.tcp_target
             found["round_trip"] = plan.step(
                 "accy same-host round trip, tiny kernel",
@@ -219,13 +243,7 @@ def accy_series(plan: Plan, args: argparse.Namespace, iters: dict[str, int]) -> 
                     }
                 ),
             )
-            for name in TARGETS_US:
-                specs = _rate_specs(
-                    "accy-rate", args.clients, target=unix, iters=iters[name], seconds=seconds
-                )
-                found[f"clients_{name}"] = plan.step(
-                    f"accy {args.clients} clients, {name} kernel", functools.partial(many, specs)
-                )
+            clients(found, unix, "")
             for key, every in (("remote_rate", REMOTE_SYNC_EVERY), ("remote_rate_16", 16)):
                 found[key] = plan.step(
                     f"accy remote (TCP) one client, tiny kernel, wait=False, waited every {every}",
@@ -264,6 +282,16 @@ def accy_series(plan: Plan, args: argparse.Namespace, iters: dict[str, int]) -> 
                     }
                 ),
             )
+        for threads in args.engine_threads[
+            1:
+        ]:  # the engine with more threads, then the Python loop
+            more = [*extra, "--engine-threads", str(threads)]
+            with running_daemon(backend=args.backend, extra=more, ready_timeout=90) as daemon:
+                clients(found, daemon.unix_target, f"_engine{threads}", ("short",))
+        if args.python_engine:
+            slow = [*extra, "--engine", "python"]
+            with running_daemon(backend=args.backend, extra=slow, ready_timeout=90) as daemon:
+                clients(found, daemon.unix_target, "_python_engine")
     finally:
         echo.close()
     return found
@@ -283,6 +311,7 @@ def _report_head(args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
         "grpc": grpc.__version__,
         "clients": args.clients,
+        "engine_threads": args.engine_threads,
         "seconds": args.seconds,
         "iterations": args.iterations,
     }
@@ -301,6 +330,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="length of each rate series")
     parser.add_argument("--iterations", type=int, help="samples of each round-trip series")
     parser.add_argument("--budget", type=float, default=420.0, help="skip series after this (s)")
+    parser.add_argument(
+        "--engine-threads",
+        default="1",
+        help="native engine threads: the first for every series, the others (comma-separated) "
+        "for the N-client series on the short kernel again (each its own daemon)",
+    )
+    parser.add_argument(
+        "--python-engine",
+        action="store_true",
+        help="the N-client series again on a daemon whose rings the Python loop takes",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -310,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds = 0.5 if host else 2.0
     if args.iterations is None:
         args.iterations = 100 if host else 2000
+    try:
+        args.engine_threads = [int(n) for n in str(args.engine_threads).split(",")]
+    except ValueError:
+        parser.error("--engine-threads is a comma-separated list of thread counts")
     if args.clients < 1 or args.seconds <= 0 or args.iterations < 10:
         parser.error("--clients must be at least 1, --seconds positive, --iterations >= 10")
 

@@ -1,12 +1,12 @@
-"""Where one same-host ring launch spends CPU: the client, the submitter, and the wake-up path.
+"""Where one same-host ring launch spends CPU: the client, and the daemon behind its ring.
 
 Run from the repository root (no GPU needed):
 
     python bench/ring_cost.py [--backend recording|host|cuda] [--count 20000] [--rtt 2000]
-                              [--spin auto|on|off] [--profile client|submitter] [--json F]
+                              [--engine auto|native|python] [--profile client] [--json F]
 
 It runs the daemon's server in this process (its event loop on a thread, the
-ring's submitter thread as ``accyd serve`` runs it) and one client in a child
+ring engine as ``accyd serve`` runs it) and one client in a child
 process that uses only the public client API on the Unix socket: saxpy on one
 element (``recording``: no device at all, so only accy's own Python shows;
 ``host``: the CI backend, whose numpy kernels share the daemon's GIL; ``cuda``).
@@ -20,16 +20,13 @@ Series:
   sharing benchmark's one-client loop): launches/s;
 - *window*: ``launch(wait=False)`` only, one wait at the end: the pipeline's rate,
   bounded by the slower of the two sides;
-- *rtt*: ``launch(wait=True)``, p50 / p99, and (traced, a second run) where one
-  round trip goes: the client before its record is published, publish to the
-  submitter taking it (and the submitter's poll interval around then), the
-  take, take to ``done`` published, ``done`` to the client's return.
+- *rtt*: ``launch(wait=True)``, p50 / p99.
 
-The daemon side is measured by wrapping ``ServerRing.take`` and ``settle``:
-wall and CPU time per record taken, records per take, and the submitter
-thread's CPU time (spinning included). ``--profile`` prints the top functions
-of one side (cProfile); ``--spin`` makes the submitter spin as on a machine of
-many CPUs, or nap as on one of few (by default: by this machine's CPUs).
+The daemon's side of each series: how many records the engine launched by ticket
+and how many it handed to Python, and the daemon process's CPU time per record
+(the native engine's threads run outside the GIL; they spin while work is in
+flight). ``--engine`` picks the engine; ``--profile client`` prints the client's
+top functions (cProfile).
 """
 
 from __future__ import annotations
@@ -83,7 +80,6 @@ def _bursts(
 def _client(target: str, args: dict[str, Any], conn: Any) -> None:
     """One client: the series above, each result sent back over ``conn``."""
     from accy import Client
-    from accy._ring import Ring
 
     count, rtt, bursts = int(args["count"]), int(args["rtt"]), int(args["bursts"])
     profile = cProfile.Profile() if args["profile"] == "client" else None
@@ -143,26 +139,8 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
         out["rtt_p50_us"] = times[len(times) // 2] / 1e3
         out["rtt_p99_us"] = times[int(len(times) * 0.99)] / 1e3
 
-        phase("trace")  # when each record was published; the daemon traces its side
         ring = session._ring
         assert ring is not None, "the session did not launch on a ring"
-        publish = Ring._publish
-        marks: list[int] = []
-
-        def traced(self: Ring) -> int:
-            marks.append(clock())
-            return publish(self)
-
-        Ring._publish = traced  # type: ignore[method-assign]
-        trace = []
-        try:
-            for _ in range(rtt):
-                t0 = clock()
-                waited()
-                trace.append((ring.ring.head - 1, t0, marks[-1], clock()))
-        finally:
-            Ring._publish = publish  # type: ignore[method-assign]
-        out["trace"] = trace
 
         phase("path")  # the ring path without Session: a kept plan and the scalars
         specs = session._ring_specs
@@ -196,82 +174,32 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
     conn.send(("done", out))
 
 
-# The daemon, instrumented -------------------------------------------------------------------
+# The daemon, measured ----------------------------------------------------------------------
 
 
 class Meter:
-    """Time the submitter spends in ``take`` and ``settle``; traced timestamps by record."""
+    """The daemon's side of each phase: its process's CPU time (the event loop, the engine's
+    threads) and the engine's own counts of records it launched by ticket and handed to
+    Python, per record the client published."""
 
-    def __init__(self, profile: bool) -> None:
-        self.take_ns = self.take_cpu_ns = self.settle_ns = self.idle_ns = 0
-        self.taken = self.batches = self.settles = 0
-        self.tracing = False
-        self.taken_at: dict[int, tuple[int, int]] = {}
-        self.polled_before: dict[int, int] = {}
-        self.last_poll = 0
-        self.done_at: dict[int, int] = {}
-        self.profile = cProfile.Profile() if profile else None
-        self.cpu_clock: int | None = None
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.reset()
 
     def reset(self) -> None:
-        self.take_ns = self.take_cpu_ns = self.settle_ns = self.idle_ns = 0
-        self.taken = self.batches = self.settles = 0
+        self.cpu0 = time.process_time()
+        self.stats0 = self.engine.stats() if self.engine is not None else {}
 
-    def install(self) -> None:
-        from accyd.ring.ring import ServerRing
-
-        take, settle = ServerRing.take, ServerRing.settle
-        clock, cpu = time.perf_counter_ns, time.thread_time_ns
-        meter = self
-
-        def timed_take(ring: ServerRing, limit: int) -> int:
-            if meter.cpu_clock is None:
-                meter.cpu_clock = time.pthread_getcpuclockid(threading.get_ident())
-            first = ring._tail
-            c0, t0 = cpu(), clock()
-            if meter.profile is not None:
-                taken = meter.profile.runcall(take, ring, limit)
-            else:
-                taken = take(ring, limit)
-            t1, c1 = clock(), cpu()
-            last_poll, meter.last_poll = meter.last_poll, t0
-            if taken:
-                if meter.tracing:
-                    meter.polled_before[first] = last_poll
-                meter.take_ns += t1 - t0
-                meter.take_cpu_ns += c1 - c0
-                meter.taken += taken
-                meter.batches += 1
-                if meter.tracing:
-                    for seq in range(first, first + taken):
-                        meter.taken_at[seq] = (t0, t1)
-            else:
-                meter.idle_ns += t1 - t0
-            return taken
-
-        def timed_settle(ring: ServerRing) -> bool:
-            before = ring._done
-            t0 = clock()
-            if meter.profile is not None:
-                moved = meter.profile.runcall(settle, ring)
-            else:
-                moved = settle(ring)
-            t1 = clock()
-            if moved:
-                meter.settle_ns += t1 - t0
-                meter.settles += 1
-                if meter.tracing:
-                    for seq in range(before, ring._done):
-                        meter.done_at[seq] = t1
-            else:
-                meter.idle_ns += t1 - t0
-            return moved
-
-        ServerRing.take = timed_take  # type: ignore[method-assign]
-        ServerRing.settle = timed_settle  # type: ignore[method-assign]
-
-    def cpu_ns(self) -> int:
-        return 0 if self.cpu_clock is None else time.clock_gettime_ns(self.cpu_clock)
+    def side(self) -> dict[str, float]:
+        now = self.engine.stats() if self.engine is not None else {}
+        fast = now.get("fast_records", 0) - self.stats0.get("fast_records", 0)
+        slow = now.get("slow_records", 0) - self.stats0.get("slow_records", 0)
+        records = max(fast + slow, 1)
+        return {
+            "ticketed_records": fast,
+            "python_records": slow,
+            "daemon_cpu_us_per_record": (time.process_time() - self.cpu0) / records * 1e6,
+        }
 
 
 class ServerThread:
@@ -316,54 +244,12 @@ class ServerThread:
 # The run ------------------------------------------------------------------------------------
 
 
-def _per(meter: Meter, cpu0: int) -> dict[str, float]:
-    taken = max(meter.taken, 1)
-    return {
-        "take_us_per_record": meter.take_ns / taken / 1e3,
-        "take_cpu_us_per_record": meter.take_cpu_ns / taken / 1e3,
-        "records_per_batch": meter.taken / max(meter.batches, 1),
-        "settle_us_per_record": meter.settle_ns / taken / 1e3,
-        "settle_us_per_call": meter.settle_ns / max(meter.settles, 1) / 1e3,
-        "submitter_cpu_us_per_record": (meter.cpu_ns() - cpu0) / taken / 1e3,
-    }
-
-
-def _phases(trace: list[tuple[int, int, int, int]], meter: Meter) -> dict[str, float]:
-    """Median of each part of a traced round trip (clocks are CLOCK_MONOTONIC in both)."""
-    parts: dict[str, list[float]] = {
-        "client before publish": [],
-        "publish -> take starts": [],
-        "  poll interval around it": [],
-        "take": [],
-        "take ends -> done published": [],
-        "done published -> client returns": [],
-    }
-    for seq, t0, published, t1 in trace:
-        if seq not in meter.taken_at or seq not in meter.done_at:
-            continue
-        took0, took1 = meter.taken_at[seq]
-        done = meter.done_at[seq]
-        poll = took0 - meter.polled_before.get(seq, took0)
-        for name, value in zip(
-            parts,
-            (published - t0, took0 - published, poll, took1 - took0, done - took1, t1 - done),
-            strict=True,
-        ):
-            parts[name].append(value / 1e3)
-    return {name: statistics.median(values) for name, values in parts.items() if values}
-
-
 def run(
-    backend: str, count: int, rtt: int, bursts: int, profile: str, spin: str = "auto"
+    backend: str, count: int, rtt: int, bursts: int, profile: str, engine: str = "auto"
 ) -> dict[str, Any]:
-    if spin != "auto":  # as on a machine of many CPUs (on) or few (off)
-        from accyd.ring import submitter
-
-        submitter.SPIN_CPUS = 0 if spin == "on" else 1 << 20
-    meter = Meter(profile == "submitter")
-    meter.install()
     folder = Path(tempfile.mkdtemp(prefix="accy-ring-cost-"))
-    server = ServerThread(folder, backend)
+    server = ServerThread(folder, backend, engine=engine)
+    meter = Meter(server.server.engine)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     settings = {
@@ -377,7 +263,6 @@ def run(
     result: dict[str, Any] = {}
     try:
         child.start()
-        cpu0 = meter.cpu_ns()
         sides: dict[str, dict[str, float]] = {}
         current = "warm"
         while True:
@@ -387,30 +272,25 @@ def run(
             if kind == "done":
                 result = value
                 break
-            sides[current] = _per(meter, cpu0)
+            sides[current] = meter.side()
             current = value
-            meter.tracing = current == "trace"
             meter.reset()
-            cpu0 = meter.cpu_ns()
             here.send("go")
-        result["submitter"] = sides
-        result["phases"] = _phases(result.pop("trace"), meter)
+        result["daemon"] = sides
+        result["engine"] = server.server.engine.kind if server.server.engine else None
+        result.pop("trace", None)
     finally:
         child.join(60)
         if child.is_alive():
             child.kill()
         server.stop()
-    if meter.profile is not None:
-        text = io.StringIO()
-        pstats.Stats(meter.profile, stream=text).sort_stats("tottime").print_stats(25)
-        result["profile"] = text.getvalue()
     return result
 
 
 def report(backend: str, result: dict[str, Any]) -> str:
     from accy._table import markdown
 
-    sides = result["submitter"]
+    sides = result["daemon"]
     burst, path, ring = result["burst"], result["path"], result["ring"]
     rows = [
         [
@@ -430,14 +310,12 @@ def report(backend: str, result: dict[str, Any]) -> str:
         side = sides[name]
         rows += [
             [
-                f"submitter in {name}: take µs per record (wall / CPU)",
-                f"{side['take_us_per_record']:.2f} / {side['take_cpu_us_per_record']:.2f}",
+                f"daemon in {name}: records by ticket / by Python",
+                f"{side['ticketed_records']:,.0f} / {side['python_records']:,.0f}",
             ],
-            [f"submitter in {name}: records per take", f"{side['records_per_batch']:.1f}"],
-            [f"submitter in {name}: settle µs per record", f"{side['settle_us_per_record']:.2f}"],
             [
-                f"submitter in {name}: thread CPU µs per record (spin too)",
-                f"{side['submitter_cpu_us_per_record']:.2f}",
+                f"daemon in {name}: process CPU µs per record (engine spin too)",
+                f"{side['daemon_cpu_us_per_record']:.2f}",
             ],
         ]
     rows += [
@@ -445,10 +323,9 @@ def report(backend: str, result: dict[str, Any]) -> str:
         ["window (one wait at the end): launches/s", f"{result['window_per_s']:,.0f}"],
         ["round trip p50 / p99, µs", f"{result['rtt_p50_us']:.1f} / {result['rtt_p99_us']:.1f}"],
     ]
-    rows += [
-        [f"traced round trip: {name}", f"{value:.1f}"] for name, value in result["phases"].items()
-    ]
-    return f"ring cost, {backend} backend, saxpy n=1\n" + markdown(["series", "value"], rows)
+    return f"ring cost, {backend} backend, {result['engine']} engine, saxpy n=1\n" + markdown(
+        ["series", "value"], rows
+    )
 
 
 def main() -> int:
@@ -457,17 +334,14 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=20000)
     parser.add_argument("--rtt", type=int, default=2000)
     parser.add_argument("--bursts", type=int, default=60, help=f"of {BURST} launches")
-    parser.add_argument("--profile", choices=("", "client", "submitter"), default="")
+    parser.add_argument("--profile", choices=("", "client"), default="")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--spin",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="the submitter spins between rounds: by CPU count, or as if on many or few",
+        "--engine", choices=("auto", "native", "python"), default="auto", help="the ring engine"
     )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    result = run(args.backend, args.count, args.rtt, args.bursts, args.profile, args.spin)
+    result = run(args.backend, args.count, args.rtt, args.bursts, args.profile, args.engine)
     if "profile" in result:
         print(result.pop("profile"))
     if args.json is not None:

@@ -165,6 +165,15 @@ class Config:
         False, "hand out no same-host submission rings: local clients launch over gRPC",
         bool_text, switch=True,
     )  # fmt: skip
+    engine: str = setting(
+        "auto", "what takes the rings' records: native (C threads launch checked tickets), "
+        "python (a Python loop checks every record), or auto (native where it is built)",
+        choice("auto", "native", "python"), metavar="auto|native|python", group="tuning",
+    )  # fmt: skip
+    engine_threads: int = setting(
+        1, "native engine threads (each takes a share of the rings)", int_text, metavar="N",
+        group="tuning",
+    )  # fmt: skip
     unix_trusted: bool = setting(
         False, "with --tokens: calls on the Unix socket without a token are the default "
         "tenant", bool_text, group="security", switch=True,
@@ -287,6 +296,8 @@ class Config:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
+        if not 1 <= self.engine_threads <= 16:
+            raise ValueError("engine_threads is 1..16")
         if self.device_gpus and not self.uses_device_workers:
             raise ValueError("--device-gpu needs device workers (--device-workers)")
         unknown = sorted({index for index, _ in self.device_gpus} - set(self.devices))

@@ -19,7 +19,6 @@ from accyd.config import Config
 from accyd.core.daemon import Daemon
 from accyd.errors import DeviceFault
 from accyd.metrics import Metrics
-from accyd.shm import Segments
 from accyd.workers.pool import DevicePool
 
 __all__ = ["open_backends", "replace_device"]
@@ -58,15 +57,11 @@ def open_backends(
 
 
 def replace_device(
-    pool: DevicePool | None,
-    daemon: Daemon,
-    segments: Segments,
-    metrics: Metrics,
-    fault: DeviceFault,
+    pool: DevicePool | None, daemon: Daemon, metrics: Metrics, fault: DeviceFault
 ) -> None:
     """*Blocking*: after a fault on one isolated device, its warm spare serves it (the
-    daemon drops what its clients held there, their open segments are pinned again for
-    the new worker) and the faulted worker process ends."""
+    daemon drops what its clients held there, and its extensions hear of it: open
+    segments are pinned again for the new worker) and the faulted worker process ends."""
     device = fault.device
     if device is None or pool is None:
         return
@@ -78,12 +73,9 @@ def replace_device(
         log.error("device replacement failed", device=device, error=str(error))
         return
     daemon.replace_device(device, backend)
-    serving = time.monotonic() - started
-    repinned = segments.repin(device, backend)
     log.info(
         "device serving again",
         device=device,
         session_id=fault.session,
-        seconds=round(serving, 4),
-        segments_repinned=repinned,
+        seconds=round(time.monotonic() - started, 4),
     )

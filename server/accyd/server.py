@@ -20,8 +20,8 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -32,19 +32,22 @@ from accyd.auth import TokenTable
 from accyd.backends.base import Backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
-from accyd.core.daemon import CatalogView, Daemon
+from accyd.core.daemon import CatalogView, Daemon, LaunchTicket
 from accyd.devices import open_backends, replace_device
+from accyd.engine.auto import RingEngine, open_engine
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
 from accyd.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.kserve.servicer import KServeServicer
 from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
 from accyd.memtune import keep_freed_memory
-from accyd.metrics import Metrics
+from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
+from accyd.ring.ring import Blocking
 from accyd.service.auth import Admitting, Authenticator, default_principal
 from accyd.service.calls import CallTracker
 from accyd.service.health import Health
+from accyd.service.ring_stream import RingStreams
 from accyd.service.servicer import SERVICE_NAME, LaunchServicer
 from accyd.service.tls import server_credentials
 from accyd.shm import Segments
@@ -92,6 +95,8 @@ class Server:
         self.exit_code = 0
         self._claims: list[SocketClaim] = []
         self.rings: RingDoor | None = None
+        self.engine: RingEngine | None = None
+        """Takes every ring's records (shared rings and rings over a stream)."""
         self._pool: DevicePool | None = None
         """The device worker processes, when each device runs in one of its own."""
         self._health_grpc: grpc.aio.Server | None = None
@@ -142,6 +147,20 @@ class Server:
         metrics.device_faults.inc(self.lineage.device_faults)
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
         self.calls = CallTracker(self._executor)
+        ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
+        blocking = self._blocking_for_rings(loop)
+        ring_streams = None
+        if not config.no_rings:
+            self.engine = open_engine(
+                self.daemon,
+                kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
+                threads=config.engine_threads,
+                observer=ring_counts,
+                launches_per_client=self.daemon.launches_per_client,
+            )
+            ring_streams = RingStreams(
+                self.daemon, self.engine, observer=ring_counts, blocking=blocking
+            )
         self.servicer = LaunchServicer(
             self.daemon,
             self.calls,
@@ -153,7 +172,8 @@ class Server:
             quotas=config.quotas,
             metrics=metrics,
             lineage=self.lineage,
-            ring_streams=not config.no_rings,
+            ring_streams=ring_streams,
+            ring_counts=ring_counts,
         )
         self.kserve: KServeServicer | None = None
         if config.kserve:  # the KServe v2 door, admitted as the launch service is
@@ -206,15 +226,24 @@ class Server:
         await self._grpc.start()
         for claim in self._claims:
             claim.bound()
-        if self._claims and not config.no_rings:
+        if self._claims and self.engine is not None:
             # Beside the first Unix socket, with its mode: who may call may take a ring.
             self.rings = self.servicer.rings = RingDoor(
-                self.daemon, self._claims[0].path, observer=self.servicer.ring_counts
+                self.daemon,
+                self._claims[0].path,
+                self.engine,
+                observer=ring_counts,
+                blocking=blocking,
             )
             self.servicer.segments = self.rings.copier.copies = Segments(
                 self.daemon, self.rings.handoff
             )
+            self.daemon.extend(self.rings)  # a detached client's rings close first
             self.rings.start()
+        self.daemon.extend(self.servicer.segments)
+        if self.engine is not None:
+            self.daemon.extend(self.engine)
+            self.engine.start()
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
         await self.health.set_serving(True)
@@ -228,6 +257,8 @@ class Server:
             device=backend.device_name,
             listen=self.addresses,
             rings=None if self.rings is None else str(self.rings.path),
+            engine=None if self.engine is None else self.engine.kind,
+            engine_threads=None if self.engine is None else self.engine.threads,
             instance_id=self.daemon.instance_id,
             pid=os.getpid(),
             tls=credentials is not None,
@@ -294,7 +325,17 @@ class Server:
             claim.release()
 
     def _replace_device(self, fault: DeviceFault) -> None:
-        replace_device(self._pool, self.daemon, self.servicer.segments, self.metrics, fault)
+        replace_device(self._pool, self.daemon, self.metrics, fault)
+
+    def _blocking_for_rings(self, loop: asyncio.AbstractEventLoop) -> Blocking:
+        """How a ring's launch that allocates scratch of its own runs: on the device-work
+        threads, within its client's share, as a gRPC call's would (never on the engine)."""
+        calls = self.calls
+
+        def run(client_id: str, finish: Callable[[], LaunchTicket]) -> Future[LaunchTicket]:
+            return asyncio.run_coroutine_threadsafe(calls.blocking_for(client_id, finish), loop)
+
+        return run
 
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
@@ -376,6 +417,8 @@ class Server:
             await _within(self.kserve.close(), detach_within, "kserve client detach")
         if self.rings is not None:
             await asyncio.to_thread(self.rings.close)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)
         if self._health_grpc is not None:  # it said NOT_SERVING since the drain began
             await self._health_grpc.stop(0)
         await asyncio.to_thread(self.servicer.segments.close_all)

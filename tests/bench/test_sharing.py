@@ -24,6 +24,8 @@ ACCY_SERIES: dict[str, list[tuple[str, ...]]] = {
     "one_client": [("per_second",)],
     "clients_short": [("per_second",)],
     "clients_long": [("per_second",)],
+    "clients_short_waited": [("per_second",)],
+    "clients_long_waited": [("per_second",)],
     "remote_rate": [("per_second",)],
     "remote_round_trip": [("launch", "p50_us"), ("stream_echo", "p50_us"), ("request_bytes",)],
     "scan": [("p50_us",), ("p99_us",)],
@@ -77,29 +79,34 @@ def test_ratios_compare_against_each_baseline_and_say_whether_the_goal_is_met() 
                 "one_stream": {"short": {"per_second": 100.0}},
             },
             "mps_long": {"per_second": 1000.0},
-            "own_contexts_short": {"per_second": 50.0},
+            "mps_long_waited": {"per_second": 100.0},
+            "mps_short_waited": {"per_second": 400.0},
             "mps_short": {"error": "MPS did not start"},
         },
         "accy": {
-            "round_trip": {"launch": {"p50_us": 25.0}},
+            "round_trip": {"launch": {"p50_us": 15.0}},
             "one_client": {"per_second": 80.0},
             "clients_long": {"per_second": 950.0},
             "clients_short": {"per_second": 120.0},
-            "remote_rate": {"per_second": 25_000.0},
-            "remote_round_trip": {"launch": {"p50_us": 260.0}, "stream_echo": {"p50_us": 200.0}},
+            "clients_long_waited": {"per_second": 95.0},
+            "clients_short_waited": {"per_second": 200.0},
+            "remote_rate": {"per_second": 80_000.0},
+            "remote_round_trip": {"launch": {"p50_us": 320.0}, "stream_echo": {"p50_us": 200.0}},
             "scan": {"p50_us": 11.0},
         },
     }
-    found = {row["goal"].split(" ")[0] + str(i): row for i, row in enumerate(ratios(report))}
-    values = [(round(r["value"], 3) if r["value"] else None, r["met"]) for r in found.values()]
+    values = [(round(r["value"], 3) if r["value"] else None, r["met"]) for r in ratios(report)]
     assert values == [
-        (2.5, False),  # round trip 25 / 10
-        (0.8, True),  # one client 80 / 100
-        (0.95, True),  # 8 clients long 950 / 1000
-        (2.4, True),  # 8 clients short 120 / 50
+        (1.5, True),  # round trip 15 / 10
+        (0.8, False),  # one client 80 / 100
+        (0.95, True),  # 8 clients waited, long: 95 / 100
+        (0.5, False),  # 8 clients waited, short: 200 / 400
+        (0.95, True),  # 8 clients every 16, long: 950 / 1000
         (None, None),  # MPS short failed: no ratio, not judged
-        (25_000.0, True),  # remote launches/s, absolute
-        (1.3, True),  # remote round trip 260 / 200
+        (0.95, False),  # moonshot long
+        (None, None),  # moonshot short
+        (80_000.0, True),  # remote launches/s, absolute
+        (1.6, False),  # remote round trip 320 / 200
         (1.1, True),  # scan 11 / 10
     ]
 

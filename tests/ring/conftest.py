@@ -1,4 +1,6 @@
-"""The ring tests' daemon: the host backend behind a ring door on a temporary socket path."""
+"""The ring tests' daemon behind a ring door on a temporary socket path: the host backend with
+its rings taken by each engine in turn (the native one, and the Python loop), and the CUDA
+backend with the native engine where a GPU is present."""
 
 from __future__ import annotations
 
@@ -7,18 +9,57 @@ from pathlib import Path
 
 import pytest
 
+from accyd.backends.cuda import cuda_available
+from accyd.catalog import load_catalog
 from accyd.core.daemon import Daemon
+from accyd.engine.auto import EngineKind, RingEngine, open_engine
 from accyd.ring import RingDoor
 from tests.core.daemon_fixtures import host_daemon
 
+ENGINES: list[EngineKind] = ["native", "python"]
+_CUDA = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_available(), reason="no CUDA driver or device here"),
+]
+
+
+@pytest.fixture(
+    params=[
+        ("host", "native"),
+        ("host", "python"),
+        pytest.param(("cuda", "native"), marks=_CUDA, id="cuda-native"),
+    ],
+    ids=lambda p: "-".join(p) if isinstance(p, tuple) else p,
+)
+def where(request: pytest.FixtureRequest) -> tuple[str, EngineKind]:
+    backend, kind = request.param
+    return backend, kind
+
 
 @pytest.fixture
-def door(tmp_path: Path) -> Iterator[tuple[Daemon, RingDoor]]:
-    daemon, _ = host_daemon()
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock")
+def door(tmp_path: Path, where: tuple[str, EngineKind]) -> Iterator[tuple[Daemon, RingDoor]]:
+    backend_kind, engine_kind = where
+    if backend_kind == "cuda":
+        from accyd.backends.cuda.backend import CudaBackend
+
+        daemon = Daemon(load_catalog(), {0: CudaBackend(0, cache_dir=tmp_path / "cache")})
+    else:
+        daemon, _ = host_daemon()
+    engine = open_engine(daemon, kind=engine_kind)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine)
+    daemon.extend(ring_door)
+    engine.start()
     ring_door.start()
     try:
         yield daemon, ring_door
     finally:
         ring_door.close()
+        engine.close()
         daemon.close()
+
+
+@pytest.fixture
+def engine_of(door: tuple[Daemon, RingDoor]) -> RingEngine:
+    """The engine behind ``door``."""
+    engine: RingEngine = door[1]._engine  # type: ignore[assignment]
+    return engine

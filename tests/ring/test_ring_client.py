@@ -160,7 +160,7 @@ def test_released_sessions_and_freed_buffers_leave_no_handle_on_either_side(
     client.load(SAXPY).launch([x, x], [x], wait=True, n=N, a=0.0)  # the ring took the unbinds
     rings = served.server.rings
     assert rings is not None
-    (ring,) = [r for r in rings._submitter._rings.values() if r.client_id == client.client_id]
+    (ring,) = [r for r in rings._by_client[client.client_id].values()]
     assert len(ring._sessions) <= 2 and len(ring._buffers) <= 3, (ring._sessions, ring._buffers)
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,14 +13,11 @@ import pytest
 from accy._ring import Ring
 from accy.protocol import ring as layout
 from accyd.backends.base import BackendKind
-from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.model import ScalarSpec
-from accyd.errors import QuotaExceeded
-from accyd.ring.door import RingDoor, flight_spin_for
+from accyd.catalog.dtypes import DType
+from accyd.engine.auto import open_engine
+from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.ring.door import RingDoor
 from accyd.ring.memory import RingMemory
-from accyd.ring.records import Batch
-from accyd.ring.ring import ServerRing
-from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
 from tests.core.daemon_fixtures import host_daemon
 
 SAXPY_SCALARS = struct.Struct("<I4xf4x48x")
@@ -86,11 +82,12 @@ def test_records_read_as_one_batch_across_the_end_of_the_ring(
     memory.set_u64(layout.DONE, 6)
     seqs = [ring.launch_fixed(fixed, SAXPY_SCALARS, (s, 2.0), False, 1.0) for s in range(6)]
     assert seqs == list(range(6, 12))  # slots 6, 7, 0, 1, 2, 3
-    batch = Batch(memory.records(6, 6), 6)
-    assert [batch.seq(i) for i in range(6)] == seqs
+    records = memory.records(6, 6)
+    slots = [records[i * layout.SLOT_SIZE : (i + 1) * layout.SLOT_SIZE] for i in range(6)]
+    assert [int.from_bytes(slot[:8], "little") for slot in slots] == seqs
     for index, seq in enumerate(seqs):
-        assert batch.slot(index) == memory.record(seq)
-        assert struct.unpack_from("<I", batch.slot(index), layout.SCALARS_OFFSET) == (index,)
+        assert slots[index] == memory.record(seq)
+        assert struct.unpack_from("<I", slots[index], layout.SCALARS_OFFSET) == (index,)
     assert memory.records(6, 2) == memory.record(6) + memory.record(7)
 
 
@@ -118,110 +115,29 @@ def test_a_ring_sees_new_errors_without_reading_them(pair: tuple[RingMemory, Rin
     assert not ring.has_errors()
 
 
-def test_the_submitter_spins_on_launches_in_flight_only_where_threads_do_not_run_them() -> None:
+def test_the_loop_spins_on_launches_in_flight_only_where_threads_do_not_run_them() -> None:
     class Core:
         def __init__(self, kind: BackendKind) -> None:
-            self.backend = type("B", (), {"kind": kind})()
+            self.backends = {0: type("B", (), {"kind": kind})()}
 
-    assert flight_spin_for(Core(BackendKind.HOST)) == 0.0  # type: ignore[arg-type]
-    assert flight_spin_for(Core(BackendKind.CUDA)) == FLIGHT_SPIN_SECONDS  # type: ignore[arg-type]
-
-
-class _Watch:
-    def __init__(self) -> None:
-        self.over = False
-        self.closed = False
-
-    def done(self) -> bool:
-        return self.over
-
-    def outcome(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class _Core:
-    """A core whose bound launch goes stale once, and whose third check after that is refused
-    (a quota): the launches checked again before it are still in flight."""
-
-    def __init__(self) -> None:
-        self.watch = _Watch()
-        self.bound_calls: list[int] = []
-        self.checks = 0
-
-    def frees_of(self, client_id: str) -> int:
-        return 0
-
-    def touch(self, client_id: str) -> None:
-        return None
-
-    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
-        return (ScalarSpec("n", DType.U32), ScalarSpec("a", DType.F32))
-
-    def check_buffer(self, client_id: str, buffer_id: str) -> None:
-        return None
-
-    def bind_launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-    ) -> Any:
-        self.checks += 1
-        if self.checks == 4:  # the third record of the run, checked again
-            raise QuotaExceeded("too many launches in flight", quota="launches")
-        return ("bound", session_id)
-
-    def launch_bound(self, bound: Any, count: int = 1) -> bool:
-        self.bound_calls.append(count)
-        return count == 1  # a run of several finds it stale
-
-    def newest_launch(self, client_id: str, session_id: str) -> _Watch:
-        return self.watch
-
-    def launch_outcome(self, session_id: str, watch: Any) -> None:
-        return None
-
-    def reap(self, client_id: str, session_id: str) -> None:
-        return None
-
-
-def test_a_run_checked_again_keeps_its_launches_until_they_are_over(
-    pair: tuple[RingMemory, Ring],
-) -> None:
-    memory, ring = pair
-    core = _Core()
-    server = ServerRing("ring_1", "cli_1", memory, core)  # type: ignore[arg-type]
-    ring.bind(layout.Kind.BIND_SESSION, 1, "ses_1", 1.0)
-    ring.bind(layout.Kind.BIND_BUFFER, 2, "buf_x", 1.0)
-    ring.bind(layout.Kind.BIND_BUFFER, 3, "buf_y", 1.0)
-    fixed = Ring.fixed_part(1, [2], [3], 2)
-    ring.launch_fixed(fixed, SAXPY_SCALARS, (4, 1.0), False, 1.0)
-    assert server.take(64) == 4  # three binds and a launch, checked and bound
-    core.watch.over = True
-    assert server.settle() and ring.done == 4
-    core.watch = _Watch()
-    run = [ring.launch_fixed(fixed, SAXPY_SCALARS, (4, 1.0), False, 1.0) for _ in range(3)]
-    assert server.take(64) == 3
-    assert core.bound_calls == [1, 3, 1, 1]  # the run went stale: each record checked again
-    [refused] = ring.errors()
-    assert refused.seq == run[2] and refused.reason == "QUOTA_EXCEEDED"
-    assert not server.settle() and ring.done == 4  # two of them are still in flight
-    core.watch.over = True
-    assert server.settle() and ring.done == 7
-    assert core.watch.closed
+    host = open_engine(Core(BackendKind.HOST), kind="python")  # type: ignore[arg-type]
+    device = open_engine(Core(BackendKind.CUDA), kind="python")  # type: ignore[arg-type]
+    try:
+        assert isinstance(host, PythonLoop) and isinstance(device, PythonLoop)
+        assert host.flight_spin_seconds == 0.0
+        assert device.flight_spin_seconds == (FLIGHT_SPIN_SECONDS if device.spin else 0.0)
+    finally:
+        host.close()
+        device.close()
 
 
 @pytest.mark.parametrize("spin", [True, False])
-def test_launches_complete_whether_the_submitter_spins_or_naps(tmp_path: Path, spin: bool) -> None:
+def test_launches_complete_whether_the_loop_spins_or_naps(tmp_path: Path, spin: bool) -> None:
     daemon, _ = host_daemon()
-    submitter = Submitter(spin=spin)
-    assert submitter.flight_spin_seconds == (FLIGHT_SPIN_SECONDS if spin else 0.0)
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", submitter=submitter)
+    loop = PythonLoop(daemon, spin=spin)
+    assert loop.flight_spin_seconds == (FLIGHT_SPIN_SECONDS if spin else 0.0)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", loop)
+    loop.start()
     ring_door.start()
     try:
         client = daemon.attach("spin").id
@@ -247,4 +163,5 @@ def test_launches_complete_whether_the_submitter_spins_or_naps(tmp_path: Path, s
             ring.close()
     finally:
         ring_door.close()
+        loop.close()
         daemon.close()

@@ -96,7 +96,7 @@ def round_up(size: int, step: int) -> int:
     return -(-size // step) * step
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Stream:
     """An ordered queue of device work. Made by ``create_stream``, freed by ``destroy_stream``."""
 

@@ -13,7 +13,6 @@ import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import Expr, extent_of
@@ -312,10 +311,6 @@ class Pipeline:
     _validated: weakref.WeakKeyDictionary[Registry, set[ArtifactFormat]] = field(
         default_factory=weakref.WeakKeyDictionary, init=False, compare=False, repr=False
     )
-    memo: weakref.WeakKeyDictionary[Registry, dict[Any, Any]] = field(
-        default_factory=weakref.WeakKeyDictionary, init=False, compare=False, repr=False
-    )
-    """Per-registry results that depend only on this pipeline and their key (executor plans)."""
 
     @property
     def operand_count(self) -> int:

@@ -14,12 +14,13 @@ import dataclasses
 import threading
 from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import Protocol
 
 from accyd.core.clients import Client
 from accyd.core.tenants import Quotas, Tenant, Usage
 from accyd.errors import QuotaExceeded
 
-__all__ = ["DEFAULT_LAUNCHES_PER_CLIENT", "Ledger", "Reservation"]
+__all__ = ["DEFAULT_LAUNCHES_PER_CLIENT", "EngineCounts", "Ledger", "Reservation"]
 
 DEFAULT_LAUNCHES_PER_CLIENT = 16384
 """Launches one client may have in flight at once, unless configured otherwise: each
@@ -27,6 +28,23 @@ queued launch holds daemon memory (about 2.4 KiB), so an unbounded queue is a le
 
 CLIENT_LAUNCHES = "client_launches_in_flight"
 """The quota name a refusal by the per-client launch limit is counted and reported under."""
+
+
+class EngineCounts(Protocol):
+    """Launches in flight that an engine launched by itself (its tickets), counted against the
+    same limits as the core's own: the ledger adds them in, and tells it of its own."""
+
+    def in_flight(self, client: Client) -> tuple[int, int]:
+        """The engine's launches in flight of ``client``, and of its tenant."""
+        ...
+
+    def published(self, client: Client) -> None:
+        """The core's own count of ``client`` (or its tenant's) changed, or its quotas did."""
+        ...
+
+    def launched(self) -> int:
+        """Launches the engine made by itself so far (for the daemon's totals)."""
+        ...
 
 
 class Reservation:
@@ -88,6 +106,8 @@ class Ledger:
         self._on_refused = on_refused
         self.tenants: dict[str, Tenant] = {}
         self.refusals: dict[tuple[str, str], int] = {}
+        self.engine: EngineCounts | None = None
+        """An engine's own launches, once one is attached (``Daemon.attach_engine``)."""
 
     def tenant(self, name: str) -> Tenant:
         """The tenant called ``name``, made on first use (call under the lock)."""
@@ -112,21 +132,28 @@ class Ledger:
     def charge(self, client: Client, amount: Usage) -> None:
         """Take ``amount`` (under the lock) or raise ``QuotaExceeded``; prefer ``reserve``."""
         launches = amount.launches_in_flight
+        engine = self.engine
+        theirs = (0, 0) if engine is None or not launches else engine.in_flight(client)
         limit = self.launches_per_client
-        if launches and limit is not None and client.launches_in_flight + launches > limit:
+        have = client.launches_in_flight + theirs[0]
+        if launches and limit is not None and have + launches > limit:
             self._refused(client.tenant, CLIENT_LAUNCHES)
             raise QuotaExceeded(
-                f"client {client.id} has {client.launches_in_flight} launches in flight, the "
-                f"most one client may have is {limit}: wait for some before launching more",
+                f"client {client.id} has {have} launches in flight, the most one client may "
+                f"have is {limit}: wait for some before launching more",
                 quota=CLIENT_LAUNCHES,
             )
-        client.tenant.charge(amount)
+        client.tenant.charge(amount, theirs[1])
         client.launches_in_flight += launches
+        if launches and engine is not None:
+            engine.published(client)
 
     def refund(self, client: Client, amount: Usage) -> None:
         with self.lock:
             client.tenant.refund(amount)
             client.launches_in_flight -= amount.launches_in_flight
+            if amount.launches_in_flight and self.engine is not None:
+                self.engine.published(client)
 
     def launches_over(self, client: Client, launches: int, scratch_bytes: int = 0) -> None:
         """Give back finished launches and the scratch they held (under the lock; no allocation)."""
@@ -135,9 +162,16 @@ class Ledger:
             usage.launches_in_flight -= launches
             usage.memory_bytes -= scratch_bytes
             client.launches_in_flight -= launches
+            if launches and self.engine is not None:
+                self.engine.published(client)
 
-    def usage_of(self, tenant: Tenant) -> Usage:
-        return dataclasses.replace(tenant.usage)
+    def usage_of(self, tenant: Tenant, client: Client | None = None) -> Usage:
+        """``tenant``'s usage, the engine's launches in flight included (``client``: any of
+        its clients, through which the engine is asked)."""
+        usage = dataclasses.replace(tenant.usage)
+        if self.engine is not None and client is not None:
+            usage.launches_in_flight += self.engine.in_flight(client)[1]
+        return usage
 
     def refusals_of(self, tenant: str) -> dict[str, int]:
         return {quota: n for (name, quota), n in self.refusals.items() if name == tenant}

@@ -33,13 +33,12 @@ class Client:
     transfer_streams: dict[int, Stream] = field(default_factory=dict)
     launches_in_flight: int = 0
     """Launches enqueued and not yet found finished, over all its sessions (a limit applies)."""
-    frees: int = 0
-    """Buffers freed so far: a front door that caches checked launches drops them when
-    this moves (they may name a freed buffer and keep it alive)."""
     last_seen: float = field(default_factory=time.monotonic)
     """When the client last made a call (monotonic seconds): how liveness is judged."""
     home_device: int | None = None
     """Where its sessions and buffers go when a request names no device (placed once)."""
+    counter: int = -1
+    """The engine's in-flight counter of this client's launches (-1: none yet)."""
     lost: dict[str, DeviceFault] = field(default_factory=dict)
     """Sessions and buffers that went with an isolated device's fault: calls naming them
     get that fault, not ``NotFound``."""

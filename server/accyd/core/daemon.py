@@ -5,38 +5,43 @@ Operations take and return plain data (ids, numbers, dataclasses). Those marked
 ``*_async`` ones await the device's completions on the event loop and park no
 thread; the rest only enqueue and return. Tables change under one lock, which
 is never held across a device allocation or a wait.
+
+``Daemon`` composes its parts (``Holdings``, ``Launching``, ``Replacing``) over one
+``Tables``; doors extend it with what they keep per client (``Extension``: rings,
+segments, exports), which the daemon closes with the client, in the order added,
+before the client's sessions and buffers go.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from accyd.backends.base import Backend
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline, ScalarSpec
-from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, Ledger
+from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, EngineCounts, Ledger
 from accyd.core.arguments import Tensor
 from accyd.core.buffers import Transfer
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceState
-from accyd.core.executor import (
-    allocate_intermediates,
-    intermediate_byte_sizes,
-)
-from accyd.core.holdings import CatalogView, WouldBlock
+from accyd.core.executor import allocate_intermediates, intermediate_byte_sizes
+from accyd.core.holdings import CatalogView, Holdings
 from accyd.core.ids import CLIENT, INSTANCE, new_id
-from accyd.core.launching import Launching, LaunchTicket
-from accyd.core.marks import MarkWatch
-from accyd.core.placement import load_of
+from accyd.core.launching import Launching, LaunchTicket, WouldBlock
+from accyd.core.replacing import Replacing
 from accyd.core.run import run
 from accyd.core.sessions import order_scalars
-from accyd.core.status import DaemonStatus, DeviceStatus, TenantStatus
+from accyd.core.status import DaemonStatus, TenantStatus, status_of
+from accyd.core.tables import Tables
 from accyd.core.tenants import DEFAULT_TENANT, Quotas, Usage
+from accyd.core.tickets import Revoker
 from accyd.errors import AccyError, DeviceFault, NotFound
 
 __all__ = [
@@ -44,6 +49,7 @@ __all__ = [
     "CatalogView",
     "Daemon",
     "DaemonStatus",
+    "Extension",
     "LaunchTicket",
     "LoadedSession",
     "TenantStatus",
@@ -66,7 +72,19 @@ class LoadedSession:
     device: int
 
 
-class Daemon(Launching):
+class Extension(Protocol):
+    """What a door keeps per client beside the core's tables (rings, segments, exports)."""
+
+    def close_client(self, client_id: str) -> object:
+        """*Blocking*: the client detached: close what it holds here (before its buffers go)."""
+        ...
+
+    def device_replaced(self, device: int, backend: Backend) -> object:
+        """``backend`` serves ``device`` now, after a fault (re-pin, re-target...)."""
+        ...
+
+
+class Daemon:
     """The one way in: attach, load, allocate, launch, wait, release, buffers, run, status."""
 
     def __init__(
@@ -95,36 +113,85 @@ class Daemon(Launching):
         )
         table = dict(backends)
         state = DeviceState(lock, table, on_fault, isolated=isolated)
-        super().__init__(table, lock, ledger, state, ClientTable())
+        self._t = Tables(table, lock, ledger, state, ClientTable())
+        self._holdings = Holdings(self._t)
+        self._launching = Launching(self._t)
+        self._replacing = Replacing(self._t)
+        self._extensions: list[Extension] = []
         self.catalog = catalog
         self.instance_id = new_id(INSTANCE, 9)
         self.started_at = time.monotonic()
-        self.launches_total = 0
-        self.launches_failed = 0
+        # The operations that are the parts' own, as they are.
+        holdings = self._holdings
+        self.release, self.release_async = holdings.release, holdings.release_async
+        self.wait_launch, self.wait_launch_async = holdings.wait_launch, holdings.wait_launch_async
+        self.reap, self.allocate_buffer = holdings.reap, holdings.allocate_buffer
+        self.free_buffer, self.free_buffer_async = holdings.free_buffer, holdings.free_buffer_async
 
     # State ------------------------------------------------------------------
 
     @property
+    def backends(self) -> dict[int, Backend]:
+        return self._t.backends
+
+    @property
     def backend(self) -> Backend:
         """The first device's backend (what status and the formats list describe)."""
-        return self.backends[min(self.backends)]
+        return self._t.backends[min(self._t.backends)]
 
     @property
     def serving(self) -> bool:
-        return self._state.serving
+        return self._t.state.serving
 
     @property
     def fault(self) -> DeviceFault | None:
-        return self._state.fault
+        return self._t.state.fault
+
+    @property
+    def launches_per_client(self) -> int | None:
+        """The per-client limit on launches in flight (``None``: none)."""
+        return self._t.ledger.launches_per_client
+
+    @property
+    def launches_total(self) -> int:
+        return self._launching.launches_total
+
+    @property
+    def launches_failed(self) -> int:
+        return self._launching.launches_failed
 
     def device_lost(self, device: int, fault: DeviceFault) -> None:
         """Isolated ``device`` was lost outside any call (its worker process died): latch it,
         which has it replaced (``on_fault``)."""
-        self._state.device_lost(device, fault)
+        self._t.state.device_lost(device, fault)
+
+    def note_fault(self, fault: DeviceFault, session_id: str | None, device: int) -> DeviceFault:
+        """A fault met outside any call (an engine's launch or completion on ``device``):
+        latch it as every door's wait latches it; the error to report in its place."""
+        return self._t.state.noted(fault, session_id, self._t.backends.get(device))
 
     def begin_drain(self) -> None:
         """Refuse new work from now on (``Unavailable``); reads, waits and frees still work."""
-        self._state.begin_drain()
+        self._t.state.begin_drain()
+
+    def attach_engine(
+        self,
+        revoker: Revoker,
+        counts: EngineCounts,
+        watch: Callable[[DeviceState], None],
+    ) -> None:
+        """A ring engine that launches tickets by itself: its epochs, its counters, and a
+        watcher of the device state (drain, faults) that it stops or goes on by."""
+        with self._t.lock:
+            self._t.revoker = revoker
+            self._t.ledger.engine = counts
+            self._t.state.watchers.append(watch)
+
+    def extend(self, extension: Extension) -> None:
+        """Close ``extension``'s share of each client as the client detaches, and tell it of
+        devices replaced; in the order added (a ring door first: nothing of a client's rings
+        is taken after that)."""
+        self._extensions.append(extension)
 
     # Clients ----------------------------------------------------------------
 
@@ -132,32 +199,41 @@ class Daemon(Launching):
         self, name: str = "", tenant: str = DEFAULT_TENANT, quotas: Quotas | None = None
     ) -> Client:
         """A new client of ``tenant``; ``quotas`` (from its credentials) replace the tenant's."""
-        with self._lock:
-            self._state.check_serving()
-            owner = self._ledger.tenant(tenant)
-            if quotas is not None:
-                owner.quotas = quotas
+        t = self._t
+        with t.lock:
+            t.state.check_serving()
+            owner = t.ledger.tenant(tenant)
             client = Client(new_id(CLIENT), name, owner)
-            self._clients.add(client)
+            if quotas is not None and quotas != owner.quotas:
+                owner.quotas = quotas
+                if t.ledger.engine is not None:
+                    t.ledger.engine.published(client)
+            t.clients.add(client)
         log.info("client attached", client_id=client.id, tenant=tenant, client_name=name)
         return client
 
     def client(self, client_id: str) -> Client:
-        with self._lock:
-            return self._clients.get(client_id)
+        with self._t.lock:
+            return self._t.clients.get(client_id)
 
     def charge(self, client_id: str, usage: Usage) -> Client:
         """Charge ``usage`` to an attached client while serving, for memory held outside the
         core's tables (shared segments); ``QuotaExceeded`` past its tenant's quotas."""
-        with self._lock:
-            self._state.check_serving()
-            client = self._clients.get(client_id)
-            self._ledger.charge(client, usage)
+        with self._t.lock:
+            self._t.state.check_serving()
+            client = self._t.clients.get(client_id)
+            self._t.ledger.charge(client, usage)
         return client
 
     def refund(self, client: Client, usage: Usage) -> None:
         """Give back what ``charge`` took."""
-        self._ledger.refund(client, usage)
+        self._t.ledger.refund(client, usage)
+
+    def touch(self, client_id: str) -> None:
+        """The client is alive: a ring's records count as calls for liveness."""
+        client = self._t.clients.find(client_id)
+        if client is not None:
+            client.last_seen = time.monotonic()
 
     # Catalog ----------------------------------------------------------------
 
@@ -172,56 +248,23 @@ class Daemon(Launching):
 
     def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
         """The runtime scalars a client's session takes, in order (a ring binds them once)."""
-        with self._lock:
-            return self._session(client_id, session_id)[1].pipeline.runtime_scalars
+        with self._t.lock:
+            return self._t.session(client_id, session_id)[1].pipeline.runtime_scalars
 
     def check_buffer(self, client_id: str, buffer_id: str) -> None:
         """``NotFound`` unless the client owns the buffer."""
-        with self._lock:
-            self._clients.get(client_id).buffer(buffer_id)
-
-    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None:
-        """A hold on the end of the session's newest launch (``None``: none in flight)."""
-        with self._lock:
-            try:
-                session = self._session(client_id, session_id)[1]
-            except AccyError:
-                return None
-            mark = session.pending(None)
-            if mark is None:
-                return None
-            try:
-                return MarkWatch(mark, session.stream)
-            finally:
-                mark.release()
-
-    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None:
-        """Raise what a finished launch of the session failed with; a device fault is
-        noted (the daemon stops serving) as every other front door's wait notes it."""
-        with self._state.guard(session_id, watch.backend):
-            watch.outcome()
-
-    def frees_of(self, client_id: str) -> int:
-        """How many buffers the client has freed: a ring drops its bound launches when this
-        moves, so none keeps a freed buffer alive (-1: no such client)."""
-        client = self._clients.find(client_id)
-        return -1 if client is None else client.frees
-
-    def touch(self, client_id: str) -> None:
-        """The client is alive: a ring's records count as calls for liveness."""
-        client = self._clients.find(client_id)
-        if client is not None:
-            client.last_seen = time.monotonic()
+        with self._t.lock:
+            self._t.clients.get(client_id).buffer(buffer_id)
 
     def pipeline_of(self, client_id: str, session_id: str) -> str:
         """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
-        with self._lock:
+        with self._t.lock:
             try:
-                return self._session(client_id, session_id)[1].pipeline.target
+                return self._t.session(client_id, session_id)[1].pipeline.target
             except AccyError:
                 return UNKNOWN_PIPELINE
 
-    # Sessions ---------------------------------------------------------------
+    # Sessions and launches -----------------------------------------------------
 
     def load_pipeline(
         self,
@@ -235,9 +278,11 @@ class Daemon(Launching):
 
         Each load counts: the session is freed by the release that matches the last
         one, so two parts of one client that load the same pipeline cannot free it
-        under each other. ``device`` ``None``: the client's home device (``_place``).
+        under each other. ``device`` ``None``: the client's home device.
         """
-        session, created = self._load(self.catalog, client_id, target, version, format, device)
+        session, created = self._holdings.load(
+            self.catalog, client_id, target, version, format, device
+        )
         if created:
             log.info(
                 "session loaded",
@@ -256,9 +301,10 @@ class Daemon(Launching):
         self, client_id: str, session_id: str, scalars: Mapping[str, Scalar]
     ) -> int:
         """*Blocking*: give the session scratch for these scalars (kept if large enough)."""
-        with self._lock:
-            self._state.check_serving()
-            client, session = self._session(client_id, session_id)
+        t = self._t
+        with t.lock:
+            t.state.check_serving()
+            client, session = t.session(client_id, session_id)
             args = order_scalars(session.pipeline, scalars)
             session.pipeline.validate_runtime_scalars(args)
             needed = intermediate_byte_sizes(session.pipeline, args)
@@ -267,35 +313,94 @@ class Daemon(Launching):
                 b.byte_size >= n for b, n in zip(current.buffers, needed, strict=True)
             ):
                 return current.byte_size
-        with self._ledger.reserve(client, Usage(memory_bytes=sum(needed))) as held:
-            with self._state.guard(session.id, session.backend):
+        with t.ledger.reserve(client, Usage(memory_bytes=sum(needed))) as held:
+            with t.state.guard(session.id, session.backend):
                 scratch = allocate_intermediates(session.backend, session.pipeline, args)
             held.undo(scratch.close)
-            with self._lock:
-                self._attached(client)
+            with t.lock:
+                t.check_attached(client)
                 if client.session(session.id) is not session:
                     raise NotFound(f"no session {session_id!r}", field="session_id")
-                old, session.scratch = session.scratch, scratch
+                old, session.scratch = session.scratch, scratch  # its tickets are revoked
                 if old is not None:
-                    self._ledger.refund(client, Usage(memory_bytes=old.byte_size))
+                    t.ledger.refund(client, Usage(memory_bytes=old.byte_size))
                 tail = session.pending(None)
                 held.keep()
         if old is not None:  # launches enqueued before the swap may still use it
             try:
-                self._wait(tail, session)
+                self._holdings.wait(tail, session)
             finally:
+                if tail is not None:
+                    tail.release()
                 old.close()
+        elif tail is not None:
+            tail.release()
         return scratch.byte_size
+
+    def launch(
+        self,
+        client_id: str,
+        session_id: str,
+        operands: Sequence[str],
+        results: Sequence[str],
+        scalars: Mapping[str, Scalar],
+        *,
+        watch: bool = False,
+        ticket_for: object | None = None,
+        may_block: bool = False,
+    ) -> LaunchTicket:
+        """Check, then enqueue on the session's stream; returns at once (``Launching.launch``).
+
+        A launch that needs scratch of its own raises ``WouldBlock`` (nothing done) with
+        the rest of it as ``finish``, for the door to run off its thread; ``may_block``
+        runs that here instead, for *blocking* callers (the one-call path, tests).
+        """
+        try:
+            return self._launching.launch(
+                client_id,
+                session_id,
+                operands,
+                results,
+                scalars,
+                watch=watch,
+                ticket_for=ticket_for,
+            )
+        except WouldBlock as blocked:
+            if not may_block:
+                raise
+            return blocked.finish()
 
     # Buffers ----------------------------------------------------------------
 
     def open_write(self, client_id: str, buffer_id: str) -> Transfer:
         """A streamed write, ordered after the buffer's readers and last writer."""
-        return self._open(client_id, buffer_id, writing=True)
+        return self._holdings.open_transfer(client_id, buffer_id, writing=True)
 
     def open_read(self, client_id: str, buffer_id: str) -> Transfer:
         """A streamed read, ordered after the buffer's last writer."""
-        return self._open(client_id, buffer_id, writing=False)
+        return self._holdings.open_transfer(client_id, buffer_id, writing=False)
+
+    # Detach, devices ----------------------------------------------------------
+
+    def detach(self, client_id: str) -> None:
+        """*Blocking*: close the client's extensions, then free everything it owns once its
+        running work finished."""
+        for extension in self._extensions:
+            extension.close_client(client_id)
+        self._holdings.detach(client_id)
+
+    async def detach_async(self, client_id: str) -> None:
+        """``detach``, awaiting the client's running work on the event loop."""
+        for extension in self._extensions:
+            await asyncio.to_thread(extension.close_client, client_id)
+        await self._holdings.detach_async(client_id)
+
+    def replace_device(self, device: int, backend: Backend) -> None:
+        """*Blocking*: ``backend`` serves isolated ``device`` from now on (``Replacing``);
+        then each extension hears of it."""
+        self._replacing.replace_device(device, backend)
+        for extension in self._extensions:
+            extension.device_replaced(device, backend)
 
     # One call and status ----------------------------------------------------
 
@@ -328,66 +433,21 @@ class Daemon(Launching):
         self, client_id: str | None = None, tenants: Collection[str] | None = None
     ) -> DaemonStatus:
         """The daemon's numbers; ``tenants`` limits the per-tenant part (``None``: all)."""
-        memory = {device: _memory_in_use(b) for device, b in list(self.backends.items())}
-        with self._lock:
-            clients = list(self._clients)
-            leaving = list(self._leaving.values())
-            mine = self._clients.find(client_id) if client_id else None
-            backend = self.backend
-            loads = load_of(self.backends, clients + leaving)
-            ledger = self._ledger
-            shown = [t for t in ledger.tenants.values() if tenants is None or t.name in tenants]
-            return DaemonStatus(
-                instance_id=self.instance_id,
-                backend=backend.kind.value,
-                device_name=backend.device_name,
-                serving=self.serving,
-                uptime_seconds=time.monotonic() - self.started_at,
-                clients=len(clients),
-                sessions=sum(len(c.sessions) for c in clients + leaving),
-                buffers=sum(len(c.buffers) for c in clients + leaving),
-                device_memory_in_use=sum(memory.values()),
-                launches_total=self.launches_total,
-                launches_failed=self.launches_failed,
-                my_sessions=0 if mine is None else len(mine.sessions),
-                my_buffers=0 if mine is None else len(mine.buffers),
-                my_memory_in_use=0 if mine is None else mine.memory_in_use(),
-                tenants=tuple(
-                    TenantStatus(
-                        name=t.name,
-                        clients=sum(1 for c in clients if c.tenant is t),
-                        quotas=t.quotas,
-                        usage=ledger.usage_of(t),
-                        quota_refusals=ledger.refusals_of(t.name),
-                    )
-                    for t in shown
-                ),
-                quota_refusals=sum(ledger.refusals.values()),
-                detaching_clients=len(leaving),
-                devices=tuple(
-                    DeviceStatus(
-                        index=device,
-                        name=b.device_name,
-                        backend=b.kind.value,
-                        serving=self.serving and device not in self._state.lost,
-                        clients=max(loads[device].clients, loads[device].homed),
-                        sessions=loads[device].sessions,
-                        buffers=loads[device].buffers,
-                        memory_in_use=memory.get(device, 0),
-                        launches_in_flight=loads[device].launches_in_flight,
-                        replacements=self._state.replacements.get(device, 0),
-                        isolated=self._state.isolated,
-                    )
-                    for device, b in sorted(self.backends.items())
-                ),
-            )
+        return status_of(
+            self._t,
+            self.instance_id,
+            time.monotonic() - self.started_at,
+            (self.launches_total, self.launches_failed),
+            client_id,
+            tenants,
+        )
 
     def wait_idle(self, timeout: float) -> bool:
         """*Blocking*: wait up to ``timeout`` seconds for every launch so far; True if all done."""
-        with self._lock:
+        with self._t.lock:
             marks = [
                 mark
-                for client in self._clients
+                for client in self._t.clients
                 for session in client.sessions.values()
                 if (mark := session.pending(None)) is not None
             ]
@@ -405,15 +465,7 @@ class Daemon(Launching):
     def close(self) -> None:
         """*Blocking*: detach every client (after its work), then close the backends."""
         self.begin_drain()
-        for client in self._clients:
+        for client in self._t.clients:
             self.detach(client.id)
-        for backend in self.backends.values():
+        for backend in self._t.backends.values():
             backend.close()
-
-
-def _memory_in_use(backend: Backend) -> int:
-    """What ``backend`` has allocated; 0 for one lost to a fault (its memory went with it)."""
-    try:
-        return backend.memory_in_use()
-    except AccyError:
-        return 0

@@ -61,6 +61,13 @@ class DeviceState:
         """Faults each isolated device was replaced after."""
         self._retired: weakref.WeakKeyDictionary[Backend, DeviceFault] = weakref.WeakKeyDictionary()
         """Each replaced backend still held somewhere -> the fault it was replaced after."""
+        self.watchers: list[Callable[[DeviceState], None]] = []
+        """Told after every change (drain, fault, a device lost or replaced), maybe under the
+        lock: an engine that launches by itself stops or goes on with the core. Quick."""
+
+    def _changed(self) -> None:
+        for watcher in self.watchers:
+            watcher(self)
 
     @property
     def serving(self) -> bool:
@@ -71,6 +78,7 @@ class DeviceState:
         with self._lock:
             first, self.draining = not self.draining, True
         if first:
+            self._changed()
             log.info("draining")
 
     def check_alive(self, device: int | None = None) -> None:
@@ -114,6 +122,7 @@ class DeviceState:
             first, self.fault = self.fault is None, self.fault or noted
             origin = self.fault
         if first:
+            self._changed()
             log.error("device fault", session_id=noted.session, error=noted.message)
             if self._on_fault is not None:
                 self._on_fault(noted)
@@ -134,6 +143,7 @@ class DeviceState:
             )
         origin = self.lost[device]
         if first:
+            self._changed()
             log.error(
                 "device fault", device=device, session_id=origin.session, error=origin.message
             )
@@ -149,6 +159,7 @@ class DeviceState:
         fault = self.lost.pop(device, None)
         self._retired[old] = fault or DeviceFault("the device was replaced", device=device)
         self.replacements[device] = self.replacements.get(device, 0) + 1
+        self._changed()
         return fault
 
     @contextlib.contextmanager

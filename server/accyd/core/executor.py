@@ -166,7 +166,6 @@ class LaunchPlan:
     intermediate_sizes: tuple[int, ...]
 
 
-_PLAN_CACHE_SIZE = 256
 _GROUP = {BufferRole.OPERAND: 0, BufferRole.RESULT: 1, BufferRole.INTERMEDIATE: 2}
 
 
@@ -315,10 +314,9 @@ def plan_launch(
 ) -> LaunchPlan:
     """Every check that needs no backend: chain, counts, scalars, sizes, geometry.
 
-    What depends only on the pipeline, registry, format and runtime scalars is
-    resolved once and memoized on the pipeline, so repeated launches pay only
-    for the checks against this request's buffers (operands and results hold
-    what the runtime scalars need).
+    Nothing is memoized here: a launch planned once is kept, with its buffers and
+    scalars, by its session's prepared launches (``core/prepared.py``), the daemon's
+    one cache of the same launch again.
     """
     pipeline.validate(registry, format)
     for role, given, specs in (
@@ -330,14 +328,7 @@ def plan_launch(
                 f"{pipeline.target} takes {len(specs)} {role}; got {len(given)}", field=role
             )
     args = tuple(runtime_scalars)
-    memo = pipeline.memo.setdefault(registry, {})
-    key = (format, args)
-    plan: LaunchPlan | None = memo.get(key)
-    if plan is None:
-        plan = _resolve(pipeline, registry, format, args)
-        if len(memo) >= _PLAN_CACHE_SIZE:
-            memo.clear()
-        memo[key] = plan
+    plan = _resolve(pipeline, registry, format, args)
     for role, given, specs, sizes in (
         ("operand", operands, pipeline.operands, plan.operand_sizes),
         ("result", results, pipeline.results, plan.result_sizes),

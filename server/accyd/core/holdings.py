@@ -11,38 +11,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from typing import Protocol
 
 import structlog
 
-from accyd.backends.base import EXPORT_GRANULE, Backend, Stream, round_up
+from accyd.backends.base import EXPORT_GRANULE, Stream, round_up
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry
-from accyd.core.accounting import Ledger
 from accyd.core.buffers import BufferRecord, Transfer
-from accyd.core.clients import Client, ClientTable
-from accyd.core.device import DeviceState
+from accyd.core.clients import Client
 from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
 from accyd.core.marks import Mark, order_after
-from accyd.core.placement import home_of
 from accyd.core.sessions import Session, SessionKey, pick_format
+from accyd.core.tables import Tables
 from accyd.core.tenants import Usage
+from accyd.core.tickets import absorb
 from accyd.core.waits import Deferred, until_done
-from accyd.errors import AccyError, DeviceFault, InvalidRequest, NotFound
+from accyd.errors import AccyError, InvalidRequest
 
-__all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings", "WouldBlock"]
+__all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings"]
 
 log = structlog.get_logger("accyd.core")
 
 MAX_BUFFER_BYTES = 1 << 40
 """No buffer is larger (1 TiB): a sanity bound before any quota, so no request asks the
 backend to allocate and zero absurd sizes."""
-
-
-class WouldBlock(Exception):
-    """A call made with ``may_block=False`` would have to wait: repeat it off the event loop."""
 
 
 class CatalogView(Protocol):
@@ -60,59 +54,15 @@ class CatalogView(Protocol):
 
 
 class Holdings:
-    """Sessions, buffers and their teardown, over the core's lock, ledger and device state."""
+    """Sessions, buffers and their teardown, over the core's shared ``Tables``."""
 
-    def __init__(
-        self,
-        backends: dict[int, Backend],
-        lock: threading.RLock,
-        ledger: Ledger,
-        state: DeviceState,
-        clients: ClientTable,
-    ) -> None:
-        self.backends = backends
-        self._lock = lock
-        self._ledger = ledger
-        self._state = state
-        self._clients = clients
-        self._leaving: dict[str, Client] = {}
-        """Detached clients whose work is still waited for before their resources go."""
+    def __init__(self, tables: Tables) -> None:
+        self._t = tables
         self._settling: set[asyncio.Task[None]] = set()
-
-    def _backend(self, device: int) -> Backend:
-        backend = self.backends.get(device)
-        if backend is None:
-            raise NotFound(
-                f"no device {device}; this daemon serves {sorted(self.backends)}", field="device"
-            )
-        return backend
-
-    def _place(self, client_id: str, device: int | None) -> int:
-        """The device a request goes to: the one it names, else the client's (``home_of``)."""
-        if device is not None:
-            return device
-        with self._lock:
-            return home_of(self._clients.get(client_id), self.backends, self._clients, self._state)
-
-    def _current(self, device: int, backend: Backend) -> None:
-        """Under the lock: raise if ``device`` was lost or replaced since ``backend`` was taken."""
-        self._state.check_alive(device)
-        if self.backends.get(device) is not backend:
-            fault = self._state.retired_fault(backend)
-            raise self._state.noted(fault or DeviceFault("the device was replaced"), None, backend)
-
-    def _session(self, client_id: str, session_id: str) -> tuple[Client, Session]:
-        client = self._clients.get(client_id)
-        return client, client.session(session_id)
-
-    def _attached(self, client: Client) -> None:
-        """Under the lock: refuse to hand ``client`` anything once it detached."""
-        if self._clients.find(client.id) is not client:
-            raise NotFound(f"client {client.id!r} detached", field="client_id")
 
     # Sessions -----------------------------------------------------------------
 
-    def _load(
+    def load(
         self,
         catalog: CatalogView,
         client_id: str,
@@ -124,33 +74,40 @@ class Holdings:
         if not target:
             raise InvalidRequest("target is empty", field="target")
         pipeline = catalog.find_pipeline(target, version)
-        device = self._place(client_id, device)
-        backend = self._backend(device)
+        device = self._t.place(client_id, device)
+        backend = self._t.backend(device)
         fmt = pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
         key = SessionKey(pipeline.target, pipeline.version, fmt, device)
-        with self._lock:
-            self._state.check_serving(device)
-            client = self._clients.get(client_id)
+        with self._t.lock:
+            self._t.state.check_serving(device)
+            client = self._t.clients.get(client_id)
             existing = client.session_for(key)
             if existing is not None:
                 existing.loads += 1
                 return existing, False
-        with self._ledger.reserve(client, Usage(sessions=1)) as held:
-            with self._state.guard(backend=backend):
+        with self._t.ledger.reserve(client, Usage(sessions=1)) as held:
+            with self._t.state.guard(backend=backend):
                 pool = load_pipeline_artifacts(backend, pipeline, catalog.registry, fmt)
                 held.undo(pool.close)
                 stream = backend.create_stream()
                 held.undo(lambda: backend.destroy_stream(stream))
             session = Session(
-                new_id(SESSION), key, pipeline, catalog.registry, backend, pool, stream
+                new_id(SESSION),
+                key,
+                pipeline,
+                catalog.registry,
+                backend,
+                pool,
+                stream,
+                self._t.revoker,
             )
-            with self._lock:
+            with self._t.lock:
                 other = client.session_for(key)
                 if other is not None:  # loaded meanwhile by another call: this one is undone
                     other.loads += 1
                     return other, False
-                self._attached(client)
-                self._current(device, backend)
+                self._t.check_attached(client)
+                self._t.check_current(device, backend)
                 client.add_session(session)
                 held.keep()
         return session, True
@@ -158,21 +115,22 @@ class Holdings:
     def release(self, client_id: str, session_id: str) -> None:
         """*Blocking*: release one load; the last waits for the session's work, then frees
         its pool, scratch and stream (an earlier one returns at once)."""
-        self._finish(self._release(client_id, session_id))
+        self.finish(self._release(client_id, session_id))
 
     async def release_async(self, client_id: str, session_id: str) -> None:
         """``release``, awaiting the session's work on the event loop."""
-        await self._settle(self._release(client_id, session_id))
+        await self.settle(self._release(client_id, session_id))
 
     def _release(self, client_id: str, session_id: str) -> Deferred | None:
-        with self._lock:
-            client = self._clients.get(client_id)
+        with self._t.lock:
+            client = self._t.clients.get(client_id)
             session = client.session(session_id)
             session.loads -= 1
             if session.loads > 0:
                 log.info("session load released", session_id=session_id, loads=session.loads)
                 return None
             client.pop_session(session_id)
+            session.prepared.revoke_all()  # no engine launch of it after the tail below
             tail = session.pending(None)
 
         def then() -> None:
@@ -183,14 +141,14 @@ class Holdings:
 
     def _close_session(self, client: Client, session: Session) -> None:
         try:
-            with self._state.guard(session.id, session.backend):
+            with self._t.state.guard(session.id, session.backend):
                 session.backend.synchronize(session.stream)
         except AccyError as error:
             log.warning("session work failed", session_id=session.id, error=str(error))
-        with self._lock:
+        with self._t.lock:
             memory = session.scratch_bytes()
             drained = session.drain()
-            self._ledger.refund(
+            self._t.ledger.refund(
                 client, Usage(memory_bytes=memory, sessions=1, launches_in_flight=drained.launches)
             )
         drained.close()
@@ -207,59 +165,61 @@ class Holdings:
         ``reap`` (or the session's next launch or wait) drops them: for a caller
         that answers first and tidies after.
         """
-        self._finish(self._launch_wait(client_id, session_id, launch_id, reap))
+        self.finish(self._launch_wait(client_id, session_id, launch_id, reap))
 
     async def wait_launch_async(
         self, client_id: str, session_id: str, launch_id: str | None = None
     ) -> None:
         """``wait_launch``, awaiting the launch's end on the event loop."""
-        await self._settle(self._launch_wait(client_id, session_id, launch_id, True))
+        await self.settle(self._launch_wait(client_id, session_id, launch_id, True))
 
     def _launch_wait(
         self, client_id: str, session_id: str, launch_id: str | None, reap: bool
     ) -> Deferred | None:
-        with self._lock:
-            self._state.check_alive()
-            client, session = self._session(client_id, session_id)
+        with self._t.lock:
+            self._t.state.check_alive()
+            client, session = self._t.session(client_id, session_id)
             seq = session.launch_seq(launch_id) if launch_id else None
             mark = session.pending(seq)
 
         def then() -> None:
             if mark is not None:
-                self._wait(mark, session)
+                self.wait(mark, session)
             if reap:
                 self._reap(client, session)
 
         return Deferred([] if mark is None else [mark], then)
 
-    def reap(self, client_id: str, session_id: str) -> None:
-        """Drop a session's finished launches from its log and give their quota back.
+    def reap(self, client_id: str, session_id: str) -> bool:
+        """Drop a session's finished launches from its log and give their quota back;
+        whether launches are still in its log (a session gone has none).
 
         Scratch made for one launch alone is freed here; a session released or a
         client detached meanwhile has nothing left to drop. Tidying only, it
         raises nothing: a lost device is reported by the next call.
         """
-        with self._lock:
+        with self._t.lock:
             try:
-                client, session = self._session(client_id, session_id)
+                client, session = self._t.session(client_id, session_id)
             except AccyError:
-                return
+                return False
         with contextlib.suppress(AccyError):
             self._reap(client, session)
+        return session.launches_in_flight > 0
 
     def _reap(self, client: Client, session: Session) -> None:
-        with self._lock:
+        with self._t.lock:
             reaped = session.reap(free_scratch=True)
-            self._ledger.launches_over(client, reaped.launches, reaped.scratch_bytes)
+            self._t.ledger.launches_over(client, reaped.launches, reaped.scratch_bytes)
         reaped.close()
 
-    def _wait(self, mark: Mark | None, session: Session) -> None:
+    def wait(self, mark: Mark | None, session: Session) -> None:
         """Block until ``mark``'s work is over; raise its error (the caller releases it)."""
         if mark is not None:
-            with self._state.guard(session.id, session.backend):
+            with self._t.state.guard(session.id, session.backend):
                 mark.wait()
 
-    def _finish(self, deferred: Deferred | None) -> None:
+    def finish(self, deferred: Deferred | None) -> None:
         if deferred is None:
             return
         try:
@@ -268,12 +228,12 @@ class Holdings:
             for mark in deferred.marks:
                 mark.release()
 
-    async def _settle(self, deferred: Deferred | None) -> None:
+    async def settle(self, deferred: Deferred | None) -> None:
         """Await the deferred's marks, then finish it; a cancelled caller does not stop it."""
         if deferred is None:
             return
         if not deferred.marks:
-            self._finish(deferred)
+            self.finish(deferred)
             return
         task = asyncio.ensure_future(self._settle_now(deferred))
         self._settling.add(task)
@@ -282,11 +242,11 @@ class Holdings:
 
     async def _settle_now(self, deferred: Deferred) -> None:
         if await until_done(
-            deferred.marks, lambda: self._state.fault is not None or bool(self._state.lost)
+            deferred.marks, lambda: self._t.state.fault is not None or bool(self._t.state.lost)
         ):
-            self._finish(deferred)  # the waits in it are over: it returns at once
+            self.finish(deferred)  # the waits in it are over: it returns at once
         else:  # the device was lost with work queued: what is left may block
-            await asyncio.to_thread(self._finish, deferred)
+            await asyncio.to_thread(self.finish, deferred)
 
     # Buffers ----------------------------------------------------------------------
 
@@ -310,14 +270,14 @@ class Holdings:
                 f"byte_size {byte_size} is no whole number of {dtype.value} elements",
                 field="byte_size",
             )
-        device = self._place(client_id, device)
-        backend = self._backend(device)
-        with self._lock:
-            self._state.check_serving(device)
-            client = self._clients.get(client_id)
+        device = self._t.place(client_id, device)
+        backend = self._t.backend(device)
+        with self._t.lock:
+            self._t.state.check_serving(device)
+            client = self._t.clients.get(client_id)
         charged = round_up(byte_size, EXPORT_GRANULE) if exportable else byte_size
-        with self._ledger.reserve(client, Usage(memory_bytes=charged, buffers=1)) as held:
-            with self._state.guard(backend=backend):
+        with self._t.ledger.reserve(client, Usage(memory_bytes=charged, buffers=1)) as held:
+            with self._t.state.guard(backend=backend):
                 buffer = backend.allocate_buffer(
                     byte_size,
                     zero=True,  # memory is reused between clients: never show old data
@@ -327,59 +287,64 @@ class Holdings:
                 )
             held.undo(lambda: backend.destroy(buffer))
             record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype, charged)
-            with self._lock:
-                self._attached(client)
-                self._current(device, backend)
+            with self._t.lock:
+                self._t.check_attached(client)
+                self._t.check_current(device, backend)
                 client.buffers[record.id] = record
                 held.keep()
         return record
 
-    def _open(self, client_id: str, buffer_id: str, *, writing: bool) -> Transfer:
-        with self._lock:
+    def open_transfer(self, client_id: str, buffer_id: str, *, writing: bool) -> Transfer:
+        """A streamed write or read, ordered after the buffer's hazards (the engine's too)."""
+        with self._t.lock:
             if writing:
-                self._state.check_serving()
+                self._t.state.check_serving()
             else:
-                self._state.check_alive()
-            client = self._clients.get(client_id)
+                self._t.state.check_alive()
+            client = self._t.clients.get(client_id)
             record = client.buffer(buffer_id)
-            self._state.check_alive(record.device)
+            self._t.state.check_alive(record.device)
             backend = record.backend
-            with self._state.guard(backend=backend):
+            with self._t.state.guard(backend=backend):
                 stream = self._transfer_stream(client, record.device)
+                if record.engine:  # engine launches enqueued so far come first too
+                    absorb(record, self._t.revoker)
                 hazards = record.write_hazards() if writing else record.read_hazards()
                 order_after(backend, stream, hazards)
-        return Transfer(backend, record, stream, self._lock, writing=writing)
+        return Transfer(backend, record, stream, self._t.lock, writing=writing)
 
     def _transfer_stream(self, client: Client, device: int) -> Stream:
         stream = client.transfer_streams.get(device)
         if stream is None:
-            stream = client.transfer_streams[device] = self.backends[device].create_stream()
+            stream = client.transfer_streams[device] = self._t.backends[device].create_stream()
         return stream
 
     def free_buffer(self, client_id: str, buffer_id: str) -> None:
         """*Blocking*: wait for the work that uses the buffer, then free it."""
-        self._finish(self._free_buffer(client_id, buffer_id))
+        self.finish(self._free_buffer(client_id, buffer_id))
 
     async def free_buffer_async(self, client_id: str, buffer_id: str) -> None:
         """``free_buffer``, awaiting the buffer's users on the event loop."""
-        await self._settle(self._free_buffer(client_id, buffer_id))
+        await self.settle(self._free_buffer(client_id, buffer_id))
 
     def _free_buffer(self, client_id: str, buffer_id: str) -> Deferred:
-        with self._lock:
-            client = self._clients.get(client_id)
+        with self._t.lock:
+            client = self._t.clients.get(client_id)
             record = client.buffer(buffer_id)
             del client.buffers[buffer_id]
-            client.frees += 1  # a front door's cached launches naming it are stale now
-            for session in client.sessions.values():
+            for session in client.sessions.values():  # no ticket names it after this
                 session.prepared.forget(record.buffer.id)
         marks = self._take(record)
         return Deferred(marks, lambda: self._free(client, record, marks))
 
     def _take(self, record: BufferRecord) -> list[Mark]:
-        """Close ``record`` to transfers; the marks of its users, handed over."""
+        """Close ``record`` to transfers; the marks of its users (the engine's included),
+        handed over."""
         with record.lock:
             record.closed = True
-        with self._lock:
+        with self._t.lock:
+            if record.engine:
+                absorb(record, self._t.revoker)
             return record.take_marks()
 
     def _free(self, client: Client, record: BufferRecord, marks: list[Mark]) -> None:
@@ -387,25 +352,25 @@ class Holdings:
             with contextlib.suppress(AccyError):
                 mark.wait()
         record.backend.destroy(record.buffer)
-        self._ledger.refund(client, Usage(memory_bytes=record.charged, buffers=1))
+        self._t.ledger.refund(client, Usage(memory_bytes=record.charged, buffers=1))
 
     # Detach ---------------------------------------------------------------------
 
     def detach(self, client_id: str) -> None:
         """*Blocking*: free everything the client owns once its running work finished."""
-        self._finish(self._detach(client_id))
+        self.finish(self._detach(client_id))
 
     async def detach_async(self, client_id: str) -> None:
         """``detach``, awaiting the client's running work on the event loop."""
-        await self._settle(self._detach(client_id))
+        await self.settle(self._detach(client_id))
 
     def _detach(self, client_id: str) -> Deferred | None:
         """Forget the client at once; drop its queued kernels where the backend can."""
-        with self._lock:
-            client = self._clients.pop(client_id)
+        with self._t.lock:
+            client = self._t.clients.pop(client_id)
             if client is None:
                 return None
-            self._leaving[client.id] = client
+            self._t.leaving[client.id] = client
             sessions = list(client.sessions.values())
             tails = [mark for s in sessions if (mark := s.pending(None)) is not None]
         for session in sessions:
@@ -419,16 +384,16 @@ class Holdings:
             for record in list(client.buffers.values()):
                 self._free(client, record, taken[record.id])
             for device, stream in list(client.transfer_streams.items()):
-                backend = self.backends[device]
-                with contextlib.suppress(AccyError), self._state.guard(backend=backend):
+                backend = self._t.backends[device]
+                with contextlib.suppress(AccyError), self._t.state.guard(backend=backend):
                     backend.synchronize(stream)
                 backend.destroy_stream(stream)
-            with self._lock:
+            with self._t.lock:
                 client.sessions.clear()
                 client.session_ids.clear()
                 client.buffers.clear()
                 client.transfer_streams.clear()
-                self._leaving.pop(client.id, None)
+                self._t.leaving.pop(client.id, None)
             log.info(
                 "client detached", client_id=client.id, sessions=len(sessions), buffers=len(taken)
             )

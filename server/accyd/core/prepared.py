@@ -1,25 +1,51 @@
-"""Prepared launches: a session's launch checked and packed once, then replayed by one call.
+"""Prepared launches: the daemon's one cache of "the same launch again", per session.
 
-What a launch is checked against (the pipeline, the pool, the buffers' sizes
-and the runtime scalars) does not change for the same buffers and scalars, so
-the first launch of a key prepares it (``Backend.prepare``: a CUDA graph on the
-device) and later ones replay it. A prepared launch names buffer addresses:
-its session drops it when its scratch changes and when it closes; buffers the
-client frees get new ids, so their keys are never asked for again.
+What a launch is checked against (the pipeline, the pool, the buffers' sizes and the
+runtime scalars) does not change for the same buffers, scratch and scalars, so the
+first launch of such a key is planned and prepared once (``Backend.prepare``: a CUDA
+graph on the device) and later ones, from every door, replay it. The engine's tickets
+(``core/tickets.py``) are views of these entries and die with them.
+
+The one invalidation rule: an entry lives while everything it names does. It is dropped
+when a buffer it names is freed or lost (``forget``), and all of a session's are
+dropped when its scratch is replaced, when it is released or reloaded, and when its
+device is replaced (``clear``); dropping revokes its tickets first (no engine launch
+of it can follow), then closes its graph. Buffers freed get new ids, so a dropped key
+is never asked for again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from accyd.backends.base import Backend, LaunchRequest, PreparedLaunch
 from accyd.catalog.dtypes import Scalar
 from accyd.core.executor import LaunchPlan, PipelineLaunch, check_intermediates, check_pool
+from accyd.core.tickets import NO_TICKETS, Revoker, revoke
 
-__all__ = ["PREPARED_PER_SESSION", "PreparedLaunches", "prepare_pipeline"]
+if TYPE_CHECKING:
+    from accyd.core.buffers import BufferRecord
+    from accyd.core.sessions import Session
+
+__all__ = ["PREPARED_PER_SESSION", "Prepared", "PreparedLaunches", "prepare_pipeline"]
 
 PREPARED_PER_SESSION = 64
 """Prepared launches a session keeps; past this its cache starts over."""
 
-_Key = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[Scalar, ...]]
+Key = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[object, ...]]
+"""Operand, result and scratch buffer ids, and the scalars (floats by their exact bits)."""
+
+
+def key_of(
+    operands: Sequence[int], results: Sequence[int], scratch: Sequence[int], args: Sequence[Scalar]
+) -> Key:
+    """The cache key of a launch: ``-0.0`` and ``0.0`` are two keys (a graph bakes its
+    scalars in), so floats count by their bits."""
+    scalars = tuple(
+        (s.dtype, s.value.hex() if isinstance(s.value, float) else s.value) for s in args
+    )
+    return (tuple(operands), tuple(results), tuple(scratch), scalars)
 
 
 def prepare_pipeline(backend: Backend, request: PipelineLaunch, plan: LaunchPlan) -> PreparedLaunch:
@@ -51,53 +77,94 @@ def prepare_pipeline(backend: Backend, request: PipelineLaunch, plan: LaunchPlan
     return backend.prepare(requests)
 
 
+class Prepared:
+    """One entry: a launch planned and packed once, and who may launch it without Python.
+
+    Owned by its session's ``PreparedLaunches``; ``launch`` is closed when the entry is
+    dropped, after its tickets were revoked. ``uses`` are the buffer records it reads
+    and writes (for the tickets' bookkeeping on them).
+    """
+
+    __slots__ = ("epoch", "holder", "launch", "plan", "session", "uses")
+
+    def __init__(
+        self,
+        session: Session,
+        plan: LaunchPlan,
+        launch: PreparedLaunch | None,
+        uses: tuple[tuple[BufferRecord, bool], ...],
+    ) -> None:
+        self.session = session
+        self.plan = plan
+        self.launch = launch
+        """``None`` until first launched (a launch on scratch of its own is never prepared)."""
+        self.uses = uses
+        self.epoch: int | None = None
+        """The engine's epoch slot once ticketed."""
+        self.holder: object | None = None
+        """The ring whose ticket may launch it now (one at a time: a graph is launched by
+        one thread at a time)."""
+
+
 class PreparedLaunches:
-    """One session's prepared launches by key; owned by the session, closed with it."""
+    """One session's prepared launches by key; owned by the session, cleared with it.
 
-    __slots__ = ("_backend", "_prepared", "generation")
+    Changed under the daemon's lock; ``revoker`` is the engine's (``NO_TICKETS`` without).
+    """
 
-    def __init__(self, backend: Backend) -> None:
+    __slots__ = ("_backend", "_entries", "_revoker")
+
+    def __init__(self, backend: Backend, revoker: Revoker = NO_TICKETS) -> None:
         self._backend = backend
-        self._prepared: dict[_Key, PreparedLaunch] = {}
-        self.generation = 0
-        """Moves whenever a prepared launch is closed: one held outside (a bound launch's)
-        is valid while the generation it was taken at is the current one."""
+        self._revoker = revoker
+        self._entries: dict[Key, Prepared] = {}
 
-    def get(self, request: PipelineLaunch, plan: LaunchPlan) -> PreparedLaunch:
-        """The prepared launch of ``request``, made (checked and packed) if its key is new."""
-        key: _Key = (
-            tuple(b.id for b in request.operands),
-            tuple(b.id for b in request.results),
-            tuple(b.id for b in request.intermediates or ()),
-            tuple(request.runtime_scalars),
-        )
-        prepared = self._prepared.get(key)
-        if prepared is None:
-            prepared = prepare_pipeline(self._backend, request, plan)
-            if len(self._prepared) >= PREPARED_PER_SESSION:
-                self.clear()
-            self._prepared[key] = prepared
-        return prepared
+    def find(self, key: Key) -> Prepared | None:
+        return self._entries.get(key)
 
-    def launch(self, request: PipelineLaunch, plan: LaunchPlan) -> None:
-        """Launch ``request`` on its stream, preparing it first if its key is new."""
-        self.get(request, plan).launch(request.stream)
+    def add(self, key: Key, entry: Prepared) -> Prepared:
+        if len(self._entries) >= PREPARED_PER_SESSION:
+            self.clear()
+        self._entries[key] = entry
+        return entry
+
+    def launch(self, entry: Prepared, request: PipelineLaunch, count: int = 1) -> None:
+        """Launch ``entry`` (preparing its graph on first use) ``count`` times on the
+        request's stream. An entry a ticket may launch is revoked first: one graph is
+        never launched by two threads at once."""
+        if entry.holder is not None:
+            revoke([entry], self._revoker)
+        if entry.launch is None:
+            entry.launch = prepare_pipeline(self._backend, request, entry.plan)
+        entry.launch.launch(request.stream, count)
 
     def __len__(self) -> int:
-        return len(self._prepared)
+        return len(self._entries)
 
     def forget(self, buffer_id: int) -> None:
-        """Drop the prepared launches that name a buffer being freed (they would keep its
-        memory alive on the host backend, and name a dead address on the device)."""
-        stale = [key for key in self._prepared if buffer_id in key[0] or buffer_id in key[1]]
-        for key in stale:
-            self._prepared.pop(key).close()
-        if stale:
-            self.generation += 1
+        """Drop the entries that name a buffer being freed or lost."""
+        stale = [key for key in self._entries if buffer_id in key[0] or buffer_id in key[1]]
+        self._drop([self._entries.pop(key) for key in stale])
+
+    def revoke_all(self) -> None:
+        """Make every entry's tickets stale, keeping the graphs (the session goes on, or
+        its work is still to be waited for before ``clear``)."""
+        revoke([e for e in self._entries.values() if e.epoch is not None], self._revoker)
 
     def clear(self) -> None:
-        """Drop every prepared launch (a running graph finishes first: CUDA frees it after)."""
-        for prepared in self._prepared.values():
-            prepared.close()
-        self._prepared.clear()
-        self.generation += 1
+        """Drop every entry (a running graph finishes first: CUDA frees it after)."""
+        entries = list(self._entries.values())
+        self._entries.clear()
+        self._drop(entries)
+
+    def _drop(self, entries: list[Prepared]) -> None:
+        if not entries:
+            return
+        revoke([e for e in entries if e.epoch is not None], self._revoker)
+        for entry in entries:
+            if entry.epoch is not None:
+                self._revoker.free_epoch(entry.epoch)
+                entry.epoch = None
+            if entry.launch is not None:
+                entry.launch.close()
+                entry.launch = None

@@ -7,9 +7,9 @@ import contextlib
 import structlog
 
 from accyd.backends.base import Backend
-from accyd.core.holdings import Holdings
 from accyd.core.marks import Mark
 from accyd.core.sessions import Reaped, Session
+from accyd.core.tables import Tables
 from accyd.core.tenants import Usage
 from accyd.errors import AccyError, DeviceFault
 
@@ -18,8 +18,11 @@ __all__ = ["Replacing"]
 log = structlog.get_logger("accyd.core")
 
 
-class Replacing(Holdings):
+class Replacing:
     """The facade's ``replace_device`` (the server calls it from a fault's own thread)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self._t = tables
 
     def replace_device(self, device: int, backend: Backend) -> None:
         """*Blocking*: ``backend`` serves isolated ``device`` from now on, after its fault.
@@ -33,17 +36,18 @@ class Replacing(Holdings):
         dropped: list[Session] = []
         leftovers: list[Reaped] = []
         marks: list[Mark] = []
-        with self._lock:
-            old = self.backends[device]
-            fault = self._state.replaced(device, old) or DeviceFault(
+        with self._t.lock:
+            old = self._t.backends[device]
+            fault = self._t.state.replaced(device, old) or DeviceFault(
                 "the device was replaced", device=device
             )
             lost = DeviceFault(fault.message, session=fault.session, device=device, isolated=True)
-            for client in self._clients:
+            for client in self._t.clients:
                 memory = buffers = launches = 0
                 sessions = [s for s in client.sessions.values() if s.key.device == device]
                 for session in sessions:
                     client.pop_session(session.id)
+                    session.prepared.revoke_all()  # its tickets name the old device
                     client.lost[session.id] = lost
                     memory += session.scratch_bytes()
                     drained = session.drain()
@@ -57,10 +61,8 @@ class Replacing(Holdings):
                     marks += record.take_marks()
                     memory += record.charged
                     buffers += 1
-                if buffers:
-                    client.frees += 1  # cached launches naming them are stale
                 client.transfer_streams.pop(device, None)
-                self._ledger.refund(
+                self._t.ledger.refund(
                     client,
                     Usage(
                         memory_bytes=memory,
@@ -69,9 +71,9 @@ class Replacing(Holdings):
                         launches_in_flight=launches,
                     ),
                 )
-            for leaving in self._leaving.values():
+            for leaving in self._t.leaving.values():
                 leaving.transfer_streams.pop(device, None)
-            self.backends[device] = backend
+            self._t.backends[device] = backend
         # The old backend is faulted: these free nothing on a device, only their handles.
         for mark in marks:
             mark.release()

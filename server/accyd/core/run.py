@@ -58,7 +58,9 @@ def run(
             for spec, size in zip(pipeline.results, sizes, strict=True):
                 made.append(core.allocate_buffer(owner, size, spec.dtype).id)
             count = len(operands)
-            ticket = core.launch(owner, loaded.session_id, made[:count], made[count:], scalars)
+            ticket = core.launch(
+                owner, loaded.session_id, made[:count], made[count:], scalars, may_block=True
+            )
             core.wait_launch(owner, loaded.session_id, ticket.launch_id)
             outputs = zip(pipeline.results, made[count:], sizes, strict=True)
             return [

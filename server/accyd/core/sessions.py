@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accyd.backends.base import Backend, DeviceBuffer, PreparedLaunch, Stream
+from accyd.backends.base import Backend, DeviceBuffer, Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline, Registry, ScalarSpec
 from accyd.core.executor import (
@@ -29,7 +29,8 @@ from accyd.core.executor import (
 )
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
-from accyd.core.prepared import PreparedLaunches
+from accyd.core.prepared import Key, Prepared, PreparedLaunches, key_of
+from accyd.core.tickets import NO_TICKETS, Revoker
 from accyd.errors import (
     AccyError,
     FailedPrecondition,
@@ -98,6 +99,7 @@ class Session:
         backend: Backend,
         pool: ArtifactPool,
         stream: Stream,
+        revoker: Revoker = NO_TICKETS,
     ) -> None:
         self.id = session_id
         self.key = key
@@ -114,10 +116,14 @@ class Session:
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()
-        self.prepared = PreparedLaunches(backend)
+        self.prepared = PreparedLaunches(backend, revoker)
         """Launches checked and packed once (CUDA graphs), replayed for the same arguments."""
         self._completed = 0
         """Every launch with a sequence number up to this one has finished."""
+        self.engine_touched = False
+        """An engine ticket may have launched on its stream: its pending work is asked of
+        the stream itself (a fresh mark), not of its log alone."""
+        self.closed = False
 
     # Launch ids ---------------------------------------------------------------
 
@@ -176,7 +182,25 @@ class Session:
     def launches_in_flight(self) -> int:
         return len(self._inflight)
 
-    def check(
+    def cache_key(
+        self,
+        operands: Sequence[DeviceBuffer],
+        results: Sequence[DeviceBuffer],
+        args: Sequence[Scalar],
+    ) -> Key | None:
+        """The prepared-launch key of a launch on the session's own scratch, or ``None`` for
+        one that needs scratch made for it alone (never prepared)."""
+        scratch = self.scratch
+        if scratch is None and self.needs_scratch:
+            return None
+        return key_of(
+            [b.id for b in operands],
+            [b.id for b in results],
+            [] if scratch is None else [b.id for b in scratch.buffers],
+            args,
+        )
+
+    def plan(
         self,
         operands: Sequence[DeviceBuffer],
         results: Sequence[DeviceBuffer],
@@ -191,17 +215,18 @@ class Session:
         results: Sequence[DeviceBuffer],
         args: Sequence[Scalar],
         transient: Intermediates | None,
-        plan: LaunchPlan | None = None,
+        plan: LaunchPlan,
+        entry: Prepared | None = None,
     ) -> LaunchRecord:
         """Enqueue one launch on the session's stream; returns once enqueued.
 
-        ``transient`` is scratch made for this launch alone, freed when it is
-        reaped; ``plan`` what ``check`` returned for the same buffers. A launch
-        that fails after its checks still leaves a record (the newest), so what
-        it may have touched is waited for before it is freed.
+        ``entry`` is the prepared launch of a launch on the session's own scratch (replayed);
+        ``transient`` is scratch made for this launch alone, freed when it is reaped;
+        ``plan`` what ``plan`` returned for the same buffers. A launch that fails after its
+        checks still leaves a record (the newest), so what it may have touched is waited
+        for before it is freed.
         """
         scratch = transient if transient is not None else self.scratch
-        intermediates = () if scratch is None else scratch.buffers
         request = PipelineLaunch(
             pipeline=self.pipeline,
             registry=self.registry,
@@ -209,18 +234,14 @@ class Session:
             operands=operands,
             results=results,
             runtime_scalars=args,
-            intermediates=intermediates,
+            intermediates=() if scratch is None else scratch.buffers,
             artifacts=self.pool,
             stream=self.stream,
             diagnostic_id=self.id,
         )
         try:
-            if (
-                plan is not None
-                and transient is None
-                and (scratch is not None or not self.needs_scratch)
-            ):
-                self.prepared.launch(request, plan)
+            if entry is not None:
+                self.prepared.launch(entry, request)
             else:
                 launch_pipeline(self.backend, request, plan)
         except _CHECKS:
@@ -232,40 +253,6 @@ class Session:
                 self._push(transient)
             raise
         return self._push(transient)
-
-    def prepared_for(
-        self,
-        operands: Sequence[DeviceBuffer],
-        results: Sequence[DeviceBuffer],
-        args: Sequence[Scalar],
-        plan: LaunchPlan,
-    ) -> PreparedLaunch:
-        """The prepared launch of a checked launch on the session's own scratch (made if
-        new); valid while ``prepared.generation`` stays as it is now."""
-        request = PipelineLaunch(
-            pipeline=self.pipeline,
-            registry=self.registry,
-            format=self.key.format,
-            operands=operands,
-            results=results,
-            runtime_scalars=args,
-            intermediates=() if self.scratch is None else self.scratch.buffers,
-            artifacts=self.pool,
-            stream=self.stream,
-            diagnostic_id=self.id,
-        )
-        return self.prepared.get(request, plan)
-
-    def replay(self, prepared: PreparedLaunch, count: int) -> LaunchRecord:
-        """Enqueue ``prepared`` (from ``prepared_for``) ``count`` times, as one record (one
-        mark after the last). A failure part way still leaves the record."""
-        try:
-            prepared.launch(self.stream, count)
-        except BaseException:
-            with contextlib.suppress(AccyError):
-                self._push(None, count)
-            raise
-        return self._push(None, count)
 
     def _push(self, scratch: Intermediates | None, launches: int = 1) -> LaunchRecord:
         record = LaunchRecord(self._next_seq, Mark(self.backend, self.stream), scratch, launches)
@@ -284,7 +271,12 @@ class Session:
         return self._next_seq
 
     def pending(self, seq: int | None) -> Mark | None:
-        """A retained mark for launch ``seq`` (the newest if ``None``); ``None`` once done."""
+        """A retained mark for launch ``seq`` (the newest if ``None``); ``None`` once done.
+
+        The newest of a session an engine ticket may have launched on is a fresh mark on
+        its stream: it covers the engine's launches enqueued so far too."""
+        if seq is None and self.engine_touched and not self.closed:
+            return Mark(self.backend, self.stream)
         if not self._inflight:
             return None
         if seq is None:
@@ -326,6 +318,7 @@ class Session:
 
     def close(self) -> None:
         """Free the pool, the scratch and the stream; the caller waited and drained first."""
+        self.closed = True
         self.prepared.clear()
         self.pool.close()
         if self.scratch is not None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from accyd.backends.base import Backend
+from accyd.core.placement import load_of
+from accyd.core.tables import Tables
 from accyd.core.tenants import Quotas, Usage
+from accyd.errors import AccyError
 
-__all__ = ["DaemonStatus", "DeviceStatus", "TenantStatus"]
+__all__ = ["DaemonStatus", "DeviceStatus", "TenantStatus", "status_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +71,77 @@ class DaemonStatus:
     """Clients gone whose work is still being waited for before their resources are freed."""
     devices: tuple[DeviceStatus, ...] = ()
     """Each device the daemon serves, by index."""
+
+
+def status_of(
+    tables: Tables,
+    instance_id: str,
+    uptime: float,
+    launches: tuple[int, int],
+    client_id: str | None,
+    tenants: Collection[str] | None,
+) -> DaemonStatus:
+    """The daemon's numbers from its tables; ``launches``: (total, failed)."""
+    backends = tables.backends
+    memory = {device: _memory_in_use(b) for device, b in list(backends.items())}
+    state, ledger = tables.state, tables.ledger
+    with tables.lock:
+        clients = list(tables.clients)
+        leaving = list(tables.leaving.values())
+        mine = tables.clients.find(client_id) if client_id else None
+        backend = backends[min(backends)]
+        loads = load_of(backends, clients + leaving)
+        shown = [t for t in ledger.tenants.values() if tenants is None or t.name in tenants]
+        members = {c.tenant.name: c for c in clients}
+        return DaemonStatus(
+            instance_id=instance_id,
+            backend=backend.kind.value,
+            device_name=backend.device_name,
+            serving=state.serving,
+            uptime_seconds=uptime,
+            clients=len(clients),
+            sessions=sum(len(c.sessions) for c in clients + leaving),
+            buffers=sum(len(c.buffers) for c in clients + leaving),
+            device_memory_in_use=sum(memory.values()),
+            launches_total=launches[0] + (0 if ledger.engine is None else ledger.engine.launched()),
+            launches_failed=launches[1],
+            my_sessions=0 if mine is None else len(mine.sessions),
+            my_buffers=0 if mine is None else len(mine.buffers),
+            my_memory_in_use=0 if mine is None else mine.memory_in_use(),
+            tenants=tuple(
+                TenantStatus(
+                    name=t.name,
+                    clients=sum(1 for c in clients if c.tenant is t),
+                    quotas=t.quotas,
+                    usage=ledger.usage_of(t, members.get(t.name)),
+                    quota_refusals=ledger.refusals_of(t.name),
+                )
+                for t in shown
+            ),
+            quota_refusals=sum(ledger.refusals.values()),
+            detaching_clients=len(leaving),
+            devices=tuple(
+                DeviceStatus(
+                    index=device,
+                    name=b.device_name,
+                    backend=b.kind.value,
+                    serving=state.serving and device not in state.lost,
+                    clients=max(loads[device].clients, loads[device].homed),
+                    sessions=loads[device].sessions,
+                    buffers=loads[device].buffers,
+                    memory_in_use=memory.get(device, 0),
+                    launches_in_flight=loads[device].launches_in_flight,
+                    replacements=state.replacements.get(device, 0),
+                    isolated=state.isolated,
+                )
+                for device, b in sorted(backends.items())
+            ),
+        )
+
+
+def _memory_in_use(backend: Backend) -> int:
+    """What ``backend`` has allocated; 0 for one lost to a fault (its memory went with it)."""
+    try:
+        return backend.memory_in_use()
+    except AccyError:
+        return 0

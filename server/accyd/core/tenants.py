@@ -51,15 +51,20 @@ class Tenant:
     usage: Usage = field(default_factory=Usage)
     on_refused: Callable[[Tenant, str], None] | None = field(default=None, repr=False)
     """Told of each refusal (tenant, quota name) before ``QuotaExceeded`` is raised."""
+    counter: int = -1
+    """The engine's in-flight counter of this tenant's launches (-1: none yet)."""
 
-    def charge(self, amount: Usage) -> None:
-        """Take ``amount`` or raise ``QuotaExceeded`` naming the first quota it would pass."""
+    def charge(self, amount: Usage, engine_launches: int = 0) -> None:
+        """Take ``amount`` or raise ``QuotaExceeded`` naming the first quota it would pass;
+        ``engine_launches`` are launches in flight an engine counts itself."""
         for name in _QUOTA_NAMES:
             wanted = getattr(amount, name)
             if not wanted:
                 continue
             limit = getattr(self.quotas, name)
             have = getattr(self.usage, name)
+            if name == "launches_in_flight":
+                have += engine_launches
             if limit is not None and have + wanted > limit:
                 if self.on_refused is not None:
                     self.on_refused(self, name)

@@ -56,6 +56,10 @@ class CopyInFlight:
         """Raise what the copy failed with, if it failed (call once ``done()``)."""
         self._future.result()
 
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called (on the copy's thread, or at once) once it is over."""
+        self._future.add_done_callback(lambda _: callback())
+
 
 class Copier:
     """The copy threads (made on the first copy, joined by ``close``) and what they copy

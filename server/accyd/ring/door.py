@@ -12,25 +12,25 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
-from accyd.backends.base import BackendKind
+from accyd.backends.base import Backend
 from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
 from accyd.ring.copies import Copier
+from accyd.ring.facade import RingCore, RingObserver
 from accyd.ring.memory import RingMemory
-from accyd.ring.needs import RingObserver
-from accyd.ring.ring import RingCore, ServerRing
-from accyd.ring.submitter import FLIGHT_SPIN_SECONDS, Submitter
+from accyd.ring.ring import Blocking, ServerRing
 
 __all__ = [
     "OFFER_SECONDS",
     "RINGS_PER_CLIENT",
     "RingDoor",
     "RingOffer",
-    "flight_spin_for",
+    "RingTaker",
     "ring_slots",
 ]
 
@@ -54,11 +54,12 @@ def ring_slots(asked: int) -> int:
     return slots
 
 
-def flight_spin_for(core: RingCore) -> float:
-    """How long the submitter spins on launches in flight: a device runs them without this
-    process, so spinning costs a core and finds their ends at once; the host backend runs
-    them on Python threads, which need the GIL the spinning thread keeps taking back."""
-    return 0.0 if core.backend.kind is BackendKind.HOST else FLIGHT_SPIN_SECONDS
+class RingTaker(Protocol):
+    """Who takes a ring's records once its client has it (``accyd.engine``'s engines)."""
+
+    def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
+
+    def remove(self, ring: ServerRing) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,29 +72,32 @@ class RingOffer:
 
 
 class RingDoor:
-    """Owns every ring (through its submitter) and the handoff socket they go out on."""
+    """Offers rings and hands them over the handoff socket; the engine takes (and owns) each
+    ring once its client took it. The daemon closes a detached client's rings here first
+    (``close_client``, as an extension of the core), so no record of theirs is taken after."""
 
     def __init__(
         self,
         core: RingCore,
         socket_path: Path,
+        engine: RingTaker,
         *,
-        submitter: Submitter | None = None,
         observer: RingObserver | None = None,
+        blocking: Blocking | None = None,
     ) -> None:
         self._core = core
+        self._engine = engine
         self._observer = observer
+        self._blocking = blocking
         self.handoff = Handoff(socket_path)
         """Shared with other things handed to clients (memory segments)."""
         self.path = self.handoff.path
-        self._submitter = submitter or Submitter(flight_spin_seconds=flight_spin_for(core))
         self.copier = Copier()
         """Runs rings' COPY records; copies nothing until ``copier.copies`` is set."""
-        self._by_client: dict[str, set[str]] = {}
+        self._by_client: dict[str, dict[str, ServerRing]] = {}
         self._lock = threading.Lock()
 
     def start(self, mode: int = 0o660) -> None:
-        self._submitter.start()
         self.handoff.start(mode)
 
     def offer(self, client_id: str, slots: int = 0) -> RingOffer:
@@ -103,16 +107,16 @@ class RingDoor:
         slots = ring_slots(slots)
         memory = RingMemory(slots)
         ring = ServerRing(
-            new_id("ring"), client_id, memory, self._core, self.copier, self._observer
+            new_id("ring"),
+            client_id,
+            memory,
+            self._core,
+            self.copier,
+            self._observer,
+            self._blocking,
         )
-
-        def dropped() -> None:
-            with self._lock:
-                self._by_client.get(client_id, set()).discard(ring.id)
-            ring.close()
-
         with self._lock:
-            held = self._by_client.setdefault(client_id, set())
+            held = self._by_client.setdefault(client_id, {})
             if len(held) >= RINGS_PER_CLIENT:
                 ring.close()
                 raise QuotaExceeded(
@@ -120,7 +124,26 @@ class RingDoor:
                     "client may have: launch on those (one per connection is enough)",
                     quota="rings_per_client",
                 )
-            held.add(ring.id)
+            held[ring.id] = ring
+        live = threading.Event()
+
+        def taken() -> None:
+            try:
+                self._engine.add(ring)
+            except Exception as error:  # its client detached meanwhile: it gets a closed ring
+                log.info("ring not taken", ring_id=ring.id, client_id=client_id, error=str(error))
+                ring.memory.mark_closed()
+                return
+            live.set()
+
+        def gone() -> None:  # failed, refused or expired: never taken by the engine
+            with self._lock:
+                self._by_client.get(client_id, {}).pop(ring.id, None)
+            if live.is_set():
+                self._engine.remove(ring)
+            else:
+                ring.close()
+
         ticket = self.handoff.offer(
             Offered(
                 ring.id,
@@ -128,30 +151,33 @@ class RingDoor:
                 memory.fds,
                 # Live before the client hears of it, and under the offers' lock, so a
                 # close_client that follows is queued after this add and finds the ring.
-                taken=lambda: self._submitter.add(ring),
-                failed=lambda: self._submitter.remove(ring.id),
-                dropped=dropped,
+                taken=taken,
+                failed=gone,
+                dropped=gone,
             )
         )
         return RingOffer(ring.id, ticket, self.path.name, slots)
 
-    def close_client(self, client_id: str, timeout: float = 5.0) -> None:
+    def close_client(self, client_id: str) -> None:
         """Close every ring of a client that detached; returns once they are closed."""
         withdrawn = set(self.handoff.withdraw_client(client_id))
         with self._lock:
-            ring_ids = self._by_client.pop(client_id, set())
-        events = []
-        for ring_id in ring_ids - withdrawn:
-            done = threading.Event()
-            self._submitter.remove(ring_id, done)
-            events.append(done)
-        for done in events:
-            done.wait(timeout)
+            rings = self._by_client.pop(client_id, {})
+        for ring_id, ring in rings.items():
+            if ring_id in withdrawn:
+                ring.close()
+            else:
+                self._engine.remove(ring)
+
+    def device_replaced(self, device: int, backend: Backend) -> None:
+        """Nothing of the door's names a device (the engine hears of it itself)."""
 
     def close(self) -> None:
         """Stop taking rings and close them all; removes only our own handoff socket."""
         self.handoff.close()
         with self._lock:
+            rings = [ring for held in self._by_client.values() for ring in held.values()]
             self._by_client.clear()
-        self._submitter.stop()
+        for ring in rings:
+            self._engine.remove(ring)
         self.copier.close()

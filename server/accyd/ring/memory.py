@@ -22,9 +22,13 @@ class RingMemory:
     copy a record out before they look at it.
 
     With ``shared=False`` the memory is the daemon's alone (an anonymous
-    mapping, no descriptors): a ring whose records arrive as messages
-    (``RingStream``) is filled by the daemon itself, and its counters go back
-    as messages; waking and draining do nothing.
+    mapping): a ring whose records arrive as messages (``RingStream``) is filled
+    by the daemon itself, and its counters go back as messages. Its eventfds stay
+    in the daemon: the stream's handler kicks ``submit`` and reads ``complete``,
+    which the engine writes whenever the ring moves.
+
+    An engine that takes the ring holds an export of ``map`` until it lets the
+    ring go: close it only after (``close`` raises ``BufferError`` before).
     """
 
     def __init__(self, slot_count: int, *, shared: bool = True) -> None:
@@ -38,13 +42,14 @@ class RingMemory:
             self.map = mmap.mmap(-1, self.size)
         else:
             self.fd, self.map = sealed_memfd("accy-ring", self.size)
-            try:
-                self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-                self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            except BaseException:
-                self.map.close()
+        try:
+            self.submit_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.complete_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except BaseException:
+            self.map.close()
+            if self.fd >= 0:
                 os.close(self.fd)
-                raise
+            raise
         layout.pack_header(self.map, slot_count)
         # Counters go through word views: one aligned 8- or 4-byte store or load each, where
         # struct.pack_into writes byte by byte and a reader could see a torn value.
@@ -131,29 +136,46 @@ class RingMemory:
         self.map[start : start + len(data)] = data
 
     def drain_submit(self) -> None:
-        if not self.shared:
-            return
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(BlockingIOError, OSError):
             os.eventfd_read(self.submit_fd)
 
+    def kick(self) -> None:
+        """Wake whoever takes the ring, if it said it sleeps (a ring filled by the daemon)."""
+        if self.u32(layout.DAEMON_WAITS):
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.eventfd_write(self.submit_fd, 1)
+
+    def drain_complete(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.eventfd_read(self.complete_fd)
+
     def wake_client(self) -> None:
-        if not self.shared:
-            return
         # A hostile client can fill the counter; a full eventfd is not our problem.
         with contextlib.suppress(BlockingIOError, OSError):
             os.eventfd_write(self.complete_fd, 1)
 
     def close(self) -> None:
+        """Mark the ring closed, wake its client, close the descriptors and unmap; idempotent.
+        Only once no engine holds the ring (``BufferError`` before: nothing was closed)."""
         if self._closed:
             return
+        self.mark_closed()
+        self._words.release()
+        self._halves.release()
+        try:
+            self.map.close()
+        except BufferError:  # an engine still holds it: the caller's mistake, kept visible
+            self._words = memoryview(self.map).cast("Q")
+            self._halves = memoryview(self.map).cast("I")
+            raise
         self._closed = True
-        with contextlib.suppress(ValueError):
-            self.set_u32(layout.CLOSED, 1)
-        self.wake_client()
         for fd in (self.fd, self.submit_fd, self.complete_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._words.release()
-        self._halves.release()
-        self.map.close()
+
+    def mark_closed(self) -> None:
+        """Tell the client the ring is closed (before the engine lets it go)."""
+        with contextlib.suppress(ValueError):
+            self.set_u32(layout.CLOSED, 1)
+        self.wake_client()

@@ -1,24 +1,19 @@
-"""RingStream: a client's ring whose records come as messages, taken on the event loop.
+"""RingStream: a client's ring whose records come as messages, taken by the ring engine.
 
-A client that cannot map the daemon's memory (another host, a TCP target)
-sends the same-host ring's records in frames, and gets the ring's counters
-back as messages. The records go into a ring the daemon keeps for itself
-(``RingMemory(shared=False)``) and are taken by the same ``ServerRing`` the
-submitter runs for shared rings: every check, bound launches replayed in runs,
-refusals as error entries naming the record. So a remote launch costs a
-record's bytes on the wire and a bound replay in the daemon, not a
-``LaunchRequest`` and a full ``Daemon.launch`` each.
+A client that cannot map the daemon's memory (another host, a TCP target) sends the
+same-host ring's records in frames, and gets the ring's counters back as messages. The
+records go into a ring the daemon keeps for itself (``RingMemory(shared=False)``),
+which the same engine takes as it takes shared rings: tickets launched natively, every
+other record decided by its ``ServerRing`` (every check, refusals as error entries
+naming the record). Nothing a frame carries is checked on the event loop: the loop
+copies its records in (at most a ring's worth, bounded) and kicks the engine.
 
-The ring is taken here, on the event loop, as each frame arrives: a waited
-record costs no thread hop. A frame holding a record its client waits for
-(``NOTIFY``) is spun on for the launch spin (as a waited ``Launch`` is); one
-still running, and launches in flight, are finished by the device's
-notification (``ServerRing.notify_settled``, one asked at a time), with a slow
-poll behind it for a lost device. Each message out carries the counters as
-they are then, so one answers many records.
+The engine writes the ring's ``complete`` eventfd whenever its tail or done moves (and
+the slow path, when it writes an entry); the loop reads it and sends the counters as
+they are then, so one message answers many records.
 
-The ring lives as long as its stream: the stream's end closes it (its marks
-let go), and a client that detached ends the stream at its next frame.
+The ring lives as long as its stream: the stream's end removes it from the engine and
+closes it; a client that detached ends the stream at its next frame.
 """
 
 from __future__ import annotations
@@ -34,25 +29,19 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon
 from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
-from accyd.ring.door import ring_slots
+from accyd.ring.door import RingTaker, ring_slots
+from accyd.ring.facade import RingObserver
 from accyd.ring.memory import RingMemory
-from accyd.ring.needs import RingObserver
-from accyd.ring.ring import ServerRing
+from accyd.ring.ring import Blocking, ServerRing
 from accyd.service.calls import Context
 from accyd.service.launches import until_stopped
 
-__all__ = ["POLL_SECONDS", "STREAMS_PER_CLIENT", "RingStreams"]
+__all__ = ["STREAMS_PER_CLIENT", "RingStreams"]
 
 log = structlog.get_logger("accyd.ring")
 
-POLL_SECONDS = 0.05
-"""With launches in flight, how often they are looked at besides the device's notification."""
-
 STREAMS_PER_CLIENT = 8
 """Ring streams one client may hold open at once (each is up to a MiB of the daemon's memory)."""
-
-_FLAGS = 10
-"""A record's flags' low byte."""
 
 
 class RingStreams:
@@ -61,16 +50,15 @@ class RingStreams:
     def __init__(
         self,
         daemon: Daemon,
+        engine: RingTaker,
         *,
-        spin_seconds: float,
-        batch: int = 64,
         observer: RingObserver | None = None,
+        blocking: Blocking | None = None,
     ) -> None:
         self.daemon = daemon
+        self.engine = engine
         self.observer = observer
-        self.spin_seconds = spin_seconds
-        """How long a frame with a waited record is spun on (the service's launch spin)."""
-        self.batch = batch
+        self.blocking = blocking
         self._open: dict[str, int] = {}
         """Open streams per client."""
 
@@ -98,138 +86,119 @@ class RingStreams:
                 quota="ring_streams_per_client",
             )
         self._open[client_id] = held + 1
-        ring = _StreamRing(self, client_id, slots, context)
+        try:
+            ring = _StreamRing(self, client_id, slots, context)
+        except BaseException:
+            self._release(client_id)
+            raise
         try:
             await context.write(pb.RingState(slots=slots))
             async for frame in frames:
                 self.daemon.client(client_id)  # a detached client's stream ends here
-                await ring.take(frame)
+                ring.take(frame)
+                if ring.broken:  # a fault that stops the daemon: say what the entries say
+                    await ring.flush()
+                    raise Unavailable("the daemon closed this ring: it is stopping")
             await ring.drain()
         finally:
-            ring.close()
-            left = self._open.pop(client_id) - 1
-            if left:
-                self._open[client_id] = left
+            await ring.close()
+            self._release(client_id)
+
+    def _release(self, client_id: str) -> None:
+        left = self._open.pop(client_id) - 1
+        if left:
+            self._open[client_id] = left
 
 
 class _StreamRing:
-    """One stream's ring: its memory and ``ServerRing``, owned here and closed with the
-    stream; lives on the event loop (the device's notifications come back to it)."""
+    """One stream's ring: its memory and ``ServerRing``, taken by the engine, answered from
+    the event loop (the engine's wakes come back to it through ``complete``)."""
 
     def __init__(self, streams: RingStreams, client_id: str, slots: int, context: Context) -> None:
-        self._streams = streams
         self._memory = RingMemory(slots, shared=False)
         self._ring = ServerRing(
-            new_id("ring"), client_id, self._memory, streams.daemon, observer=streams.observer
+            new_id("ring"),
+            client_id,
+            self._memory,
+            streams.daemon,
+            observer=streams.observer,
+            blocking=streams.blocking,
         )
+        self._engine = streams.engine
         self._context = context
         self._loop = asyncio.get_running_loop()
         self._head = 0
         self._sent = (0, 0, 0)
         """The tail, done and errors the client was last told."""
-        self._armed = 0
-        """Device notifications asked for and not come yet."""
-        self._poll: asyncio.TimerHandle | None = None
-        self._writing = False
+        self._writing = asyncio.Lock()
+        self._flushing: asyncio.Task[None] | None = None
         self._again = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle = asyncio.Event()
+        """The ring moved since the flush under way read its counters."""
+        self._moved = asyncio.Event()
         self._closed = False
+        self._engine.add(self._ring, notify_always=True)
+        self._loop.add_reader(self._memory.complete_fd, self._on_moved)
 
-    async def take(self, frame: pb.RingFrame) -> None:
-        """Check the frame's framing, take its records through the ring, send what moved."""
+    @property
+    def broken(self) -> bool:
+        return self._ring.broken
+
+    def take(self, frame: pb.RingFrame) -> None:
+        """Check the frame's framing, copy its records in, kick the engine."""
         records = frame.records
         count, odd = divmod(len(records), layout.SLOT_SIZE)
-        if odd or frame.first != self._head or count > self._memory.slot_count:
+        memory = self._memory
+        room = memory.slot_count - (self._head - memory.u64(layout.TAIL))
+        if odd or frame.first != self._head or count > room:
             raise InvalidRequest(
-                f"a frame carries whole records from seq {self._head} on, at most "
-                f"{self._memory.slot_count} of them ({len(records)} bytes from seq "
-                f"{frame.first} is not that)",
+                f"a frame carries whole records from seq {self._head} on, at most {room} of "
+                f"them now (its window: records not yet taken); {len(records)} bytes from "
+                f"seq {frame.first} is not that",
                 field="records",
             )
         if not count:
             return
-        memory, ring = self._memory, self._ring
         memory.write(self._head, records)
         self._head += count
         memory.set_u64(layout.HEAD, self._head)
-        batch = self._streams.batch
-        while ring.pending():
-            ring.take(batch)
-        if ring.broken:  # a fault that stops the daemon: say what the entries say, then end
-            await self._flush()
-            raise Unavailable("the daemon closed this ring: it is stopping")
-        waited = any(flags & layout.NOTIFY for flags in records[_FLAGS :: layout.SLOT_SIZE])
-        ring.settle_for(self._streams.spin_seconds if waited else 0.0)
-        self._arm()
-        await self._flush()
+        memory.kick()
 
     async def drain(self) -> None:
         """After the client's last frame: wait until its records are done, and say so."""
-        while self._ring.in_flight:
-            self._idle.clear()
-            self._arm()
-            await self._idle.wait()
-        await self._flush()
-
-    # Completions -----------------------------------------------------------------------
-
-    def _arm(self) -> None:
-        """Ask to hear of the newest batch's end, unless a notification is coming already."""
-        ring = self._ring
-        if not ring.in_flight:
-            self._idle.set()
-            return
-        if self._armed == 0:
-            self._armed = ring.notify_settled(self._notified)
-        if self._poll is None:
-            self._poll = self._loop.call_later(POLL_SECONDS, self._polled)
-
-    def _notified(self) -> None:
-        """From the device's thread: a batch is over."""
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody to tell
-            self._loop.call_soon_threadsafe(self._settled, True)
-
-    def _polled(self) -> None:
-        self._poll = None
-        self._settled(False)
-
-    def _settled(self, notified: bool) -> None:
-        if self._closed:
-            return
-        if notified:
-            self._armed = max(self._armed - 1, 0)
-        try:
-            self._ring.settle()
-        except Exception:
-            log.exception("ring stream failed to settle", ring_id=self._ring.id)
-            return
-        self._arm()
-        if not self._writing:
-            task = self._loop.create_task(self._flush())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            self._again = True
+        memory = self._memory
+        while memory.u64(layout.DONE) < self._head and not self._ring.broken:
+            self._moved.clear()
+            if memory.u64(layout.DONE) >= self._head:
+                break
+            await self._moved.wait()
+        await self.flush()
 
     # Answers ---------------------------------------------------------------------------
 
-    async def _flush(self) -> None:
-        """Send the counters if they moved since the last message (one writer at a time)."""
-        if self._writing:
-            self._again = True
-            return
-        self._writing = True
+    def _on_moved(self) -> None:
+        """The engine (or the slow path's entry) moved the ring: tell the client."""
+        self._memory.drain_complete()
+        self._moved.set()
+        self._again = True
+        if self._closed or self._flushing is not None:
+            return  # the flush under way reads the counters again before it ends
+        self._flushing = self._loop.create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
         try:
-            while True:
+            while self._again:
                 self._again = False
-                state = self._state()
-                if state is not None:
-                    await self._context.write(state)
-                if not self._again:
-                    return
+                await self.flush()
         finally:
-            self._writing = False
+            self._flushing = None
+
+    async def flush(self) -> None:
+        """Send the counters as they are now, if they moved since the last message (one
+        message at a time: the counters are read once the one before went out)."""
+        async with self._writing:
+            state = self._state()
+            if state is not None:
+                await self._context.write(state)
 
     def _state(self) -> pb.RingState | None:
         memory = self._memory
@@ -244,13 +213,13 @@ class _StreamRing:
             state.first_error, state.entries = memory.entries(told, errors)
         return state
 
-    def close(self) -> None:
-        """Let the ring's marks go and stop listening; idempotent."""
+    async def close(self) -> None:
+        """Stop listening, have the engine let the ring go (it closes it); idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._poll is not None:
-            self._poll.cancel()
-        for task in self._tasks:
-            task.cancel()
-        self._ring.close()
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._memory.complete_fd)
+        if self._flushing is not None:
+            self._flushing.cancel()
+        await asyncio.to_thread(self._engine.remove, self._ring)

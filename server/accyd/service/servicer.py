@@ -63,7 +63,8 @@ class LaunchServicer(SegmentHandlers):
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
         rings: RingDoor | None = None,
-        ring_streams: bool = True,
+        ring_streams: RingStreams | None = None,
+        ring_counts: RingLaunchCounts | None = None,
     ) -> None:
         self.daemon = daemon
         self.rings = rings
@@ -81,13 +82,9 @@ class LaunchServicer(SegmentHandlers):
         self._detaching = TaskSet()
         self._watching = TaskSet()
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
-        self.ring_counts = RingLaunchCounts(self.metrics, daemon.pipeline_of)
+        self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         """Counts the rings' launches (both kinds) in ``accy_launches``."""
-        self._ring_streams = (
-            RingStreams(daemon, spin_seconds=launch_spin_seconds, observer=self.ring_counts)
-            if ring_streams
-            else None
-        )
+        self._ring_streams = ring_streams
 
     def register(self, server: grpc.aio.Server | Admitting) -> None:
         """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
@@ -143,10 +140,7 @@ class LaunchServicer(SegmentHandlers):
         self._detaching.start(self._detach(client_id))
 
     async def _detach(self, client_id: str) -> None:
-        try:
-            if self.rings is not None:  # no record of its is taken after this
-                await self.calls.blocking(self.rings.close_client, client_id)
-            await self.calls.blocking(self.segments.close_client, client_id)
+        try:  # its rings, segments and exports first (the daemon's extensions), then the rest
             await self.daemon.detach_async(client_id)
         except Exception:
             log.exception("detach failed", client_id=client_id)

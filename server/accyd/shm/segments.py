@@ -178,6 +178,10 @@ class Segments:
         for client_id in clients:
             self.close_client(client_id)
 
+    def device_replaced(self, device: int, backend: Backend) -> int:
+        """The daemon's extension hook: ``repin``."""
+        return self.repin(device, backend)
+
     def repin(self, device: int, backend: Backend) -> int:
         """*Blocking*: pin every open segment of ``device`` for ``backend``, which replaced
         the device's faulted one; how many there were."""

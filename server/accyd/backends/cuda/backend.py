@@ -31,6 +31,7 @@ from accyd.backends.cuda.state import CURRENT, TOKENS
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
+    AccyError,
     FailedPrecondition,
     LaunchArgumentMismatch,
     LaunchFailed,
@@ -124,6 +125,16 @@ class CudaBackend(Kernels, Events):
             raise
 
     # -- identity ----------------------------------------------------------------
+
+    @property
+    def context_handle(self) -> int:
+        """The primary context's ``CUcontext`` as an integer, for a native engine's threads
+        (which make it current before launching)."""
+        return int(self._ctx)
+
+    def driver_error(self, code: int, what: str) -> AccyError:
+        """The domain error for a driver result a native engine met (sticky ones latched)."""
+        return self._check.error(self._cu.CUresult(code), what, LaunchFailed)
 
     @property
     def kind(self) -> BackendKind:

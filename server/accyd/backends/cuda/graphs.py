@@ -71,6 +71,12 @@ class GraphLaunch:
             if err:
                 raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
 
+    @property
+    def exec_handle(self) -> int:
+        """The ``CUgraphExec`` as an integer, for a native engine (0 once closed): valid while
+        this is open, which its owner guarantees for as long as an engine may launch it."""
+        return 0 if self._exec is None else int(self._exec)
+
     def close(self) -> None:
         graph_exec, self._exec = self._exec, None
         if graph_exec is not None and not self._backend._closed:

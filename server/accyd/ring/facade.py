@@ -1,4 +1,4 @@
-"""What a ring needs of the core: the operations every front door calls, as a protocol."""
+"""What a ring needs of the core facade (``accyd.core.daemon.Daemon`` fits), as a protocol."""
 
 from __future__ import annotations
 
@@ -8,26 +8,17 @@ from typing import Protocol
 from accyd.backends.base import Backend
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
-from accyd.core.launching import BoundLaunch
-from accyd.core.marks import MarkWatch
-from accyd.errors import AccyError
+from accyd.core.launching import LaunchTicket
+from accyd.errors import AccyError, DeviceFault
 
-__all__ = ["RingCore", "RingObserver", "Ticket"]
-
-
-class Ticket(Protocol):
-    @property
-    def must_wait(self) -> bool: ...
-
-    @property
-    def watch(self) -> MarkWatch | None: ...
+__all__ = ["RingCore", "RingObserver"]
 
 
 class RingCore(Protocol):
-    """What a ring needs of the core: the operations every front door calls."""
+    """The operations every front door calls, and the few a ring's records need."""
 
     @property
-    def backend(self) -> Backend: ...
+    def backends(self) -> dict[int, Backend]: ...
 
     def launch(
         self,
@@ -38,24 +29,11 @@ class RingCore(Protocol):
         scalars: Mapping[str, Scalar],
         *,
         watch: bool = False,
-    ) -> Ticket: ...
+        ticket_for: object | None = None,
+        may_block: bool = False,
+    ) -> LaunchTicket: ...
 
-    def reap(self, client_id: str, session_id: str) -> None: ...
-
-    def bind_launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-    ) -> BoundLaunch | None: ...
-
-    def launch_bound(self, bound: BoundLaunch, count: int = 1) -> bool: ...
-
-    def newest_launch(self, client_id: str, session_id: str) -> MarkWatch | None: ...
-
-    def launch_outcome(self, session_id: str, watch: MarkWatch) -> None: ...
+    def reap(self, client_id: str, session_id: str) -> bool: ...
 
     def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]: ...
 
@@ -63,7 +41,9 @@ class RingCore(Protocol):
 
     def touch(self, client_id: str) -> None: ...
 
-    def frees_of(self, client_id: str) -> int: ...
+    def note_fault(
+        self, fault: DeviceFault, session_id: str | None, device: int
+    ) -> DeviceFault: ...
 
 
 class RingObserver(Protocol):

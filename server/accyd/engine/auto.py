@@ -1,0 +1,89 @@
+"""Choosing the ring engine: the native one where it is built, else the Python loop."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Protocol
+
+import structlog
+
+from accyd.backends.base import Backend, BackendKind
+from accyd.core.daemon import Daemon
+from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.ring.facade import RingObserver
+from accyd.ring.ring import ServerRing
+
+__all__ = ["ENGINE_ENV", "EngineKind", "RingEngine", "open_engine"]
+
+log = structlog.get_logger("accyd.engine")
+
+ENGINE_ENV = "ACCYD_ENGINE"
+"""``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
+
+EngineKind = Literal["auto", "native", "python"]
+
+
+class RingEngine(Protocol):
+    """Takes the records of every ring added to it and launches them; one per daemon, shared
+    by the ring doors (shared rings and rings over a stream). It owns the rings added to it:
+    ``remove`` returns once none of its threads holds the ring, which it then closes."""
+
+    kind: str
+    threads: int
+
+    def start(self) -> None: ...
+
+    def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
+
+    def remove(self, ring: ServerRing) -> None: ...
+
+    def close_client(self, client_id: str) -> None:
+        """Nothing kept per client beyond its rings (the doors remove those)."""
+        ...
+
+    def device_replaced(self, device: int, backend: Backend) -> None: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+def open_engine(
+    core: Daemon,
+    *,
+    kind: EngineKind | None = None,
+    threads: int = 1,
+    observer: RingObserver | None = None,
+    launches_per_client: int | None = None,
+) -> RingEngine:
+    """The engine for ``core``'s rings (``kind`` ``None``: from ``ACCYD_ENGINE``, else auto).
+
+    A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
+    loop serving, with one warning; where ``native`` was asked for by name it raises.
+    """
+    wanted = kind or os.environ.get(ENGINE_ENV, "auto")
+    if wanted not in ("auto", "native", "python"):
+        raise ValueError(f"{ENGINE_ENV} is native, python or auto, not {wanted!r}")
+    host = all(b.kind is not BackendKind.CUDA for b in core.backends.values())
+    # A device runs launches without this process: spinning on them finds their ends at
+    # once; the host backend runs them on Python threads, which need the GIL back.
+    flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
+    if wanted != "python":
+        try:
+            from accyd.engine.native import NativeEngine
+        except ImportError as error:
+            if wanted == "native":
+                raise
+            log.warning(
+                "the native ring engine is not built here; the Python ring loop serves",
+                error=str(error),
+            )
+        else:
+            return NativeEngine(
+                core,
+                threads=threads,
+                flight_spin_seconds=flight_spin,
+                observer=observer,
+                launches_per_client=launches_per_client,
+            )
+    return PythonLoop(core, flight_spin_seconds=flight_spin, observer=observer)

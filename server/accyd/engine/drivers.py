@@ -1,0 +1,213 @@
+"""The native engine's driver tables: the CUDA driver itself, or callbacks into a Python backend.
+
+The engine launches a ticket as ``launch(exec, stream)`` and tracks its end with
+pooled events, through a table of five C functions per device. For an in-process CUDA
+backend they are the driver's own (``cuGraphLaunch``, ``cuEvent*``), loaded by the
+engine from ``libcuda.so.1``, and the handles are the driver's: a ``CUgraphExec``, a
+``CUstream``. For any other backend (host, a device worker's proxy, the tests' fakes)
+they are ctypes callbacks into this module, which take the GIL and call the backend;
+the handles are then keys of the objects here. Either way the engine's parser, tickets,
+epochs and counters are the same C code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import weakref
+from typing import Protocol
+
+import structlog
+
+from accyd.backends.base import Backend, Event, PreparedLaunch, Stream
+from accyd.errors import AccyError, LaunchFailed
+
+__all__ = ["CudaDriver", "Driver", "PythonDriver", "driver_for"]
+
+log = structlog.get_logger("accyd.engine")
+
+NOT_READY = 600
+"""What ``event_query`` answers for work not over yet (CUDA_ERROR_NOT_READY)."""
+CALLBACK_ERROR = 999
+"""A table driver's callback raised: the error is kept here, ``error(code)`` gives it."""
+
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
+_EVENT_CREATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64))
+_EVENT_ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64)
+_EVENT_RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
+
+
+class Driver(Protocol):
+    """One device's table for the engine, and the handles of its objects."""
+
+    kind: str
+    """``cuda`` or ``table``."""
+
+    def table(self) -> dict[str, int]:
+        """``set_driver``'s keyword arguments besides ``index`` and ``kind``."""
+        ...
+
+    def exec_handle(self, launch: PreparedLaunch) -> int: ...
+
+    def stream_handle(self, stream: Stream) -> int: ...
+
+    def error(self, code: int, what: str) -> AccyError:
+        """The domain error for a result the engine met (``what``: the call)."""
+        ...
+
+    def retarget(self, backend: Backend) -> None:
+        """``backend`` serves the device now (after a replacement)."""
+        ...
+
+
+class CudaDriver:
+    """An in-process CUDA backend's own driver: the engine calls ``libcuda.so.1`` directly."""
+
+    kind = "cuda"
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+
+    def table(self) -> dict[str, int]:
+        return {"context": int(getattr(self._backend, "context_handle"))}  # noqa: B009
+
+    def exec_handle(self, launch: PreparedLaunch) -> int:
+        return int(getattr(launch, "exec_handle"))  # noqa: B009
+
+    def stream_handle(self, stream: Stream) -> int:
+        return int(stream.native)
+
+    def error(self, code: int, what: str) -> AccyError:
+        translate = getattr(self._backend, "driver_error")  # noqa: B009
+        error: AccyError = translate(code, what)
+        return error
+
+    def retarget(self, backend: Backend) -> None:
+        self._backend = backend
+
+
+class PythonDriver:
+    """Callbacks into a Python backend, for the engine's threads (each call takes the GIL).
+
+    Handles are small integers standing for the objects kept here: prepared launches and
+    streams weakly (a stale ticket may name one that is gone: it is never launched), the
+    engine's pooled events strongly until it destroys them. A callback never raises into
+    the engine: it answers ``CALLBACK_ERROR`` and keeps the error for ``error``.
+    """
+
+    kind = "table"
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._launches: weakref.WeakValueDictionary[int, PreparedLaunch] = (
+            weakref.WeakValueDictionary()
+        )
+        self._launch_ids: dict[int, int] = {}
+        """id() of a prepared launch -> its handle, while it lives."""
+        self._streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
+        self._events: dict[int, Event | None] = {}
+        self._error: AccyError | None = None
+        # Kept here: the engine holds only their addresses.
+        self._callbacks = (
+            _LAUNCH(self._launch),
+            _EVENT_CREATE(self._event_create),
+            _EVENT_ONE(self._event_destroy),
+            _EVENT_RECORD(self._event_record),
+            _EVENT_ONE(self._event_query),
+        )
+
+    def table(self) -> dict[str, int]:
+        names = ("launch", "event_create", "event_destroy", "event_record", "event_query")
+        return {
+            name: ctypes.cast(fn, ctypes.c_void_p).value or 0
+            for name, fn in zip(names, self._callbacks, strict=True)
+        }
+
+    def exec_handle(self, launch: PreparedLaunch) -> int:
+        with self._lock:
+            key = id(launch)
+            handle = self._launch_ids.get(key)
+            if handle is None or self._launches.get(handle) is not launch:
+                handle = next(self._ids)
+                self._launches[handle] = launch
+                self._launch_ids[key] = handle
+                weakref.finalize(launch, self._launch_ids.pop, key, None)
+            return handle
+
+    def stream_handle(self, stream: Stream) -> int:
+        self._streams[stream.id] = stream
+        return stream.id
+
+    def error(self, code: int, what: str) -> AccyError:
+        error, self._error = self._error, None
+        if code == CALLBACK_ERROR and error is not None:
+            return error
+        return LaunchFailed(f"{what} failed with error {code}")
+
+    def retarget(self, backend: Backend) -> None:
+        self.backend = backend
+
+    # The callbacks (engine threads, the GIL taken by ctypes) ------------------------------
+
+    def _failed(self, error: BaseException) -> int:
+        if isinstance(error, AccyError):
+            self._error = error
+        else:
+            log.error("engine callback failed", error=repr(error))
+            self._error = LaunchFailed(f"the engine's driver callback failed: {error!r}")
+        return CALLBACK_ERROR
+
+    def _launch(self, handle: int, stream: int) -> int:
+        try:
+            launch = self._launches[handle]
+            launch.launch(self._streams[stream])
+        except BaseException as error:
+            return self._failed(error)
+        return 0
+
+    def _event_create(self, out: ctypes._Pointer[ctypes.c_uint64]) -> int:
+        handle = next(self._ids)
+        self._events[handle] = None
+        out[0] = handle
+        return 0
+
+    def _event_destroy(self, handle: int) -> int:
+        event = self._events.pop(handle, None)
+        if event is not None:
+            try:
+                self.backend.destroy_event(event)
+            except BaseException as error:
+                return self._failed(error)
+        return 0
+
+    def _event_record(self, handle: int, stream: int) -> int:
+        try:
+            old = self._events.get(handle)
+            self._events[handle] = self.backend.record_event(self._streams[stream])
+            if old is not None:
+                self.backend.destroy_event(old)
+        except BaseException as error:
+            return self._failed(error)
+        return 0
+
+    def _event_query(self, handle: int) -> int:
+        try:
+            event = self._events.get(handle)
+            if event is None:
+                return 0
+            if not self.backend.event_done(event):
+                return NOT_READY
+            self.backend.synchronize_event(event)  # over: a failure raises here
+        except BaseException as error:
+            return self._failed(error)
+        return 0
+
+
+def driver_for(backend: Backend) -> Driver:
+    """The table for ``backend``: its own driver where it is an in-process CUDA device."""
+    if hasattr(backend, "context_handle") and hasattr(backend, "driver_error"):
+        return CudaDriver(backend)
+    return PythonDriver(backend)
