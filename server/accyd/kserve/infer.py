@@ -184,18 +184,9 @@ class Inference:
                     buffers.results,
                     checked.scalars,
                     watch=True,
-                    may_block=False,
                 )
-            except WouldBlock:  # no scratch of its own: allocated off the event loop
-                ticket = await self.calls.blocking_for(
-                    client_id,
-                    self.daemon.launch,
-                    client_id,
-                    session_id,
-                    buffers.operands,
-                    buffers.results,
-                    checked.scalars,
-                )
+            except WouldBlock as blocked:  # no scratch of its own: allocated off the loop
+                ticket = await self.calls.blocking_for(client_id, blocked.finish)
             watch = ticket.watch
             settled = False
             if watch is not None:
