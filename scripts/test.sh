@@ -17,5 +17,7 @@ if [[ -f scripts/lint_containers.sh ]]; then
   echo "== container files"
   bash scripts/lint_containers.sh
 fi
+# tritonclient and perf_analyzer, which the KServe door's tests run against (.kserve-tools/).
+bash scripts/kserve_tools.sh
 echo "== pytest"
 python -m pytest "$@"

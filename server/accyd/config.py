@@ -145,6 +145,22 @@ class Config:
         group="security",
     )  # fmt: skip
     """The bearer tokens file (``accyd.auth``); with it every call needs a token."""
+    kserve: bool = setting(
+        True, "serve no KServe v2 / Open Inference Protocol door (inference.GRPCInferenceService, "
+        "for tritonclient and perf_analyzer)", bool_text, flag="--no-kserve", switch=True,
+        switch_value=False,
+    )  # fmt: skip
+    """Serve the KServe v2 door (``accyd.kserve``) beside the launch service."""
+    kserve_cuda_shared_memory: bool = setting(
+        False, "KServe door: accept CUDA shared-memory regions from callers on this host (a "
+        "CUDA IPC handle lets whoever sees it open the memory)", bool_text, switch=True,
+        group="security",
+    )  # fmt: skip
+    kserve_liveness_seconds: float = setting(
+        60.0, "KServe door: free a caller's sessions, buffers and shared-memory regions once it "
+        "made no call this long (a closed loopback connection's at once)", float_text,
+        metavar="SECONDS", group="tuning",
+    )  # fmt: skip
     no_rings: bool = setting(
         False, "hand out no same-host submission rings: local clients launch over gRPC",
         bool_text, switch=True,
@@ -259,7 +275,12 @@ class Config:
 
     def validate(self) -> Config:
         """Refuse settings that cannot work; returns ``self``."""
-        for name in ("heartbeat_seconds", "keepalive_seconds", "keepalive_timeout_seconds"):
+        for name in (
+            "heartbeat_seconds",
+            "keepalive_seconds",
+            "keepalive_timeout_seconds",
+            "kserve_liveness_seconds",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.grace_seconds < 0:

@@ -36,6 +36,8 @@ from accyd.core.daemon import CatalogView, Daemon, LaunchTicket
 from accyd.devices import open_backends, replace_device
 from accyd.engine.auto import RingEngine, open_engine
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
+from accyd.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
+from accyd.kserve.servicer import KServeServicer
 from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
 from accyd.memtune import keep_freed_memory
@@ -180,7 +182,24 @@ class Server:
             ring_streams=ring_streams,
             ring_counts=ring_counts,
         )
-        self.health = Health([SERVICE_NAME])
+        self.kserve: KServeServicer | None = None
+        if config.kserve:  # the KServe v2 door, admitted as the launch service is
+            self.kserve = KServeServicer(
+                self.daemon,
+                self.calls,
+                default_principal=default_principal(config.default_tenant, config.quotas),
+                max_message_bytes=config.max_message_bytes - 1024,
+                metrics=metrics,
+                launch_spin_seconds=config.launch_spin_seconds,
+                liveness_seconds=config.kserve_liveness_seconds,
+                cuda_gpus=(
+                    tuple(config.gpu_of(d) for d in config.devices)
+                    if config.kserve_cuda_shared_memory
+                    else None
+                ),
+            )
+        services = [SERVICE_NAME, *([KSERVE_SERVICE] if self.kserve is not None else [])]
+        self.health = Health(services)
         self._authenticator = authenticator = Authenticator(
             tokens,
             default_principal(config.default_tenant, config.quotas),
@@ -190,9 +209,11 @@ class Server:
         self._grpc = grpc.aio.server(options=config.grpc_server_options())
         self._admitting = Admitting(self._grpc, authenticator)
         self.servicer.register(self._admitting)
+        if self.kserve is not None:
+            self.kserve.register(self._admitting)
         self.health.register(self._grpc)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), self._grpc
+            (*services, "grpc.health.v1.Health", reflection.SERVICE_NAME), self._grpc
         )
         try:
             for address in config.listen_addresses:
@@ -399,6 +420,8 @@ class Server:
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await _within(self.servicer.wait_detached(), detach_within, "client detach")
+        if self.kserve is not None:  # its callers' clients, regions and buffers
+            await _within(self.kserve.close(), detach_within, "kserve client detach")
         if self.rings is not None:
             await asyncio.to_thread(self.rings.close)
         if self.engine is not None:

@@ -85,3 +85,11 @@ def saxpy(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[f
     for start in range(0, n, step):
         stop = min(n, start + step)
         out[start:stop] = a * x[start:stop] + y[start:stop]
+
+
+def add_sub(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
+    """sum = a + b, difference = a - b over 16 int32 (wrapping, as the CUDA kernel)."""
+    total, difference = buffers[0][:64].view(np.int32), buffers[1][:64].view(np.int32)
+    a, b = buffers[2][:64].view(np.int32), buffers[3][:64].view(np.int32)
+    np.add(a, b, out=total)
+    np.subtract(a, b, out=difference)

@@ -1,0 +1,1 @@
+"""Generated code of the ``inference`` protocol package (``scripts/gen_protos.sh``)."""

@@ -1,0 +1,175 @@
+"""Requests checked into domain values: models' metadata, scalars, shapes, sources, peers."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import numpy as np
+import pytest
+
+from accyd.auth import Principal
+from accyd.catalog import load_catalog
+from accyd.core.tenants import Quotas
+from accyd.errors import (
+    AccyError,
+    InvalidRequest,
+    LaunchArgumentMismatch,
+    NotFound,
+    PermissionDenied,
+)
+from accyd.kserve.models import Model, find_model, parse_version
+from accyd.kserve.owners import Owner
+from accyd.kserve.peers import Peer, parse_peer
+from accyd.kserve.protocol import open_inference_pb2 as pb
+from accyd.kserve.tensors import check_request
+
+PIPELINES = load_catalog().pipelines
+LIMIT = 1 << 26
+
+
+def model(name: str) -> Model:
+    return find_model(PIPELINES, name, 0)
+
+
+def request(name: str, *inputs: tuple[str, str, list[int], bytes]) -> pb.ModelInferRequest:
+    made = pb.ModelInferRequest(model_name=name)
+    for tensor, datatype, shape, data in inputs:
+        made.inputs.add(name=tensor, datatype=datatype, shape=shape)
+        made.raw_input_contents.append(data)
+    return made
+
+
+def f32(count: int) -> bytes:
+    return np.ones(count, dtype=np.float32).tobytes()
+
+
+def test_metadata_dims_are_extents_or_minus_one() -> None:
+    scan = model("accy.kernel.device_scan").metadata()
+    assert [(t.name, t.datatype, list(t.shape)) for t in scan.inputs] == [("x", "FP32", [-1])]
+    assert [
+        (t.name, list(t.shape)) for t in model("accy.kernel.reduce_sum").metadata().outputs
+    ] == [("total", [1])]
+    config = model("accy.kernel.saxpy").config(gpu=False)
+    assert config.max_batch_size == 0 and set(config.parameters) == {"scalar.n", "scalar.a"}
+    assert "element count of input x" in config.parameters["scalar.n"].string_value
+
+
+def test_versions_and_unknown_models() -> None:
+    assert model("simple").metadata().versions == ["1"]
+    with pytest.raises(NotFound):
+        find_model(PIPELINES, "nope", 0)
+    with pytest.raises(NotFound):
+        find_model(PIPELINES, "simple", 9)
+    for text in ("0", "x", "-1", "1" * 12):
+        with pytest.raises(InvalidRequest):
+            parse_version(text)
+
+
+def test_a_scalar_left_out_is_the_inputs_length_and_outputs_take_its_shape() -> None:
+    saxpy = request(
+        "accy.kernel.saxpy", ("x", "FP32", [2, 50], f32(100)), ("y", "FP32", [100], f32(100))
+    )
+    saxpy.parameters["a"].double_param = 2.0
+    checked = check_request(model("accy.kernel.saxpy"), saxpy, LIMIT)
+    assert {k: v.value for k, v in checked.scalars.items()} == {"n": 100, "a": 2.0}
+    assert [o.shape for o in checked.outputs] == [(2, 50)]
+    total = check_request(
+        model("accy.kernel.reduce_sum"),
+        request("accy.kernel.reduce_sum", ("x", "FP32", [7], f32(7))),
+        LIMIT,
+    )
+    assert [o.shape for o in total.outputs] == [(1,)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "expected"),
+    [("int64_param", 3, 3.0), ("string_param", "2.5", 2.5), ("bool_param", True, 1.0)],
+)
+def test_parameters_of_each_kind_perf_analyzer_sends(
+    kind: str, value: object, expected: float
+) -> None:
+    saxpy = request("accy.kernel.saxpy", ("x", "FP32", [4], f32(4)), ("y", "FP32", [4], f32(4)))
+    setattr(saxpy.parameters["a"], kind, value)
+    saxpy.parameters["triton_enable_empty_final_response"].bool_param = True  # ignored
+    assert check_request(model("accy.kernel.saxpy"), saxpy, LIMIT).scalars["a"].value == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "set_value", "error"),
+    [
+        ("b", lambda p: setattr(p, "double_param", 1.0), InvalidRequest),  # no such scalar
+        ("a", lambda p: setattr(p, "string_param", "two"), InvalidRequest),
+        ("n", lambda p: setattr(p, "int64_param", 5), LaunchArgumentMismatch),  # != length
+        ("n", lambda p: setattr(p, "int64_param", 0), LaunchArgumentMismatch),  # below min
+        ("n", lambda p: setattr(p, "int64_param", -1), LaunchArgumentMismatch),
+        ("n", lambda p: setattr(p, "double_param", 4.5), InvalidRequest),
+    ],
+)
+def test_bad_parameters_are_refused(name: str, set_value: object, error: type[AccyError]) -> None:
+    saxpy = request("accy.kernel.saxpy", ("x", "FP32", [4], f32(4)), ("y", "FP32", [4], f32(4)))
+    saxpy.parameters["a"].double_param = 1.0
+    set_value(saxpy.parameters[name])  # type: ignore[operator]
+    with pytest.raises(error):
+        check_request(model("accy.kernel.saxpy"), saxpy, LIMIT)
+
+
+def test_inputs_must_agree_with_themselves_and_the_model() -> None:
+    simple = model("simple")
+    good = ("INPUT0", "INT32", [1, 16], bytes(64)), ("INPUT1", "INT32", [1, 16], bytes(64))
+    check_request(simple, request("simple", *good), LIMIT)
+    cases = [
+        request("simple", good[0]),  # one missing
+        request("simple", good[0], good[0]),  # twice
+        request("simple", good[0], ("INPUT1", "FP32", [1, 16], bytes(64))),
+        request("simple", good[0], ("INPUT1", "BYTES", [1, 16], bytes(64))),
+        request("simple", good[0], ("INPUT1", "INT32", [1, 16], bytes(60))),
+        request("simple", good[0], ("INPUT1", "INT32", [1, 8], bytes(32))),  # not 16
+        request("simple", good[0], ("INPUT2", "INT32", [1, 16], bytes(64))),
+    ]
+    extra = request("simple", *good)
+    extra.raw_input_contents.append(b"x")
+    cases.append(extra)
+    outputs = request("simple", *good)
+    outputs.outputs.add(name="OUTPUT7")
+    cases.append(outputs)
+    for bad in cases:
+        with pytest.raises(AccyError):
+            check_request(simple, bad, LIMIT)
+
+
+def test_typed_contents_are_taken_and_checked() -> None:
+    simple = model("simple")
+    made = pb.ModelInferRequest(model_name="simple")
+    for name in ("INPUT0", "INPUT1"):
+        made.inputs.add(name=name, datatype="INT32", shape=[16]).contents.int_contents.extend(
+            range(16)
+        )
+    checked = check_request(simple, made, LIMIT)
+    assert checked.inputs[0].data == np.arange(16, dtype=np.int32).tobytes()
+    del made.inputs[1].contents.int_contents[3:]
+    with pytest.raises(InvalidRequest):
+        check_request(simple, made, LIMIT)
+
+
+def test_outputs_past_the_largest_message_are_refused() -> None:
+    scan = request("accy.kernel.device_scan", ("x", "FP32", [1000], f32(1000)))
+    with pytest.raises(InvalidRequest, match="shared memory"):
+        check_request(model("accy.kernel.device_scan"), scan, 1000)
+
+
+def test_peers() -> None:
+    assert parse_peer("unix:").local and parse_peer("unix:").unix
+    loop = parse_peer("ipv4:127.0.0.1:5000")
+    assert loop.local and loop.port == 5000 and loop.address == ipaddress.IPv4Address("127.0.0.1")
+    assert loop.socket_keys == (("0100007F", 5000), ("0000000000000000FFFF00000100007F", 5000))
+    assert parse_peer("ipv6:[::1]:80").local
+    assert parse_peer("ipv6:[::ffff:127.0.0.1]:80").local
+    assert not parse_peer("ipv4:10.1.2.3:5000").local
+    assert not parse_peer("garbage").local
+
+
+def test_a_remote_caller_registers_no_system_memory() -> None:
+    principal = Principal("t", frozenset({"launch"}), Quotas())
+    remote = Owner(("t", "x"), "cli", principal, Peer("ipv4:10.0.0.1:1", False), models=None)  # type: ignore[arg-type]
+    with pytest.raises(PermissionDenied):
+        remote.caller_uid()
