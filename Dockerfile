@@ -12,6 +12,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+        python3-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/accy
 WORKDIR /src
@@ -23,11 +24,14 @@ RUN /opt/accy/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.to
     c = p["project"]["optional-dependencies"]["cuda"]; print("\n".join(b + d + c))' \
         > /tmp/requirements.txt \
     && /opt/accy/bin/pip install --no-cache-dir --requirement /tmp/requirements.txt
-COPY README.md ./
+COPY README.md setup.py ./
 COPY protos ./protos
 COPY server ./server
 COPY client ./client
+# The native ring engine is built here (gcc, Python's headers) and must import: the image
+# never falls back to the Python loop silently.
 RUN /opt/accy/bin/pip install --no-cache-dir --no-deps --no-build-isolation ".[cuda]" \
+    && /opt/accy/bin/python -c "import accyd.engine._native" \
     && /opt/accy/bin/pip uninstall --yes setuptools wheel
 
 FROM ${CUDA_IMAGE}
