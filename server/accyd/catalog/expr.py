@@ -1,6 +1,6 @@
 """Integer expressions over runtime scalars: extents, derived scalars and grid sizes.
 
-The seed's ``forward i`` is ``Arg(i)`` and its ``ceil_div(i, d)`` is
+A stage's ``forward i`` is ``Arg(i)`` and its ``ceil_div(i, d)`` is
 ``CeilDiv(Arg(i), d)``; constants and products cover 2-D extents such as
 ``rows * cols``. Manifests write them as text (``"ceil_div(n, 4096)"``), which
 ``parse`` reads with Python's own parser and a whitelist of node kinds.

@@ -1,9 +1,8 @@
 """The catalog's data model: registry entries, pipelines, stages, and their validation.
 
-Pure data and checks: no driver, no grpc. Names follow the seed
-(``KernelCallArtifact`` is ``KernelEntry``, ``KernelCallPipeline`` is
-``Pipeline``); every check raises a domain error before anything is
-allocated or launched.
+Pure data and checks: no driver, no grpc. Names follow the executor's vocabulary
+(docs/executor.md); every check raises a domain error before anything is allocated
+or launched.
 """
 
 from __future__ import annotations
@@ -103,7 +102,7 @@ def check_geometry(geometry: FixedGeometry) -> None:
 
 @dataclass(frozen=True, slots=True)
 class KernelEntry:
-    """One compiled-or-compilable kernel in the registry (the seed's ``KernelCallArtifact``).
+    """One compiled-or-compilable kernel in the registry (a registry entry: docs/executor.md).
 
     Its arguments are ``argument_count - runtime_scalar_argument_count`` buffers
     followed by the scalars, in the order a stage binds them.
@@ -296,7 +295,7 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class Pipeline:
-    """A chain of kernel stages run as one launch (the seed's ``KernelCallPipeline``)."""
+    """A chain of kernel stages run as one launch (docs/executor.md)."""
 
     target: str
     version: int

@@ -1,8 +1,8 @@
-"""The pipeline executor: artifact pools, intermediates and launches, with the seed's semantics.
+"""The pipeline executor: artifact pools, intermediates and launches (docs/executor.md).
 
-Port of ``shared/seed/pipeline.zig``. Every check runs before any side
-effect; whatever a call allocates or loads itself it waits for and frees;
-with a caller's pool and intermediates it returns once the stages are enqueued.
+Every check runs before any side effect; whatever a call allocates or loads itself it
+waits for and frees; with a caller's pool and intermediates it returns once the stages
+are enqueued.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Intermediates(_Owned):
 
 @dataclass(frozen=True, slots=True)
 class PipelineLaunch:
-    """One launch request (the seed's ``PipelineLaunch``)."""
+    """One launch request."""
 
     pipeline: Pipeline
     registry: Registry

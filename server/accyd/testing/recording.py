@@ -1,9 +1,9 @@
-"""A backend that records every call and injects failures, for tests (the seed's recording state).
+"""A backend that records every call and injects failures, for tests.
 
 It counts allocations, artifact creations, loads, launches, destroys and
 synchronizations; records sizes, grids, scalars and buffer ids; and fails the
 allocation, load or launch after a given count. Ids start at 1 and are shared
-by every kind of object, as in the seed. It runs no kernel and holds no memory.
+by every kind of object (docs/executor.md's tests). It runs no kernel and holds no memory.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class RecordingBackend:
 
     @property
     def launch_scalar_u32s(self) -> list[int | float | None]:
-        """The first scalar of each launch, as the seed records it."""
+        """The first scalar of each launch, as the executor's tests read it."""
         return [scalars[0] if scalars else None for scalars in self.launch_scalars]
 
     @property
