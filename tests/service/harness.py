@@ -27,8 +27,10 @@ CATALOG = load_catalog()
 class ServerThread:
     """``Server`` running on a loop of its own; ``stop()`` runs its ordered shutdown."""
 
-    def __init__(self, config: Config, catalog: Catalog = CATALOG) -> None:
-        self.backend = HostBackend()
+    def __init__(
+        self, config: Config, catalog: Catalog = CATALOG, backend: HostBackend | None = None
+    ) -> None:
+        self.backend = backend or HostBackend()
         self.server = Server(config, backends={0: self.backend}, catalog=catalog)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
