@@ -35,6 +35,7 @@ class FakeDriver:
         self.fail_launch: int = 0
         """Answer the next launch with this error (0: none)."""
         self.fail_query: int = 0
+        self.fail_record: int = 0
         self.callbacks = (
             _LAUNCH(self._launch),
             _EVENT_CREATE(self._create),
@@ -78,6 +79,9 @@ class FakeDriver:
 
     def _record(self, handle: int, stream: int) -> int:
         with self.lock:
+            if self.fail_record:
+                code, self.fail_record = self.fail_record, 0
+                return code
             self._events[handle] = self._epoch
             self.records.append((handle, stream))
         return 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
+import accyd.engine
 from accyd.engine.auto import open_engine
 from accyd.engine.pyloop import PythonLoop
 from tests.core.daemon_fixtures import host_daemon
@@ -24,6 +25,7 @@ def test_without_the_extension_the_python_loop_serves_with_one_warning(
 ) -> None:
     monkeypatch.setitem(sys.modules, "accyd.engine._native", None)  # as if never built
     monkeypatch.delitem(sys.modules, "accyd.engine.native", raising=False)
+    monkeypatch.delattr(accyd.engine, "_native", raising=False)
     daemon, _ = host_daemon()
     try:
         with structlog.testing.capture_logs() as logs:

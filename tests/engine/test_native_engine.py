@@ -374,3 +374,22 @@ def test_a_busy_ring_does_not_starve_one_that_went_idle() -> None:
         busy.close()
         client.close()
         quiet.close()
+
+
+def test_a_record_whose_end_cannot_be_recorded_holds_done_for_pythons_word(
+    harness: Harness,
+) -> None:
+    """Python launched a record; the device then fails the event that would end it: the
+    engine says so, and ``done`` does not pass the record before Python wrote its entry."""
+    h = harness
+    seq = h.publish()
+    [item] = h.slow()
+    h.driver.fail_record = 719
+    h.engine.resume(1, seq + 1, [(0, STREAM, TOKEN)])
+    [failed] = h.slow()
+    assert failed == (native.SLOW_LAUNCH_FAILED, 1, seq, 719, TOKEN)
+    time.sleep(0.05)
+    assert h.client.done == 0  # held: the entry comes first
+    h.engine.resume(1, seq + 1)  # Python wrote it
+    assert eventually(lambda: h.client.done == seq + 1)
+    assert item[2] == seq

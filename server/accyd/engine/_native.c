@@ -178,6 +178,7 @@ typedef struct ring {
     /* owned by its worker thread from here on */
     uint64_t tail, done;
     int parked, broken, fault_pending, active;
+    int held; /* done waits: a record's failure is Python's to write first (until resumed) */
     uint64_t idle_since;
     ticket_t *tickets;
     uint32_t ticket_count;
@@ -568,6 +569,7 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
             r->tail += i;
             flight_push(r, &f);
             r->parked = 1;
+            r->held = 1;
             publish_tail(r);
             slow_push(e, SLOW_LAUNCH_FAILED, r, r->tail - 1, err, f.ev[at].token);
             return 1;
@@ -598,7 +600,7 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
 static int ring_settle(worker_t *w, ring_t *r) {
     engine_t *e = w->engine;
     int moved = 0;
-    while (r->fcount > 0 && !r->fault_pending) {
+    while (r->fcount > 0 && !r->fault_pending && !r->held) {
         flight_t *f = &r->flights[r->fhead];
         while (f->polled < f->events) {
             flight_event_t *ev = &f->ev[f->polled];
@@ -702,6 +704,7 @@ static void apply_commands(worker_t *w) {
         } else if (c->kind == CMD_REMOVE) {
             drop_ring(w, r);
         } else if (c->kind == CMD_RESUME && r->attached) {
+            r->held = 0; /* Python's word on the records up to here is written */
             if (c->clear) tickets_clear(r);
             for (int k = 0; k < c->ntickets; k++) ticket_put(r, &c->tickets[k]);
             if (c->tail > r->tail) {
@@ -717,6 +720,7 @@ static void apply_commands(worker_t *w) {
                 r->tail = c->tail;
                 publish_tail(r);
                 if (err != 0) { /* the device failed the record Python launched: it says so */
+                    r->held = 1;
                     slow_push(w->engine, SLOW_LAUNCH_FAILED, r, c->tail - 1, err, f.ev[at].token);
                     goto applied; /* stays parked until Python's word */
                 }
@@ -785,7 +789,7 @@ static void *worker_main(void *arg) {
             if (ring_take(w, r, copy)) busy = 1;
             if (ring_settle(w, r)) busy = 1;
             if (r->fcount > 0) in_flight = 1;
-            if (ring_has_work(r) || r->fault_pending) {
+            if (ring_has_work(r) || r->fault_pending || r->held) {
                 r->idle_since = 0;
             } else if (r->idle_since == 0) {
                 r->idle_since = now;
