@@ -8,9 +8,10 @@ socket and a TCP loopback port, with the backend asked for):
 (a) round trip of a launch (accy.kernel.device_scan, n = 5000, waiting for
     completion, scratch allocated once) against a unary echo of a payload of the
     same size as the LaunchRequest, p50 and p99, for TCP and the Unix socket.
-    The launch goes through the client library (``Session.launch``, which uses
-    the LaunchStream RPC); the unary ``Launch`` RPC (raw stub) and a streaming
-    echo (bidi ping-pong, the floor of the streaming path) are measured too;
+    The launch goes through the client library (``Session.launch``: the shared
+    ring on the Unix socket, the ring over a RingStream call on TCP); the unary
+    ``Launch`` RPC (raw stub) and a streaming echo (bidi ping-pong, the floor of
+    the streaming path) are measured too;
 (b) waited launches per second from 1, 4 and 16 client processes (one session
     each, Unix socket), next to unary and streaming echoes per second from as
     many processes;
@@ -216,7 +217,7 @@ class _LaunchRig:
         self.metadata = (("accy-client-id", self.client.client_id),)
 
     def launch(self) -> None:
-        """Through the client library (LaunchStream)."""
+        """Through the client library (its ring, or its ring over a stream on TCP)."""
         self.session.launch([self.x], [self.y], n=self.n)
 
     def launch_unary(self) -> None:
@@ -359,7 +360,7 @@ def _table(report: dict[str, Any]) -> str:
         what = f"{transport} (n={report['n']}, wait), p50 / p99"
         rows += [
             [
-                f"launch round trip (client library, LaunchStream), {what}",
+                f"launch round trip (client library, ring), {what}",
                 _us(r["launch"]),
                 _us(r["echo"]),
                 f"{r['overhead_p50_percent']:+.0f}% at p50",
@@ -371,7 +372,7 @@ def _table(report: dict[str, Any]) -> str:
                 f"{r['unary_overhead_p50_percent']:+.0f}% at p50",
             ],
             [
-                f"launch (LaunchStream) vs streaming echo, {transport}",
+                f"launch (client library, ring) vs streaming echo, {transport}",
                 _us(r["launch"]),
                 f"{_us(r['stream_echo'])} (streaming)",
                 f"{r['stream_overhead_p50_percent']:+.0f}% at p50",

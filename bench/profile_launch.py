@@ -8,7 +8,7 @@ It starts ``accyd serve``, measures the daemon process's CPU time per call
 (utime + stime from /proc) and wall time for a raw gRPC echo server (unary and
 bidi ping-pong), the health check, GetStatus, and Launch with and without
 waiting through raw stubs (no client-library cost), then a waited launch
-through the client library (the LaunchStream RPC). With ``--spy`` it samples
+through the client library (its same-host ring). With ``--spy`` it samples
 the daemon with py-spy while streamed launches run and prints the heaviest
 frames.
 """
@@ -143,7 +143,7 @@ def main() -> int:
                     ("Launch, no wait", pid, lambda: stub.Launch(launch, metadata=metadata)),
                     ("Launch, wait", pid, lambda: stub.Launch(waited, metadata=metadata)),
                     (
-                        "Session.launch, wait (LaunchStream)",
+                        "Session.launch, wait (ring)",
                         pid,
                         lambda: session.launch([x], [y], n=args.n),
                     ),

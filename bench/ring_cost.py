@@ -14,8 +14,8 @@ Series:
 
 - *bursts*: ``launch(wait=False)`` in bursts of 256 (fewer than the ring's slots,
   so none blocks), waited after each: the client's wall and CPU time per launch
-  (median burst), and the same through ``RingPath.launch_planned`` with a plan
-  made once (no ``Session``) and ``Ring.launch`` (the record alone);
+  (median burst), and the same through the link's transport alone
+  (``RingLaunches.launch``, no ``Session``) and ``Ring.launch`` (the record alone);
 - *stream*: ``launch(wait=False)`` with ``session.wait()`` after every 16 (the
   sharing benchmark's one-client loop): launches/s;
 - *window*: ``launch(wait=False)`` only, one wait at the end: the pipeline's rate,
@@ -80,6 +80,7 @@ def _bursts(
 def _client(target: str, args: dict[str, Any], conn: Any) -> None:
     """One client: the series above, each result sent back over ``conn``."""
     from accy import Client
+    from accy._ring_path import RingLaunches
 
     count, rtt, bursts = int(args["count"]), int(args["rtt"]), int(args["bursts"])
     profile = cProfile.Profile() if args["profile"] == "client" else None
@@ -139,32 +140,32 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
         out["rtt_p50_us"] = times[len(times) // 2] / 1e3
         out["rtt_p99_us"] = times[int(len(times) * 0.99)] / 1e3
 
-        ring = session._ring
-        assert ring is not None, "the session did not launch on a ring"
+        link = client._conn.link
+        assert link is not None and link.transport.path == "ring", "not launched on a ring"
+        ring = link.transport.launches
+        assert isinstance(ring, RingLaunches)
 
-        phase("path")  # the ring path without Session: a kept plan and the scalars
-        specs = session._ring_specs
-        assert specs is not None
-        plan, changes = ring.plan(session.id, specs, [x.id, y.id], [z.id], 10.0)
+        phase("path")  # the transport without Session: its kept record and the scalars
         values = {"n": 1, "a": 1.0}
+        operands, results = [x, y], [z]
         out["path"] = _bursts(
-            lambda: ring.launch_planned(plan, changes, values, wait=False, timeout=10.0),
-            lambda: ring.wait(None, 10.0),
+            lambda: ring.launch(session, operands, results, values, False, 10.0),
+            lambda: ring.wait(None, session.id, 10.0),
             bursts,
         )
 
         phase("ring")  # the record alone: Ring.launch on the session's own handles
         raw = ring.ring
-        handle, packer, _ = ring._sessions[session.id]
+        handle, record_scalars = ring._sessions[session.id]
         hx, hy, hz = (ring._buffers[b.id] for b in (x, y, z))
-        scalars = packer.pack(1, 1.0)
+        scalars = record_scalars.packer.pack(1, 1.0)
         with ring.lock:
             out["ring"] = _bursts(
                 lambda: raw.launch(handle, [hx, hy], [hz], scalars, 2, notify=False, timeout=10),
                 lambda: raw.wait(raw.head - 1, 10),
                 bursts,
             )
-        ring.wait(None, 10)
+        ring.wait(None, session.id, 10)
         if args["check"]:  # the recording backend runs no kernel
             np.testing.assert_array_equal(z.read(), np.full(1, 2.0, np.float32))
     if profile:
@@ -298,7 +299,7 @@ def report(backend: str, result: dict[str, Any]) -> str:
             f"{burst['wall_us']:.2f} / {burst['cpu_us']:.2f}",
         ],
         [
-            "client: RingPath.launch_planned (no Session), µs each (wall / CPU)",
+            "client: RingLaunches.launch (no Session), µs each (wall / CPU)",
             f"{path['wall_us']:.2f} / {path['cpu_us']:.2f}",
         ],
         [

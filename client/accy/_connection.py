@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from accy._launches import DEFAULT_WINDOW
 from accy._link import Link, device_lost, names_client
-from accy._rpc import Stub, channel_options
+from accy._rpc import Stub, open_channel
+from accy._transport import CLOSE_DRAIN_SECONDS
 from accy.errors import (
     AccyError,
     CertificateNotVerified,
+    ClientClosed,
     DaemonUnreachable,
     DeadlineExceeded,
     PermissionDenied,
@@ -33,7 +34,7 @@ from accy.errors import (
     with_hint,
 )
 
-__all__ = ["UNSET", "Connection", "Sessions", "open_channel"]
+__all__ = ["DEFAULT_WINDOW", "UNSET", "Connection", "Sessions"]
 
 log = logging.getLogger("accy")
 
@@ -41,28 +42,12 @@ _T = TypeVar("_T")
 UNSET: Any = object()
 """A timeout argument not given: the connection's default applies."""
 
+DEFAULT_WINDOW = 256
+"""Launches sent without waiting that may be not done at once on a ring over a stream."""
+
 LOSS_GRACE = 1.0
 """How long a call that found no daemon waits to learn whether its link was lost (the daemon
 went away, so the call waits for the next one) or the daemon is merely out of reach."""
-
-
-def open_channel(
-    target: str,
-    credentials: grpc.ChannelCredentials | None = None,
-    *,
-    server_name: str | None = None,
-) -> grpc.Channel:
-    """A channel to ``target`` (already resolved): TLS when ``credentials`` are given.
-
-    ``server_name`` is the name to check the daemon's certificate against,
-    where it differs from the target's host.
-    """
-    options: list[tuple[str, Any]] = list(channel_options())
-    if credentials is None:
-        return grpc.insecure_channel(target, options)
-    if server_name:
-        options.append(("grpc.ssl_target_name_override", server_name))
-    return grpc.secure_channel(target, credentials, options)
 
 
 class Sessions:
@@ -105,12 +90,8 @@ class Sessions:
 
 def settle(link: Link, timeout: float | None) -> None:
     """Let the launches sent on ``link`` without waiting reach the daemon before another call
-    does, as if each had waited to be enqueued (their refusals are reported elsewhere): those
-    on its ring taken, those on its LaunchStream answered."""
-    if link.ring is not None:
-        link.ring.settle(timeout)
-    if link.launches is not None:
-        link.launches.settle(None, timeout)
+    does, as if each had waited to be enqueued (their refusals are reported elsewhere)."""
+    link.transport.wait(None, None, timeout)
 
 
 def _tls_refused(detail: str) -> bool:
@@ -158,7 +139,7 @@ class Connection:
         """Why the client stopped reattaching: every call raises it."""
         self.sessions = Sessions()
         self.launch_window = DEFAULT_WINDOW
-        """Launches sent without waiting that may be unanswered at once, per LaunchStream."""
+        """Launches sent without waiting that a ring over a stream holds not done at once."""
         self._later: collections.deque[Callable[[], object]] = collections.deque()
         self._cleaner: threading.Thread | None = None
 
@@ -197,7 +178,11 @@ class Connection:
 
     def check_open(self) -> None:
         if self.closed:
-            raise RuntimeError(f"the client of {self.target} is closed")
+            raise self.closed_error()
+
+    def closed_error(self) -> ClientClosed:
+        """Why nothing may be called: the client was closed."""
+        return ClientClosed(f"the client of {self.target} is closed; make a new Client")
 
     def publish(self, link: Link) -> None:
         """Make ``link`` the one calls go out on (under ``cond``, which callers hold)."""
@@ -211,8 +196,7 @@ class Connection:
             if self.link is link:
                 self.link = None
             self.cond.notify_all()
-        link.stream.cancel()
-        link.close_launches()
+        link.stream.cancel()  # its ring stays readable: its error entries say why work failed
 
     def give_up(self, error: AccyError) -> None:
         """Stop waiting for a link: every call from now on raises ``error``."""
@@ -323,9 +307,12 @@ class Connection:
                     unknown_retried |= again
                     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                     continue
-            if failure is cause:
-                raise failure
-            raise failure from cause
+            try:  # without them held here, or the error's frames would hold this one in a cycle
+                if failure is cause:
+                    raise failure
+                raise failure from cause
+            finally:
+                del failure, cause
 
     def later(self, work: Callable[[], object]) -> None:
         """Run ``work`` soon on a background thread, ignoring its errors (for cleanups that
@@ -394,9 +381,10 @@ class Connection:
         self.stopping.set()
         with self.cond:
             self.closed = True
+            self.link = None  # a launch now finds no link, and says the client closed
             link = self.last
             self.cond.notify_all()
-        if link is not None:
-            link.close_launches(now=True)  # first: launches on their way reach the daemon
+        if link is not None:  # first: launches on their way reach the daemon
+            link.transport.close(CLOSE_DRAIN_SECONDS if link.lost is None else 0.0)
             link.stream.cancel()
         self.channel.close()

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from accy._attach import AttachStream
-from accy._launches import CLOSE_DRAIN_SECONDS, LaunchStream
 from accy._models import Attachment
+from accy._transport import Transport
 from accy.errors import AccyError, NotFound, Unavailable
 from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST, DEVICE_SCOPE
-
-if TYPE_CHECKING:
-    from accy._ring_path import RingPath
 
 __all__ = ["DEVICE_LOST", "Link", "device_lost", "device_replaced", "names_client"]
 
@@ -61,34 +57,8 @@ class Link:
     fault_session: str | None = None
     lost_at: float = 0.0
     buffers: weakref.WeakSet[object] = field(default_factory=weakref.WeakSet)
-    launches: LaunchStream | None = None
-    """The link's LaunchStream, opened by the first launch on it."""
-    ring: RingPath | None = None
-    """The link's same-host ring, opened by the first launch on a local daemon."""
-    ring_tried: bool = False
-    shm: object | None = None
-    """The link's shared-memory pool (``accy._shm.SharedPool``), made by the first large
-    transfer to a local daemon."""
-    shm_tried: bool = False
-
-    def close_launches(self, *, now: bool = False) -> None:
-        """End the link's LaunchStream: at once, or once lost, after answers on their way.
-
-        Launches still waiting on a lost link raise why the link went; ``now``
-        (the client is closing) cancels them, once launches sent without
-        waiting were answered (enqueued), for up to ``CLOSE_DRAIN_SECONDS``.
-        """
-        if self.ring is not None and now:  # a lost link's ring stays readable: its
-            # error entries say why its last work failed
-            self.ring.close(CLOSE_DRAIN_SECONDS if self.lost is None else 0.0)
-        if self.launches is None:
-            return
-        if now and self.lost is None:  # the client is closing: answers on their way count
-            self.launches.close(CLOSE_DRAIN_SECONDS)
-        elif now or self.lost is None:
-            self.launches.close()
-        else:
-            self.launches.abandon(lambda: self.lost_error("a launch in flight"))
+    transport: Transport = field(init=False)
+    """How the link's launches and bytes travel (``accy._transports.open_transport``)."""
 
     @property
     def attachment(self) -> Attachment:

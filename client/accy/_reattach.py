@@ -21,6 +21,7 @@ from accy._attach import AttachStream
 from accy._connection import Connection
 from accy._link import Link, device_lost
 from accy._models import Reattachment
+from accy._transports import open_transport
 from accy.errors import AccyError, PermissionDenied, Unauthenticated, Unavailable
 from accy.protocol import CLIENT_ID_METADATA, DEVICE_LOST
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -100,7 +101,9 @@ class Attacher:
 
     def _new_link(self, stream: AttachStream, generation: int) -> Link:
         client_id = stream.attachment.client_id
-        return Link(generation, stream, (*self._conn.auth, (CLIENT_ID_METADATA, client_id)))
+        link = Link(generation, stream, (*self._conn.auth, (CLIENT_ID_METADATA, client_id)))
+        link.transport = open_transport(self._conn, link)
+        return link
 
     def _keep_alive(self) -> None:
         """The ping thread: tell the daemon this client lives, four times per liveness period.

@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from accy import _chunks, _dtypes, _handoff, _shm
+from accy import _chunks, _dtypes
 from accy._chunks import Progress
 from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
@@ -31,7 +31,7 @@ from accy.errors import (
 )
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Buffer", "Resource", "allocate", "buffer_ids", "new_buffer"]
+__all__ = ["Buffer", "Resource", "allocate", "new_buffer"]
 
 
 class Resource:
@@ -77,8 +77,7 @@ def _free_dropped(conn: Connection, link: Link, buffer_id: str) -> None:
     """The safety net of a buffer collected unfreed: free it in the background."""
     if conn.closed or link.lost is not None:
         return
-    if link.ring is not None:
-        link.ring.forget(buffer_id)
+    link.transport.forget(buffer_id)
     request = pb.FreeBufferRequest(buffer_id=buffer_id)
     conn.later(lambda: conn.call(conn.stub.FreeBuffer, request, link=link))
 
@@ -102,7 +101,14 @@ def allocate(
     )
     response, link = conn.call(conn.stub.AllocateBuffer, request)
     return new_buffer(
-        conn, link, response.buffer_id, nbytes, response.byte_size, dtype, response.device
+        conn,
+        link,
+        response.buffer_id,
+        nbytes,
+        response.byte_size,
+        dtype,
+        response.device,
+        exportable=exportable,
     )
 
 
@@ -114,6 +120,8 @@ def new_buffer(
     capacity: int,
     dtype: np.dtype[Any] | None,
     device: int,
+    *,
+    exportable: bool = False,
 ) -> Buffer:
     """The ``Buffer`` for an allocation the daemon made on ``link`` (for ``Client`` only)."""
     buffer = object.__new__(Buffer)
@@ -124,6 +132,7 @@ def new_buffer(
     buffer.capacity = capacity
     buffer.dtype = dtype
     buffer.device = device
+    buffer.exportable = exportable
     buffer._gone = None
     link.buffers.add(buffer)
     buffer._arm(_free_dropped, conn, link, buffer_id)
@@ -144,6 +153,8 @@ class Buffer(Resource):
     capacity: int
     dtype: np.dtype[Any] | None
     device: int
+    exportable: bool
+    """Made with ``exportable=True``: ``export`` can map it."""
     _conn: Connection
     _link: Link
     _gone: tuple[str, str | None] | None
@@ -211,8 +222,7 @@ class Buffer(Resource):
         """Note that ``error`` (``device_replaced``) took this buffer's device; the error."""
         session = error.metadata.get("session")
         self._gone = (f"a fault took device {self.device}", session)
-        if self._link.ring is not None:  # plans sessions keep may name it
-            self._link.ring.invalidate()
+        self._link.transport.forget(self.id)  # records kept may name it
         return BufferLost(self.id, self._gone[0], session=session)
 
     def _range(self, offset: int, size: int) -> None:
@@ -246,15 +256,11 @@ class Buffer(Resource):
         raw = _chunks.as_bytes(data, kind)
         self._range(offset, len(raw))
         conn = self._conn
-        if len(raw) >= _shm.SHM_THRESHOLD or _shm.in_shared_array(conn, raw):
-            shared = self._shared(raw, offset, to_buffer=True, timeout=conn.timeout_of(timeout))
-            if shared is not None:
-                return shared
         size = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
-        chunks = _chunks.write_chunks(self.id, raw, offset, size, progress)
         with self._using() as link:
-            response = conn.stream_in(conn.stub.WriteBuffer, chunks, conn.timeout_of(timeout), link)
-        return response.bytes_written
+            return link.transport.write(
+                self.id, self.device, raw, offset, conn.timeout_of(timeout), size, progress
+            )
 
     def read(
         self,
@@ -282,68 +288,12 @@ class Buffer(Resource):
         if size == 0:
             return np.empty(0, dtype=kind) if out is None else out
         conn = self._conn
-        target = out if out is not None else np.empty(count, dtype=kind)
-        if size >= _shm.SHM_THRESHOLD or _shm.in_shared_array(conn, target):
-            shared = self._shared(target, offset, to_buffer=False, timeout=conn.timeout_of(timeout))
-            if shared is not None:
-                return target
-        request = pb.ReadBufferRequest(
-            buffer_id=self.id,
-            offset=offset,
-            size=size,
-            chunk_size=_chunks.check_chunk_size(chunk_size or conn.chunk_size),
-        )
+        chunk = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
         with self._using() as link:
-            chunks = conn.stream_out(conn.stub.ReadBuffer, request, conn.timeout_of(timeout), link)
-            result = _chunks.gather(chunks, offset, size, progress).view(kind)
-        if out is None:
-            return result
-        np.copyto(out.reshape(-1), result)
-        return out
-
-    def _shared(
-        self,
-        data: memoryview | np.ndarray[Any, Any],
-        offset: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int | None:
-        """Move ``data`` (to or from the buffer at ``offset``) through shared memory; the bytes
-        moved, or ``None`` where the daemon shares none (the caller uses gRPC)."""
-        pool = _shm.pool_of(self._conn, self._link)
-        if pool is None:
-            return None
-        raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, memoryview) else data
-        size = raw.nbytes
-        with self._using() as link:
-            placed = pool.locate(raw)
-            if placed is not None:  # the array lives in shared memory: nothing to copy here
-                segment, at = placed
-                return pool.copy(
-                    segment, at, self.on(link), offset, size, to_buffer=to_buffer, timeout=timeout
-                )
-            try:
-                with pool.lease(size, self.device, timeout) as segment:
-                    flat = raw.reshape(-1).view(np.uint8)
-                    if to_buffer:
-                        segment.data[:size] = flat
-                    moved = pool.copy(
-                        segment,
-                        0,
-                        self.on(link),
-                        offset,
-                        size,
-                        to_buffer=to_buffer,
-                        timeout=timeout,
-                    )
-                    if not to_buffer:
-                        flat[:] = segment.data[:size]
-                    return moved
-            except (AccyError, OSError, _handoff.HandoffRefused) as error:
-                if _shm.refused(pool, error):
-                    return None
-                raise
+            got = link.transport.read(
+                self.id, self.device, offset, size, out, conn.timeout_of(timeout), chunk, progress
+            )
+        return got.view(kind) if out is None else out
 
     def export(self, timeout: float | None = UNSET) -> ExportedBuffer:
         """This buffer's memory mapped in this process, with no copy, once the daemon's work
@@ -375,8 +325,7 @@ class Buffer(Resource):
         conn = self._conn
         if conn.closed or link.lost is not None:
             return
-        if link.ring is not None:
-            link.ring.forget(self.id)
+        link.transport.forget(self.id)  # before the call, which the daemon takes after it
         try:
             conn.call(conn.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id), link=link)
         except AccyError:
@@ -394,8 +343,3 @@ def _check_out(out: np.ndarray[Any, Any], kind: np.dtype[Any], count: int | None
     if why:
         raise InvalidArgument(f"out {why}", field_violations=[FieldViolation("out", why)])
     return _dtypes.to_numpy(out.dtype)
-
-
-def buffer_ids(buffers: Sequence[Buffer | str], link: Link) -> list[str]:
-    """The ids of ``buffers`` (or ids given as such) for a call on ``link``."""
-    return [b if isinstance(b, str) else b.on(link) for b in buffers]

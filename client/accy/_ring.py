@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accy import _handoff
+from accy.errors import DeadlineExceeded, FieldViolation, InvalidArgument
 from accy.protocol import ring as layout
 
 __all__ = ["Ring", "RingClosed", "RingError", "RingFull", "wait_spin_seconds"]
@@ -47,7 +48,7 @@ class RingClosed(Exception):
 
 
 class RingFull(Exception):
-    """No slot came free within the caller's timeout."""
+    """No slot came free within the caller's timeout (nothing was published)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +149,10 @@ class Ring:
         timeout: float,
     ) -> int:
         """Publish a record naming ``object_id``, with ``values`` in its scalar bytes."""
-        raw = object_id.encode("ascii")
+        raw = object_id.encode("ascii", "replace")
         if len(raw) > layout.MAX_ID_BYTES:
-            raise ValueError(f"id {object_id[:32]!r}... is longer than a ring record holds")
+            why = f"{object_id[:32]!r}... is longer than any id the daemon gives"
+            raise InvalidArgument(f"id {why}", field_violations=[FieldViolation("id", why)])
         slot = self._slot(timeout)
         layout.RECORD.pack_into(
             self._map, slot, self._head, kind, flags, handle, 0, 0, 0, *([0] * 16), values
@@ -194,7 +196,8 @@ class Ring:
         scalar values), for ``launch_fixed``."""
         handles = [*operands, *results]
         if len(handles) > layout.MAX_BUFFERS:
-            raise ValueError(f"a ring launch takes at most {layout.MAX_BUFFERS} buffers")
+            why = f"a ring launch takes at most {layout.MAX_BUFFERS} buffers, not {len(handles)}"
+            raise InvalidArgument(why, field_violations=[FieldViolation("operands", why)])
         handles += [0] * (layout.MAX_BUFFERS - len(handles))
         return layout.RECORD_FIXED.pack(
             layout.Kind.LAUNCH, 0, session, len(operands), len(results), n_scalars, *handles
@@ -212,11 +215,27 @@ class Ring:
         ``scalars`` (a struct of the record's 64 scalar bytes) straight into the slot; its seq.
 
         A value ``scalars`` cannot pack raises ``struct.error``, and nothing is published.
+        Every launch comes here: ``_slot``, ``_write`` and ``_publish`` are written out inline.
         """
-        slot = self._slot(timeout)
-        scalars.pack_into(self._map, slot + layout.SCALARS_OFFSET, *values)
-        self._write(slot, fixed, notify)
-        return self._publish()
+        if self._closed or self._halves[_CLOSED]:
+            raise RingClosed(self.closed_reason)
+        head = self._head
+        words = self._words
+        if head - words[_DONE] >= self.slots:
+            self._await(lambda: self._head - self.done < self.slots, timeout, RingFull)
+        slot = layout.HEADER_SIZE + (head & self._mask) * layout.SLOT_SIZE
+        memory = self._map
+        scalars.pack_into(memory, slot + layout.SCALARS_OFFSET, *values)
+        words[slot >> 3] = head
+        memory[slot + 8 : slot + layout.SCALARS_OFFSET] = fixed
+        if notify:
+            memory[slot + _FLAGS] = layout.NOTIFY
+        self._head = head + 1
+        words[_HEAD] = head + 1
+        if self._halves[_DAEMON_WAITS]:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_write(self._submit_fd, 1)
+        return head
 
     def _write(self, slot: int, fixed: bytes, notify: bool) -> None:
         """Write a record's seq and fixed part into its slot (free: the daemon took it)."""
@@ -258,13 +277,13 @@ class Ring:
     def flush(self, timeout: float) -> None:
         """Wait until the daemon has taken every record published (checked and enqueued)."""
         head = self._head
-        self._await(lambda: self.taken >= head, timeout, TimeoutError)
+        self._await(lambda: self.taken >= head, timeout, DeadlineExceeded)
 
     def wait(self, seq: int, timeout: float) -> None:
         """Wait until record ``seq`` (and every one before it) finished or was refused."""
         if not self._closed and self._words[_DONE] > seq:
             return
-        self._await(lambda: self.done > seq, timeout, TimeoutError)
+        self._await(lambda: self.done > seq, timeout, DeadlineExceeded)
 
     def _await(self, ready: Callable[[], bool], timeout: float, error: type[Exception]) -> None:
         if self._closed:
@@ -284,7 +303,7 @@ class Ring:
                 raise RingClosed(self.closed_reason)
             now = time.monotonic()
             if now >= deadline:
-                raise error(f"the ring did not move within {timeout:g} s")
+                raise error(f"the daemon did not get through the ring within {timeout:g} s")
             if now < spin_until:
                 continue
             if self.abandoned is not None and self.abandoned():
@@ -340,6 +359,9 @@ class Ring:
         if self._closed:
             return
         self._closed = True
+        self._unmap()
+
+    def _unmap(self) -> None:
         for fd in (self._submit_fd, self._complete_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -1,44 +1,49 @@
-"""Launches through a same-host ring: what ``Session.launch`` uses on a local daemon.
+"""Launches as ring records: in memory shared with a local daemon, or carried by a RingStream call.
 
-One ``RingPath`` per link, opened on the first launch: an ``OpenRing`` call,
-then the ring's memory taken from the handoff socket beside the daemon's
-socket. Sessions and buffers are bound to small handles once; each launch is
-then one record in shared memory, with no call. A refused or failed launch is
-raised by the session's next launch or wait, naming it, as CUDA reports
-asynchronous errors.
+A ``RingLaunches`` is one link's launches through its ring, opened by the link's
+first launch (``open_ring``: an ``OpenRing`` call, then the ring's memory from
+the handoff socket beside the daemon's socket; ``open_stream_ring``: a
+``RingStream`` call, for a client that cannot map the daemon's memory). Sessions
+and buffers are bound to small handles once; each launch is then one record,
+with no call. A refused or failed launch is raised by the next launch or wait
+on the ring, naming its record, as CUDA reports asynchronous errors.
 
-A client that cannot map the daemon's memory (a TCP target, or a daemon that
-offers no shared ring) gets the same ring carried over a ``RingStream`` call
-(``accy._ring_stream``): the same records and errors, sent as messages.
-``ACCY_RING=0`` keeps a client on ``LaunchStream``; ``ACCY_RING=stream`` takes
-the stream even on a local socket.
+It keeps the client's one cache of "the same launch again" (see
+``accy._transport``): one packed record per plan, good for one epoch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
-import os
 import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 import grpc
 
+from accy._connection import UNSET, Connection
+from accy._link import Link
 from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy._ring_stream import RingStreamLink
-from accy._rpc import Stub
-from accy._target import unix_socket_of
-from accy.errors import AccyError, FieldViolation, error_class
+from accy._scalars import RecordScalars
+from accy._transport import RECORDS_KEPT, BufferRef, LaunchOwner, Ticket, ids_of
+from accy.errors import (
+    AccyError,
+    DeadlineExceeded,
+    FieldViolation,
+    InvalidArgument,
+    Unavailable,
+    error_class,
+)
 from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Plan", "RingPath", "open_ring", "open_stream_ring", "ring_wanted", "stream_ring_wanted"]
+__all__ = ["RING_WAIT_CAP", "RingLaunches", "open_ring", "open_stream_ring"]
 
 _CODES = {
     "INVALID_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
@@ -56,215 +61,214 @@ _CODES = {
 }
 """The status code each domain reason is answered with over gRPC, for ring errors."""
 
-STREAM = "stream"
-"""``ACCY_RING=stream``: launch through a ring over a stream even on a local socket."""
-
 ENTRY_GRACE_SECONDS = 0.5
 """How long a wait whose daemon went away still looks for the daemon's word on its work."""
-
-PLANS_KEPT = 256
-"""Launch records (sessions and buffers) a ring keeps ready; past this it starts over."""
-
-_NO_SCALARS = struct.Struct(f"{layout.ID_OFFSET - layout.SCALARS_OFFSET}x")
-
-Plan = tuple[bytes, struct.Struct, Callable[[Mapping[str, float]], tuple[object, ...]], bytes]
-"""A launch's record without seq and scalars, its scalars' struct, what picks their values out
-of the caller's scalars in order, and the record that says the scalars did not pack."""
-
-_PACK = {"f32": "f4x", "f64": "d", "i32": "i4x", "u32": "I4x", "i64": "q", "u64": "Q", "u8": "B7x"}
-
-
-def ring_wanted(target: str) -> Path | None:
-    """The daemon's socket path when launches should go through a shared ring, else ``None``."""
-    if os.environ.get(layout.RING_ENV, "1") in ("0", STREAM):
-        return None
-    return unix_socket_of(target)
-
-
-def stream_ring_wanted() -> bool:
-    """Whether launches without a shared ring should go through a ring over a stream."""
-    return os.environ.get(layout.RING_ENV, "1") != "0"
+RING_WAIT_CAP = 3600.0
+"""A ring wait with no timeout still looks up this often (the daemon may have gone)."""
 
 
 def open_ring(
-    call: Callable[[pb.OpenRingRequest], pb.OpenRingResponse],
-    socket_path: Path,
-    abandoned: Callable[[], bool],
-) -> RingPath | None:
-    """A ring for the link ``call`` goes out on; ``None`` where the daemon offers none.
-
-    ``abandoned`` says when that link is lost, so no wait outlives the daemon.
-    """
+    conn: Connection, link: Link, socket_path: Path, timeout: float | None
+) -> Ring | None:
+    """The shared ring the daemon offers ``link`` (taken from its handoff socket); ``None``
+    where it offers none."""
     try:
-        offer = call(pb.OpenRingRequest())
+        offer, _ = conn.call(conn.stub.OpenRing, pb.OpenRingRequest(), timeout, link=link)
         ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
     except (AccyError, OSError, RingClosed):
         return None
-    ring.abandoned = abandoned
-    return RingPath(ring)
+    ring.abandoned = lambda: link.lost is not None  # no wait outlives the daemon
+    return ring
 
 
-def open_stream_ring(
-    stub: Stub,
-    metadata: Sequence[tuple[str, str]],
-    translate: Callable[[grpc.RpcError], AccyError],
-    abandoned: Callable[[], bool],
-    timeout: float,
-    window: int,
-) -> RingPath | None:
-    """A ring carried over a ``RingStream`` call on the link of ``metadata``, holding at least
-    ``window`` launches not done (a power of two, 16 to 4096); ``None`` where the daemon
-    refuses one (``--no-rings``, or a daemon that predates it)."""
+def open_stream_ring(conn: Connection, link: Link, timeout: float | None) -> RingStreamLink | None:
+    """A ring carried over a ``RingStream`` call on ``link``, holding at least the client's
+    launch window of launches not done (a power of two, 16 to 4096); ``None`` where the
+    daemon refuses one (``--no-rings``, or a daemon that predates it)."""
+    window = conn.launch_window
     slots = 1 << max(4, min(12, (window - 1).bit_length()))
-    link = RingStreamLink(stub, metadata, translate, slots)
-    if not link.opened(timeout):
-        link.close()
+    stream = RingStreamLink(conn.stub, link.metadata, conn.translate, slots)
+    if not stream.opened(10.0 if timeout is None else timeout):
+        stream.close()
         return None
-    link.ring.abandoned = abandoned
-    return RingPath(link.ring, link)
+    stream.ring.abandoned = lambda: link.lost is not None
+    return stream
 
 
-class RingPath:
-    """A link's ring, shared by its sessions; owns the ``Ring`` (and the ``RingStream`` call
-    that carries it, if any) and closes them."""
+class _Record:
+    """One plan's packed record: the fixed part of its ring record and its scalars' packer,
+    good while the ring's epoch is ``epoch``."""
 
-    def __init__(self, ring: Ring, stream: RingStreamLink | None = None) -> None:
+    __slots__ = ("epoch", "fixed", "scalars", "session_id")
+
+    def __init__(self, epoch: int, fixed: bytes, scalars: RecordScalars, session_id: str) -> None:
+        self.epoch = epoch
+        self.fixed = fixed
+        self.scalars = scalars
+        self.session_id = session_id
+
+
+class RingLaunches:
+    """One link's launches through its ring, shared by its sessions; owns the ``Ring`` (and the
+    ``RingStream`` call that carries it, if any) and closes them."""
+
+    def __init__(self, conn: Connection, link: Link, ring: Ring, stream: RingStreamLink | None):
+        self.path = "ring" if stream is None else "ring-stream"
+        self.copies = stream is None
+        """Whether shared-memory copies go through this ring as COPY records."""
         self.ring = ring
         self.stream = stream
-        self.copies = stream is None
-        """Whether COPY records (shared segments) go through this ring."""
+        self._conn = conn
+        self._link = link
         # A lost link's ring is kept (its error entries) until nothing holds its link.
         weakref.finalize(self, ring.close)
         if stream is not None:
             weakref.finalize(self, stream.close)
         self.lock = threading.Lock()
-        self._sessions: dict[str, tuple[int, struct.Struct, tuple[str, ...]]] = {}
+        """Held while a record is written (one writer at a time)."""
+        self._sessions: dict[str, tuple[int, RecordScalars]] = {}
         self._buffers: dict[str, int] = {}
+        self._unbinds: list[int] = []
+        """Handles forgotten and not unbound on the ring yet (written by the next writer)."""
         self._failed: dict[int, RingError] = {}
         """Errors the daemon wrote and nobody raised yet, by record."""
-        self._plans: dict[tuple[str | None, ...], Plan] = {}
-        """Launches made before, by session and buffers: their records' fixed parts."""
-        self.changes = 0
-        """Counts the handles unbound (and buffers lost): a plan is good while it holds."""
+        self._records: dict[tuple[object, ...], _Record] = {}
+        self.epoch = 0
+        """Moves when a bound handle goes: a record is good for the epoch it was made in."""
 
-    # Binding ---------------------------------------------------------------------------
+    # Launching -------------------------------------------------------------------------
 
-    def _session(
-        self, session_id: str, names: Sequence[str], dtypes: Sequence[str], timeout: float
-    ) -> tuple[int, struct.Struct, tuple[str, ...]]:
-        bound = self._sessions.get(session_id)
-        if bound is None:
-            handle = self.ring.new_handle()
-            self.ring.bind(layout.Kind.BIND_SESSION, handle, session_id, timeout)
-            code = "<" + "".join(_PACK[d] for d in dtypes)
-            code += f"{8 * (layout.MAX_SCALARS - len(dtypes))}x"
-            bound = self._sessions[session_id] = (handle, struct.Struct(code), tuple(names))
-        return bound
+    def launch(
+        self,
+        owner: LaunchOwner,
+        operands: Sequence[BufferRef],
+        results: Sequence[BufferRef],
+        scalars: Mapping[str, object],
+        wait: bool,
+        timeout: Any,
+    ) -> Ticket:
+        left = self._conn.timeout if timeout is UNSET else timeout  # every launch: inline
+        if left is None:
+            left = RING_WAIT_CAP
+        key = (id(owner), *map(id, operands), None, *map(id, results))
+        try:
+            while True:
+                record = self._records.get(key)
+                if record is None or record.epoch != self.epoch:
+                    record = self._record(key, owner, operands, results, left)
+                values = record.scalars.values(scalars)
+                with self.lock:
+                    ring = self.ring
+                    if self._failed or self._unbinds or ring.has_errors():
+                        self._before_writing()
+                    if record.epoch != self.epoch:
+                        continue  # a handle it names went meanwhile: make it again
+                    try:
+                        seq = ring.launch_fixed(
+                            record.fixed, record.scalars.packer, values, wait, left
+                        )
+                    except (struct.error, OverflowError, TypeError) as error:
+                        raise _unpacked(record, values, error) from None
+                    except RingFull as full:
+                        what = f"the launch on session {record.session_id}"
+                        raise self._full(left, what) from full
+                    break
+            if wait:
+                self._wait_for(seq, left)
+        except (AccyError, RingClosed) as error:
+            raise self._judged(error, f"a launch of session {owner.id}")  # noqa: B904
+        return Ticket(self, record.session_id, wait, seq)
+
+    def _record(
+        self,
+        key: tuple[object, ...],
+        owner: LaunchOwner,
+        operands: Sequence[BufferRef],
+        results: Sequence[BufferRef],
+        timeout: float,
+    ) -> _Record:
+        """Look up, check and bind (once) what a launch names; keep its packed record unless
+        it names a buffer by an id string (which holds no handle: its ``id()`` proves
+        nothing)."""
+        link = self._link
+        session_id = owner.id_on(link)
+        operand_ids = ids_of(operands, link, "operands")
+        result_ids = ids_of(results, link, "results")
+        with self.lock:
+            epoch = self.epoch
+            bound = self._sessions.get(session_id)
+            if bound is None:
+                scalars = RecordScalars(owner.info)
+                handle = self._bind(layout.Kind.BIND_SESSION, session_id, timeout)
+                bound = self._sessions[session_id] = (handle, scalars)
+            handle, scalars = bound
+            ops = [self._buffer(b, timeout) for b in operand_ids]
+            res = [self._buffer(b, timeout) for b in result_ids]
+        fixed = Ring.fixed_part(handle, ops, res, scalars.count)
+        record = _Record(epoch, fixed, scalars, session_id)
+        if not any(isinstance(b, str) for b in (*operands, *results)):
+            if len(self._records) >= RECORDS_KEPT:
+                self._records.clear()
+            self._records[key] = record
+        return record
 
     def _buffer(self, buffer_id: str, timeout: float) -> int:
         handle = self._buffers.get(buffer_id)
         if handle is None:
-            handle = self.ring.new_handle()
-            self.ring.bind(layout.Kind.BIND_BUFFER, handle, buffer_id, timeout)
-            self._buffers[buffer_id] = handle
+            handle = self._buffers[buffer_id] = self._bind(
+                layout.Kind.BIND_BUFFER, buffer_id, timeout
+            )
+        return handle
+
+    def _bind(self, kind: layout.Kind, object_id: str, timeout: float) -> int:
+        """(Under the lock.) A new handle for ``object_id``, bound on the ring."""
+        if self._failed or self._unbinds or self.ring.has_errors():
+            self._before_writing()
+        handle = self.ring.new_handle()
+        try:
+            self.ring.bind(kind, handle, object_id, timeout)
+        except RingFull as full:
+            raise self._full(timeout, f"binding {object_id}") from full
         return handle
 
     def forget(self, object_id: str) -> None:
-        """A buffer about to be freed or a session about to be released: drop its handle
-        here and on the daemon (an UNBIND record), so neither side's tables grow with every
-        buffer and session a client ever used."""
-        with self.lock:
-            handle = self._buffers.pop(object_id, None)
-            if handle is None:
-                session = self._sessions.pop(object_id, None)
-                handle = None if session is None else session[0]
-            if handle is None:
+        """Drop ``object_id``'s handle here and on the daemon (an UNBIND record), so neither
+        side's tables grow with every buffer and session a client ever used; the records
+        kept go stale. Safe from a finalizer: without the lock at hand (another thread, or
+        this one, is writing) the UNBIND waits for the next writer."""
+        handle = self._buffers.pop(object_id, None)
+        if handle is None:
+            bound = self._sessions.pop(object_id, None)
+            if bound is None:
                 return
-            self._plans.clear()  # some may name the handle
-            self.changes += 1  # and so may plans kept by sessions
+            handle = bound[0]
+        self.epoch += 1
+        self._records.clear()
+        self._unbinds.append(handle)
+        if self.lock.acquire(blocking=False):
+            try:
+                self._write_unbinds()
+            finally:
+                self.lock.release()
+
+    def _write_unbinds(self) -> None:
+        """(Under the lock.) Unbind the handles forgotten so far."""
+        while self._unbinds:
+            handle = self._unbinds.pop()
             with contextlib.suppress(RingClosed, RingFull, ValueError):
                 self.ring.unbind(handle, 1.0)
 
-    # Launching -------------------------------------------------------------------------
-
-    def plan(
-        self,
-        session_id: str,
-        scalar_specs: Sequence[tuple[str, str]],
-        operands: Sequence[str],
-        results: Sequence[str],
-        timeout: float,
-    ) -> tuple[Plan, int]:
-        """The record of a launch of ``session_id`` on these buffers, bound (once) and kept
-        ready, and the ``changes`` it is good for (see ``launch_planned``). ``Session``
-        keeps the last one, for its next launch on the same buffers."""
-        key = (session_id, *operands, None, *results)
-        with self.lock:
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plan(key, session_id, scalar_specs, operands, results, timeout)
-            return plan, self.changes
-
-    def launch_planned(
-        self,
-        plan: Plan,
-        changes: int,
-        scalars: Mapping[str, float],
-        *,
-        wait: bool,
-        timeout: float,
-    ) -> int | None:
-        """Publish a launch of ``plan`` with these scalars; with ``wait``, return once it
-        finished. Its record's seq, or ``None`` (nothing published) when a handle was
-        unbound since the plan was made: ``plan`` again.
-
-        The failures of earlier records nobody raised yet raise first.
-        """
-        with self.lock:
-            ring = self.ring
-            if self._failed or ring.has_errors():
-                self._raise_failed()
-            if changes != self.changes:
-                return None
-            fixed, packer, values_of, unpacked = plan
-            try:
-                seq = ring.launch_fixed(fixed, packer, values_of(scalars), wait, timeout)
-            except (KeyError, struct.error):  # the daemon says which scalar is missing or wrong
-                seq = ring.launch_fixed(unpacked, _NO_SCALARS, (), wait, timeout)
-        if wait:
-            self.wait(seq, timeout)
-        return seq
-
-    def invalidate(self) -> None:
-        """Make the plans handed out so far stale (a buffer they name was lost)."""
-        with self.lock:
-            self.changes += 1
-
-    def _plan(
-        self,
-        key: tuple[str | None, ...],
-        session_id: str,
-        scalar_specs: Sequence[tuple[str, str]],
-        operands: Sequence[str],
-        results: Sequence[str],
-        timeout: float,
-    ) -> Plan:
-        """Bind what a launch names (once) and keep its record's fixed part under ``key``."""
-        if len(scalar_specs) > layout.MAX_SCALARS:
-            raise ValueError("too many runtime scalars for a ring record")
-        names = tuple(name for name, _ in scalar_specs)
-        handle, packer, _ = self._session(
-            session_id, names, [dtype for _, dtype in scalar_specs], timeout
-        )
-        ops = [self._buffer(b, timeout) for b in operands]
-        res = [self._buffer(b, timeout) for b in results]
-        fixed = Ring.fixed_part(handle, ops, res, len(names))
-        # A record whose scalars did not pack says it has more than a record holds.
-        unpacked = Ring.fixed_part(handle, ops, res, layout.MAX_SCALARS + 1)
-        if len(self._plans) >= PLANS_KEPT:
-            self._plans.clear()
-        plan = self._plans[key] = (fixed, packer, _values_of(names), unpacked)
-        return plan
+    def _before_writing(self, what: str = "this launch") -> None:
+        """(Under the lock.) Raise the oldest failure nobody raised yet, saying that what
+        was about to be written was not; write the unbinds."""
+        if self._unbinds:
+            self._write_unbinds()
+        try:
+            self._raise_failed()
+        except AccyError as error:
+            error.message = f"{error.message}; {what} was not sent"
+            error.args = (error.message,)
+            raise
 
     def copy(
         self,
@@ -275,30 +279,48 @@ class RingPath:
         size: int,
         *,
         to_buffer: bool,
-        timeout: float,
-    ) -> None:
-        """Copy between a shared segment and a buffer as one record, in the ring's order;
+        timeout: float | None,
+    ) -> int:
+        """Copy between a shared segment and a buffer as one COPY record, in the ring's order;
         return once it is over, raising what it (or earlier ring work) failed with."""
-        with self.lock:
-            if self._failed or self.ring.has_errors():
-                self._raise_failed()
-            handle = self._buffer(buffer_id, timeout)
-            fields = (segment_offset, buffer_offset, size)
-            seq = self.ring.copy(
-                handle, segment_id, fields, to_segment=not to_buffer, timeout=timeout
-            )
-        self.wait(seq, timeout)
-
-    def wait(self, seq: int | None, timeout: float) -> None:
-        """Wait for record ``seq`` (every record so far if ``None``); raise what failed."""
-        if seq is None:
-            with self.lock:
-                target = self.ring.head - 1
-        else:
-            target = seq
+        left = self._timeout(timeout)
         try:
-            if target >= 0:
-                self.ring.wait(target, timeout)
+            with self.lock:
+                self._before_writing("this copy")
+                handle = self._buffer(buffer_id, left)
+                fields = (segment_offset, buffer_offset, size)
+                seq = self.ring.copy(
+                    handle, segment_id, fields, to_segment=not to_buffer, timeout=left
+                )
+            self._wait_for(seq, left)
+        except (AccyError, RingClosed) as error:
+            raise self._judged(error, f"a copy with buffer {buffer_id}")  # noqa: B904
+        return size
+
+    # Waiting ---------------------------------------------------------------------------
+
+    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
+        if ticket is None and session_id is None:
+            self._settle(timeout)
+            return
+        left = self._timeout(timeout)
+        try:
+            if ticket is not None:
+                assert ticket.record is not None
+                self._wait_for(ticket.record, left)
+            else:
+                with self.lock:
+                    last = self.ring.head - 1
+                self._wait_for(last, left)
+        except (AccyError, RingClosed) as error:
+            what = ticket.name if ticket is not None else f"work enqueued on session {session_id}"
+            raise self._judged(error, what)  # noqa: B904
+
+    def _wait_for(self, seq: int, timeout: float) -> None:
+        """Wait for record ``seq`` (and those before it); raise what failed."""
+        try:
+            if seq >= 0:
+                self.ring.wait(seq, timeout)
         except RingClosed:
             # What the daemon wrote about this work says more than its going away: a fault
             # stops the daemon while its submitter writes the entry, so give that a moment.
@@ -306,7 +328,7 @@ class RingPath:
             while time.monotonic() < deadline and not self.ring.closed:
                 with self.lock:
                     self._raise_failed()
-                    if target < self.ring.done:
+                    if seq < self.ring.done:
                         return
                 time.sleep(0.01)
             raise
@@ -314,18 +336,56 @@ class RingPath:
             with self.lock:
                 self._raise_failed()
 
-    def settle(self, timeout: float | None) -> None:
+    def _settle(self, timeout: float | None) -> None:
         """Before a call over gRPC: every record published is checked and enqueued, so the
         call is ordered after them (a closed ring has nothing left to order after)."""
-        with contextlib.suppress(RingClosed, TimeoutError, ValueError):
+        if self._unbinds and self.lock.acquire(blocking=False):
+            try:
+                self._write_unbinds()
+            finally:
+                self.lock.release()
+        with contextlib.suppress(RingClosed, DeadlineExceeded, ValueError):
             self.ring.flush(10.0 if timeout is None else timeout)
 
     def _raise_failed(self) -> None:
-        """Raise the oldest failure the daemon wrote and nobody raised yet, if any."""
+        """(Under the lock.) Raise the oldest failure the daemon wrote and nobody raised yet."""
         for error in self.ring.errors():
             self._failed[error.seq] = error
         if self._failed:
             raise _error(self._failed.pop(min(self._failed)))
+
+    # Errors and closing ------------------------------------------------------------------
+
+    def _timeout(self, timeout: Any) -> float:
+        left = self._conn.timeout_of(timeout)
+        return RING_WAIT_CAP if left is None else float(left)
+
+    def _full(self, timeout: float, what: str) -> DeadlineExceeded:
+        ring = "ring stream" if self.stream is not None else "ring"
+        return DeadlineExceeded(
+            f"the client's {ring} held {self.ring.slots} launches not done for {timeout:g} s; "
+            f"{what} was not sent"
+        )
+
+    def _judged(self, error: AccyError | RingClosed, what: str) -> AccyError:
+        """The error to raise for ring work of ``what`` that failed with ``error``: judged as
+        a call's (a daemon-wide device fault loses the link); a closed ring says why (caused
+        by ``error``). Raised as ``raise self._judged(error, ...)``, with no local holding it:
+        a frame that held its own error would keep itself, and the buffers it names, in a
+        cycle until the collector ran."""
+        if isinstance(error, AccyError):
+            return self._conn.judged(error, self._link)
+        if self._link.lost is not None:
+            judged: AccyError = self._link.lost_error(what)
+        elif self._conn.closed:
+            judged = self._conn.closed_error()
+        else:
+            judged = Unavailable(
+                f"{what}: the daemon closed this client's ring ({error}); launch it again",
+                reason="RING_CLOSED",
+            )
+        judged.__cause__ = error
+        return judged
 
     def close(self, drain: float = 0.0) -> None:
         """Close the ring; a stream's first waits up to ``drain`` seconds for the daemon to
@@ -336,15 +396,12 @@ class RingPath:
             self.ring.close()
 
 
-def _values_of(names: tuple[str, ...]) -> Callable[[Mapping[str, float]], tuple[object, ...]]:
-    """What takes the values of ``names`` from a launch's scalars, in order (``KeyError``
-    for a missing one)."""
-    if not names:
-        return lambda scalars: ()
-    if len(names) == 1:
-        (name,) = names
-        return lambda scalars: (scalars[name],)
-    return cast(Callable[[Mapping[str, float]], tuple[object, ...]], operator.itemgetter(*names))
+def _unpacked(record: _Record, values: tuple[object, ...], error: Exception) -> InvalidArgument:
+    given = dict(zip(record.scalars.names, values, strict=True))
+    return InvalidArgument(
+        f"runtime scalars {given} do not pack into a ring record: {error}",
+        reason="LOCAL_SCALAR_INVALID",
+    )
 
 
 def _error(error: RingError) -> AccyError:
@@ -353,7 +410,9 @@ def _error(error: RingError) -> AccyError:
     cls = error_class(_CODES.get(error.reason, grpc.StatusCode.UNKNOWN))
     violations = [FieldViolation(error.field, error.message)] if error.field else []
     session, device = layout.parse_fault_origin(error.session)
-    metadata = {"session": session} if session else {}
+    metadata = {"record": str(error.seq)}
+    if session:
+        metadata["session"] = session
     if device is not None:
         metadata.update(device=device, scope=DEVICE_SCOPE)
     return cls(message, reason=error.reason, metadata=metadata, field_violations=violations)

@@ -23,7 +23,7 @@ import grpc
 
 from accy._ring import Ring, RingClosed
 from accy._rpc import Stub
-from accy.errors import AccyError
+from accy.errors import AccyError, DeadlineExceeded
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -174,7 +174,7 @@ class RingStreamLink:
         if self._closed:
             return
         if drain > 0 and self.error is None:
-            with contextlib.suppress(RingClosed, TimeoutError, ValueError):
+            with contextlib.suppress(RingClosed, DeadlineExceeded, ValueError):
                 self.ring.flush(drain)  # woken by the reader as the daemon takes them
         self._closed = True
         with contextlib.suppress(OSError):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["SERVICE_NAME", "Stub", "channel_options"]
+__all__ = ["SERVICE_NAME", "Stub", "channel_options", "open_channel"]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["LaunchService"]
 SERVICE_NAME = _SERVICE.full_name
@@ -31,6 +31,25 @@ def channel_options() -> list[tuple[str, int]]:
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 500),
     ]
+
+
+def open_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    *,
+    server_name: str | None = None,
+) -> grpc.Channel:
+    """A channel to ``target`` (already resolved): TLS when ``credentials`` are given.
+
+    ``server_name`` is the name to check the daemon's certificate against,
+    where it differs from the target's host.
+    """
+    options: list[tuple[str, Any]] = list(channel_options())
+    if credentials is None:
+        return grpc.insecure_channel(target, options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, credentials, options)
 
 
 def _path(name: str) -> str:
@@ -71,7 +90,6 @@ class Stub:
             pb.AllocateIntermediatesResponse,
         )
         self.Launch = uu("Launch", pb.LaunchRequest, pb.LaunchResponse)
-        self.LaunchStream = ss("LaunchStream", pb.LaunchRequest, pb.LaunchStreamResponse)
         self.WaitLaunch = uu("WaitLaunch", pb.WaitLaunchRequest, pb.WaitLaunchResponse)
         self.Release = uu("Release", pb.ReleaseRequest, pb.ReleaseResponse)
         self.AllocateBuffer = uu(

@@ -1,37 +1,27 @@
-"""``Session``: a loaded pipeline on the daemon, launched many times, then released."""
+"""``Session``: a loaded pipeline on the daemon, launched many times, then released; and
+``Launch``, one launch of it.
+
+A session launches through its link's transport and never asks which one it is
+(``accy._transport``): the transport checks, packs and sends, and hands back a
+ticket that the ``Launch`` wraps.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
-from accy import _dtypes
 from accy._connection import UNSET, Connection
-from accy._kept import KeptPlan, keepable
-from accy._launching import (
-    Launch,
-    launch_on,
-    new_launch,
-    ring_errors,
-    ring_launch,
-    ring_of,
-    ring_timeout,
-    settle_session,
-)
-from accy._link import Link, device_replaced
+from accy._link import Link, device_replaced, names_client
 from accy._models import PipelineInfo
-from accy._resources import Buffer, Resource, buffer_ids
-from accy._ring import RingClosed
-from accy._ring_path import RingPath
+from accy._resources import Buffer, Resource
+from accy._scalars import pack_scalars
+from accy._transport import Ticket
 from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Session", "new_session"]
-
-_PACKED_KEPT = 64
-"""Distinct sets of scalar values a session keeps packed for its next launches."""
+__all__ = ["Launch", "Session", "new_session"]
 
 
 def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) -> None:
@@ -40,18 +30,9 @@ def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) 
     session_id, link = state[0]
     if conn.closed or link.lost is not None:
         return
-    if link.ring is not None:
-        link.ring.forget(session_id)
+    link.transport.forget(session_id)
     request = pb.ReleaseRequest(session_id=session_id)
     conn.later(lambda: conn.call(conn.stub.Release, request, link=link))
-
-
-def _exact(value: object) -> object:
-    """``value`` as a cache key that tells apart what compares equal but packs differently:
-    ``-0.0`` and ``0.0`` (a float's exact text); other values as they are."""
-    if isinstance(value, float | np.floating):
-        return float(value).hex()
-    return value
 
 
 def new_session(
@@ -65,8 +46,6 @@ def new_session(
     session._scratch = None
     session._failure = None
     session._unwaited = None
-    session._packed = {}
-    session._checked = set()
     session._where = []
     session._replaced = False
     session._take(response, link)
@@ -97,14 +76,8 @@ class Session(Resource):
     _key: int
     _scratch: dict[str, float] | None
     _failure: AccyError | None
-    _unwaited: Link | None
-    _packed: dict[tuple[tuple[str, type, object], ...], dict[str, pb.Scalar]]
-    _checked: set[tuple[tuple[tuple[str, object], ...], tuple[type, ...]]]
-    """Scalars a ring launch had before that the pipeline takes (names and types)."""
-    _ring: RingPath | None = None
-    """The ring this session launched on last, if any: ``wait`` waits there too."""
-    _ring_specs: list[tuple[str, str]] | None = None
-    _kept: KeptPlan | None = None
+    _unwaited: tuple[Link, str] | None
+    """Where the last launch made without waiting went (link, and the session's id there)."""
     _where: list[tuple[str, Link]]
     """``[(id, link)]``: where the session is now, shared with its safety net."""
     _replaced: bool
@@ -114,9 +87,9 @@ class Session(Resource):
         raise TypeError("a Session is made by Client.load()")
 
     def _take(self, response: pb.LoadPipelineResponse, link: Link) -> None:
-        self._kept = None  # its plan names the session by its old id
-        if self._where and (old := self._where[0][1].ring) is not None:
-            old.forget(self._id)  # loaded again after a fault: the old id's handle goes
+        if self._where:  # loaded again: what the old id was bound to goes
+            old_id, old = self._where[0]
+            old.transport.forget(old_id)
         self._id = response.session_id
         self._link = link
         self._where[:] = [(self._id, link)]
@@ -165,7 +138,7 @@ class Session(Resource):
                         conn.stub.AllocateIntermediates,
                         pb.AllocateIntermediatesRequest(
                             session_id=response.session_id,
-                            runtime_scalars=self._scalars(self._scratch),
+                            runtime_scalars=pack_scalars(self.info.runtime_scalars, self._scratch),
                         ),
                         link=link,
                     )
@@ -180,7 +153,7 @@ class Session(Resource):
             self._take(response, link)
             return True
 
-    def _on(self, link: Link) -> str:
+    def id_on(self, link: Link) -> str:
         """This session's id for a call on ``link``, loading it there first if need be."""
         if self.closed:
             raise FailedPrecondition(
@@ -194,49 +167,28 @@ class Session(Resource):
             raise self._failure.with_traceback(None)
         return self._id
 
-    def _scalars(self, values: Mapping[str, object]) -> dict[str, pb.Scalar]:
-        """The scalars typed for the wire; the same values again reuse the same messages."""
-        key = tuple((name, type(value), _exact(value)) for name, value in values.items())
-        try:
-            packed = self._packed.get(key)
-        except TypeError:  # an unhashable value: packing says what is wrong with it
-            return _dtypes.pack_scalars(self.info.runtime_scalars, values)
-        if packed is None:
-            packed = _dtypes.pack_scalars(self.info.runtime_scalars, values)
-            if len(self._packed) >= _PACKED_KEPT:
-                self._packed.clear()
-            self._packed[key] = packed
-        return packed
-
-    def _check_scalars(self, values: Mapping[str, object]) -> None:
-        """Refuse here what ``_scalars`` refuses (names the pipeline does not take, values
-        their type cannot hold), for a ring launch, which packs its record itself: the same
-        values again are looked up, not typed again."""
-        key = (tuple(values.items()), tuple(map(type, values.values())))
-        try:
-            if key in self._checked:
-                return
-        except TypeError:  # an unhashable value: packing says what is wrong with it
-            _dtypes.pack_scalars(self.info.runtime_scalars, values)
-            return
-        _dtypes.pack_scalars(self.info.runtime_scalars, values)
-        if len(self._checked) >= _PACKED_KEPT:
-            self._checked.clear()
-        self._checked.add(key)
+    def _current(self, timeout: float | None) -> Link:
+        """The link to launch on now (waiting while the client attaches again), with this
+        session there."""
+        conn = self._conn
+        left = conn.timeout_of(timeout)
+        link = conn.current_link(None if left is None else time.monotonic() + left)
+        self.id_on(link)
+        return link
 
     def allocate_intermediates(self, **scalars: float) -> int:
         """Allocate the session's scratch once for these scalars; returns its size in bytes.
 
         The scalars are remembered: a reloaded session gets the same scratch.
         """
-        self._on(self._link)  # a released session says so before anything else
-        packed = self._scalars(scalars)
+        self.id_on(self._link)  # a released session says so before anything else
+        packed = pack_scalars(self.info.runtime_scalars, scalars)
         conn = self._conn
         try:
             response = conn.unary(
                 conn.stub.AllocateIntermediates,
                 lambda link: pb.AllocateIntermediatesRequest(
-                    session_id=self._on(link), runtime_scalars=packed
+                    session_id=self.id_on(link), runtime_scalars=packed
                 ),
             )
         except Unavailable as error:
@@ -260,18 +212,48 @@ class Session(Resource):
         A pipeline with intermediates needs scratch: call ``allocate_intermediates``
         once first. Without it each launch gets scratch of its own, which the daemon
         allocates, waits for and frees around that launch, so ``wait=False`` then
-        does not overlap launches. On a local daemon launches go through the
-        same-host ring; a refusal of one nobody waited for is raised by the next
-        launch or wait of the session.
+        does not overlap launches. A missing, unknown or ill-typed scalar raises here,
+        before anything is sent. A refusal of a launch nobody waited for is raised
+        by a later launch or wait of the session (through a ring: by the ring's next
+        launch or wait, naming the launch's record).
 
         A buffer of a daemon that restarted raises ``BufferLost``; a launch the
         daemon lost its device over raises ``Unavailable`` with reason
         ``DEVICE_LOST`` and ``session`` naming the session that faulted.
         """
+        link = self._conn.link
         try:
-            return self._launch(operands, results, wait, timeout, scalars)
-        except Unavailable as error:
-            self._note(error)
+            if link is not self._link or self._replaced:
+                link = self._current(timeout)
+            ticket = link.transport.launch(self, operands, results, scalars, wait, timeout)
+        except AccyError as error:  # raised here, no frame holding it: a cycle keeps buffers
+            if isinstance(error, Unavailable):
+                self._note(error)
+            if not names_client(error):
+                raise
+            link, ticket = self._again(operands, results, scalars, wait, timeout)
+        if not wait:
+            self._unwaited = (link, ticket.session_id)
+        launch = object.__new__(Launch)
+        launch.session = self
+        launch._ticket = ticket
+        return launch
+
+    def _again(
+        self,
+        operands: Sequence[Buffer | str],
+        results: Sequence[Buffer | str],
+        scalars: Mapping[str, object],
+        wait: bool,
+        timeout: float | None,
+    ) -> tuple[Link, Ticket]:
+        """Send a launch once more, the daemon having refused it because it did not know
+        this client (it did nothing): on the next link, once the client attached again."""
+        link = self._current(timeout)
+        try:
+            return link, link.transport.launch(self, operands, results, scalars, wait, timeout)
+        except Unavailable as again:
+            self._note(again)
             raise
 
     def _note(self, error: Unavailable) -> None:
@@ -281,94 +263,6 @@ class Session(Resource):
             with self._lock:
                 self._replaced = True
 
-    def _launch(
-        self,
-        operands: Sequence[Buffer | str],
-        results: Sequence[Buffer | str],
-        wait: bool,
-        timeout: float | None,
-        scalars: dict[str, float],
-    ) -> Launch:
-        self._check_scalars(scalars)  # before anything else, a first launch's ring included
-        kept = self._kept
-        if (  # the same buffers as the last ring launch, and nothing changed since
-            kept is not None
-            and kept.link is self._conn.link
-            and kept.link is self._link
-            and kept.link.ring is kept.ring
-            and kept.link.lost is None
-            and not self._replaced
-            and self._failure is None
-            and tuple(map(id, operands)) == kept.operands
-            and tuple(map(id, results)) == kept.results
-        ):
-            return self._launch_on_ring(
-                kept.ring, kept.link, kept, operands, results, wait, timeout, scalars
-            )
-        ring, link = ring_of(self._conn, timeout)
-        if ring is not None:
-            return self._launch_on_ring(ring, link, None, operands, results, wait, timeout, scalars)
-        packed = self._scalars(scalars)
-
-        def request(link: Link) -> pb.LaunchRequest:
-            return pb.LaunchRequest(
-                session_id=self._on(link),
-                operands=buffer_ids(operands, link),
-                results=buffer_ids(results, link),
-                runtime_scalars=packed,
-                wait=wait,
-            )
-
-        response, link = launch_on(self._conn, request, timeout)
-        if not wait:
-            self._unwaited = link
-        return new_launch(self, self._conn, response, link)
-
-    def _launch_on_ring(
-        self,
-        ring: RingPath,
-        link: Link,
-        kept: KeptPlan | None,
-        operands: Sequence[Buffer | str],
-        results: Sequence[Buffer | str],
-        wait: bool,
-        timeout: float | None,
-        scalars: dict[str, float],
-    ) -> Launch:
-        """One launch as a record on the link's ring (no call), of the ``kept`` plan if it
-        is still good; see ``launch``."""
-        left = ring_timeout(self._conn, timeout)
-        try:  # ring_errors, in its exceptional path only: every launch comes here
-            seq = None
-            if kept is not None:
-                seq = ring.launch_planned(kept.plan, kept.changes, scalars, wait=wait, timeout=left)
-            while seq is None:
-                plan, changes = ring.plan(
-                    self._on(link),
-                    self._specs(),
-                    buffer_ids(operands, link),
-                    buffer_ids(results, link),
-                    left,
-                )
-                self._kept = None
-                if keepable(operands) and keepable(results):
-                    self._kept = KeptPlan(link, ring, plan, changes, operands, results)
-                seq = ring.launch_planned(plan, changes, scalars, wait=wait, timeout=left)
-        except (AccyError, RingClosed):
-            with ring_errors(self._conn, link, f"a launch of session {self.id}"):
-                raise
-        self._ring = ring
-        return ring_launch(self, self._conn, link, ring, seq, wait)
-
-    def _specs(self) -> list[tuple[str, str]]:
-        """The runtime scalars' names and types, as a ring record packs them."""
-        specs = self._ring_specs
-        if specs is None:
-            specs = self._ring_specs = [
-                (spec.name, _dtypes.name_of(spec.dtype)) for spec in self.info.runtime_scalars
-            ]
-        return specs
-
     def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far.
 
@@ -377,35 +271,20 @@ class Session(Resource):
         when it restarted raise ``Unavailable`` (once).
         """
         try:
-            self._wait(timeout)
+            pending = self._unwaited
+            if pending is not None and pending[0].lost is not None:
+                self._unwaited = None
+                old, old_id = pending
+                old.transport.wait(None, old_id, timeout)  # raises why its work was lost
+            link = self._conn.link
+            if link is not self._link or self._replaced:
+                link = self._current(timeout)
+            link.transport.wait(None, self.id_on(link), timeout)
+            if self._unwaited is pending:
+                self._unwaited = None
         except Unavailable as error:
             self._note(error)
             raise
-
-    def _wait(self, timeout: float | None) -> None:
-        ring = self._ring
-        if ring is not None and self._link.ring is ring:
-            try:
-                ring.wait(None, ring_timeout(self._conn, timeout))
-            except (AccyError, RingClosed):  # judged as ring_errors says, only when raised
-                with ring_errors(self._conn, self._link, f"work enqueued on session {self.id}"):
-                    raise
-            if self._unwaited is None:
-                return
-        pending = self._unwaited
-        if pending is not None and pending.lost is not None:
-            self._unwaited = None
-            raise pending.lost_error(f"work enqueued on session {self.id}")
-        conn = self._conn
-        if pending is not None and pending is self._link:  # a refusal not reported yet raises
-            settle_session(conn, pending, self._id, timeout)
-        conn.unary(
-            conn.stub.WaitLaunch,
-            lambda link: pb.WaitLaunchRequest(session_id=self._on(link)),
-            timeout,
-        )
-        if self._unwaited is pending:
-            self._unwaited = None
 
     def release(self) -> None:
         """Let this load go (idempotent); the last one waits for the session's work, then
@@ -413,17 +292,86 @@ class Session(Resource):
         self.close()
 
     def _close(self) -> None:
-        self._kept = None
         conn = self._conn
         conn.sessions.discard(self._key)
         with self._lock:
             link = self._link
         if conn.closed or link.lost is not None or self._failure is not None:
             return
-        if link.ring is not None:  # before the call, which the daemon takes after the ring
-            link.ring.forget(self._id)
+        link.transport.forget(self._id)  # before the call, which the daemon takes after it
         try:
             conn.call(conn.stub.Release, pb.ReleaseRequest(session_id=self._id), link=link)
         except AccyError:
             if link.lost is None:
                 raise
+
+
+class Launch:
+    """One launch of a session: done already if it was waited for, else ``wait()`` for it.
+
+    If the daemon refused a launch made without waiting, ``wait()`` raises why, or
+    else the session's next launch or ``wait`` does. Launches are made by
+    ``Session.launch``.
+    """
+
+    __slots__ = ("_ticket", "session")
+
+    session: Session
+    _ticket: Ticket
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("a Launch is made by Session.launch()")
+
+    @property
+    def completed(self) -> bool:
+        """Whether the launch is known to have finished on the device."""
+        return self._ticket.completed
+
+    @property
+    def id(self) -> str | None:
+        """The daemon's id of the launch (``lau_...``), from its answer to a ``Launch`` call;
+        ``None`` for a launch through a ring, which gets no answer of its own (``record``
+        names it there)."""
+        return self._ticket.launch_id
+
+    @property
+    def record(self) -> int | None:
+        """The ring record that carried the launch (the daemon's errors name it); ``None``
+        for a launch made by a call."""
+        return self._ticket.record
+
+    @property
+    def enqueue_seconds(self) -> float | None:
+        """The daemon's time from reading the request to enqueuing the launch; ``None`` for a
+        launch through a ring (no answer of its own: the daemon's metrics time those)."""
+        return self._ticket.enqueue_seconds
+
+    @property
+    def elapsed_seconds(self) -> float | None:
+        """The daemon's time from reading the request to answering it (to the end of the
+        work, for a waited launch); ``None`` for a launch through a ring."""
+        return self._ticket.elapsed_seconds
+
+    def __repr__(self) -> str:
+        ticket = self._ticket
+        what = f"ring record {ticket.record}" if ticket.record is not None else ticket.launch_id
+        state = "completed" if ticket.completed else "enqueued"
+        return f"<accy.Launch {what} of {ticket.session_id} {state}>"
+
+    def wait(self, timeout: float | None = UNSET) -> Launch:
+        """Block until this launch finished on the device; returns ``self``.
+
+        A launch the daemon refused raises why. A launch that the daemon lost
+        when it restarted raises ``Unavailable`` (reason ``DEVICE_LOST`` after
+        a device fault, ``session`` naming the culprit).
+        """
+        ticket = self._ticket
+        if ticket.completed:
+            return self
+        try:
+            ticket.waiter.wait(ticket, None, timeout)
+        except Unavailable as error:
+            self.session._note(error)
+            raise
+        ticket.completed = True
+        return self

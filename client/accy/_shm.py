@@ -1,12 +1,14 @@
-"""Buffer writes and reads through memory shared with a daemon on the same host.
+"""Buffer bytes through memory shared with a daemon on the same host, gRPC behind them.
 
-One ``SharedPool`` per link, made on the first large transfer to a local
-daemon: segments the daemon made (``OpenSegment``), taken from its handoff
-socket like a ring, mapped here and reused. A write copies the data into a
-segment (none when the array already lives in one: ``Client.shared_array``)
-and asks the daemon to copy it into the buffer on its transfer stream; a read
-is the reverse. ``ACCY_SHM=0`` (or ``Client(shared_memory=False)``) keeps
-transfers on gRPC; below ``SHM_THRESHOLD`` bytes gRPC is about as fast.
+A link's ``SharedBytes`` keeps a ``SharedPool``: segments the daemon made
+(``OpenSegment``), taken from its handoff socket like a ring, mapped here and
+reused. A write copies the data into a segment (none when the array already
+lives in one: ``Client.shared_array``) and has the daemon copy it into the
+buffer on its transfer stream (a COPY record on a shared ring, else a
+``CopySegment`` call); a read is the reverse. Below ``SHM_THRESHOLD`` bytes,
+and where the daemon shares no memory, a transfer takes the streamed calls
+instead. ``ACCY_SHM=0`` (or
+``Client(shared_memory=False)``) keeps every transfer on gRPC.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import threading
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from accy import _handoff
+from accy._chunks import Progress
 from accy._connection import Connection
-from accy._launching import ring_errors, ring_of, ring_timeout
 from accy._link import Link
 from accy._target import unix_socket_of
+from accy._unary import StreamedBytes
 from accy.errors import AccyError, FailedPrecondition, Unimplemented
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["SHM_ENV", "SHM_THRESHOLD", "Segment", "SharedPool", "pool_of"]
+__all__ = ["SHM_ENV", "SHM_THRESHOLD", "Segment", "SharedBytes", "SharedPool", "shm_wanted"]
 
 SHM_ENV = "ACCY_SHM"
 SHM_THRESHOLD = 256 << 10
@@ -42,7 +45,26 @@ MIN_SEGMENT = 4 << 20
 POOLED_SEGMENTS = 4
 """Idle segments a link keeps for reuse (the daemon pins each once: reuse is the point)."""
 
-_opening = threading.Lock()
+
+_NOT_SHARED = (FailedPrecondition, Unimplemented, OSError, _handoff.HandoffRefused)
+"""What says a daemon shares no memory with this client: it serves no Unix socket, it
+predates shared memory, or its handoff failed."""
+
+
+class Copier(Protocol):
+    """Has the daemon copy between a segment and a buffer (a COPY record, or a call)."""
+
+    def copy(
+        self,
+        segment_id: str,
+        segment_offset: int,
+        buffer_id: str,
+        buffer_offset: int,
+        size: int,
+        *,
+        to_buffer: bool,
+        timeout: float | None,
+    ) -> int: ...
 
 
 class Segment:
@@ -138,49 +160,117 @@ class SharedPool:
                     return segment, at
         return None
 
-    def copy(
-        self,
-        segment: Segment,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
-        ring, link = ring_of(self._conn, timeout)
-        # A record, not a call: about 1 ms less a copy.
-        if ring is not None and ring.copies and link is self._link:
-            with ring_errors(self._conn, link, f"a copy with buffer {buffer_id}"):
-                ring.copy(
-                    segment.id,
-                    segment_offset,
-                    buffer_id,
-                    buffer_offset,
-                    size,
-                    to_buffer=to_buffer,
-                    timeout=ring_timeout(self._conn, timeout),
-                )
-            return size
-        direction = pb.COPY_DIRECTION_TO_BUFFER if to_buffer else pb.COPY_DIRECTION_TO_SEGMENT
-        request = pb.CopySegmentRequest(
-            segment_id=segment.id,
-            segment_offset=segment_offset,
-            buffer_id=buffer_id,
-            buffer_offset=buffer_offset,
-            size=size,
-            direction=direction,
-        )
-        answer = self._conn.call(self._conn.stub.CopySegment, request, timeout, link=self._link)
-        return int(answer[0].bytes_copied)
-
     def _close_remote(self, segment_id: str) -> None:
         conn, link = self._conn, self._link
         if conn.closed or link.lost is not None:
             return
         request = pb.CloseSegmentRequest(segment_id=segment_id)
         conn.later(lambda: conn.call(conn.stub.CloseSegment, request, link=link))
+
+
+class SharedBytes:
+    """One link's buffer bytes: large ones and shared arrays through its ``SharedPool``, the
+    rest (and everything once the daemon showed it shares no memory) by ``fallback``."""
+
+    def __init__(self, pool: SharedPool, copier: Copier, fallback: StreamedBytes) -> None:
+        self.pool = pool
+        self._copier = copier
+        self._fallback = fallback
+
+    def write(
+        self,
+        buffer_id: str,
+        device: int,
+        data: memoryview,
+        offset: int,
+        timeout: float | None,
+        chunk_size: int,
+        progress: Progress | None,
+    ) -> int:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if self._wanted(raw):
+            moved = self._moved(raw, buffer_id, device, offset, timeout, to_buffer=True)
+            if moved is not None:
+                return moved
+        return self._fallback.write(buffer_id, device, data, offset, timeout, chunk_size, progress)
+
+    def read(
+        self,
+        buffer_id: str,
+        device: int,
+        offset: int,
+        size: int,
+        into: np.ndarray[Any, Any] | None,
+        timeout: float | None,
+        chunk_size: int,
+        progress: Progress | None,
+    ) -> np.ndarray[Any, Any]:
+        target = np.empty(size, np.uint8) if into is None else into.reshape(-1).view(np.uint8)
+        if self._wanted(target):
+            moved = self._moved(target, buffer_id, device, offset, timeout, to_buffer=False)
+            if moved is not None:
+                return target
+        return self._fallback.read(
+            buffer_id, device, offset, size, into, timeout, chunk_size, progress
+        )
+
+    def _wanted(self, data: np.ndarray[Any, Any]) -> bool:
+        """Whether ``data`` goes through shared memory: large, or in a shared array."""
+        pool = self.pool
+        return pool.usable and (data.nbytes >= SHM_THRESHOLD or pool.locate(data) is not None)
+
+    def _moved(
+        self,
+        raw: np.ndarray[Any, Any],
+        buffer_id: str,
+        device: int,
+        offset: int,
+        timeout: float | None,
+        *,
+        to_buffer: bool,
+    ) -> int | None:
+        """Move ``raw`` (bytes, to or from the buffer at ``offset``) through shared memory;
+        the bytes moved, or ``None`` where this transfer takes gRPC instead."""
+        pool, copier, size = self.pool, self._copier, raw.nbytes
+        placed = pool.locate(raw)
+        if placed is not None:  # the array lives in shared memory: nothing to copy here
+            segment, at = placed
+            return copier.copy(
+                segment.id, at, buffer_id, offset, size, to_buffer=to_buffer, timeout=timeout
+            )
+        try:
+            with pool.lease(size, device, timeout) as segment:
+                if to_buffer:
+                    segment.data[:size] = raw
+                moved = copier.copy(
+                    segment.id, 0, buffer_id, offset, size, to_buffer=to_buffer, timeout=timeout
+                )
+                if not to_buffer:
+                    raw[:] = segment.data[:size]
+                return moved
+        except (AccyError, OSError) as error:
+            if isinstance(error, _NOT_SHARED):
+                pool.usable = False  # this daemon shares no memory with this client
+                return None
+            raise
+
+    def shared_array(
+        self, shape: tuple[int, ...], dtype: np.dtype[Any], device: int, timeout: float | None
+    ) -> np.ndarray[Any, Any]:
+        """A new array in a dedicated segment: writes from it and reads into it copy nothing
+        here (``Client.shared_array``)."""
+        pool = self.pool
+        if not pool.usable:
+            raise no_shared_memory()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        segment = pool.dedicate(max(nbytes, 1), device, timeout)
+        array = segment.data[:nbytes].view(dtype).reshape(shape)
+        finalizer = weakref.finalize(array, pool.discard, segment.id)
+        finalizer.atexit = False  # at exit the daemon frees it all when we detach
+        return array
+
+    def close(self) -> None:
+        """Nothing to do: the daemon frees the segments when the client detaches."""
 
 
 def shm_wanted(conn: Connection) -> Path | None:
@@ -190,51 +280,10 @@ def shm_wanted(conn: Connection) -> Path | None:
     return unix_socket_of(conn.target)
 
 
-def in_shared_array(conn: Connection, data: np.ndarray[Any, Any] | memoryview) -> bool:
-    """Whether ``data`` lies in an array from ``Client.shared_array``: copied through shared
-    memory at any size (no bytes over gRPC, and through the ring a record, not a call)."""
-    link = conn.link
-    pool = None if link is None else link.shm
-    return isinstance(pool, SharedPool) and pool.usable and pool.locate(data) is not None
-
-
-def pool_of(conn: Connection, link: Link) -> SharedPool | None:
-    """The link's pool (made on first use), or ``None`` where transfers stay on gRPC."""
-    if not link.shm_tried:
-        with _opening:
-            if not link.shm_tried:
-                path = shm_wanted(conn)
-                link.shm = None if path is None else SharedPool(conn, link, path)
-                link.shm_tried = True
-    pool = link.shm
-    return pool if isinstance(pool, SharedPool) and pool.usable else None
-
-
-def refused(pool: SharedPool, error: AccyError | OSError | _handoff.HandoffRefused) -> bool:
-    """Whether ``error`` says this daemon shares no memory (then the pool is given up): it
-    serves no Unix socket, predates shared memory, or the handoff failed."""
-    if isinstance(error, FailedPrecondition | Unimplemented | OSError | _handoff.HandoffRefused):
-        pool.usable = False
-        return True
-    return False
-
-
-def shared_array(
-    conn: Connection, shape: tuple[int, ...], dtype: np.dtype[Any], device: int
-) -> np.ndarray[Any, Any]:
-    """A new array in a dedicated segment: writes from it and reads into it copy nothing here
-    (``Client.shared_array``)."""
-    pool = pool_of(conn, conn.current_link(None))
-    if pool is None:
-        raise FailedPrecondition(
-            "shared memory needs a daemon on this host (a unix: target) and is off "
-            f"with {SHM_ENV}=0 or Client(shared_memory=False)",
-            reason="SHARED_MEMORY_UNAVAILABLE",
-        )
-    timeout = conn.timeout
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    segment = pool.dedicate(max(nbytes, 1), device, timeout)
-    array = segment.data[:nbytes].view(dtype).reshape(shape)
-    finalizer = weakref.finalize(array, pool.discard, segment.id)
-    finalizer.atexit = False  # at exit the daemon frees it all when we detach
-    return array
+def no_shared_memory() -> FailedPrecondition:
+    """Why ``Client.shared_array`` cannot make an array for this client."""
+    return FailedPrecondition(
+        "shared memory needs a daemon on this host (a unix: target) and is off "
+        f"with {SHM_ENV}=0 or Client(shared_memory=False)",
+        reason="SHARED_MEMORY_UNAVAILABLE",
+    )

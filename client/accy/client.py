@@ -19,21 +19,22 @@ from typing import Any, Self
 import grpc
 import numpy as np
 
-from accy import _chunks, _dtypes, _shm
+from accy import _chunks, _dtypes, _transports
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
-from accy._connection import UNSET, Connection, open_channel
+from accy._connection import DEFAULT_WINDOW, UNSET, Connection
 from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
 from accy._dtypes import DTypeLike
-from accy._launches import DEFAULT_WINDOW
-from accy._launching import Launch
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
 from accy._resources import Buffer, allocate
-from accy._sessions import Session, new_session
+from accy._rpc import open_channel
+from accy._scalars import pack_scalars
+from accy._sessions import Launch, Session, new_session
 from accy._target import resolve_target
 from accy.errors import (
     BufferLost,
+    DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -84,9 +85,10 @@ class Client:
     roots), ``tls_ca`` or a client certificate is given, mutual TLS with
     ``tls_cert`` and ``tls_key`` (each a path or PEM bytes).
 
-    Launches made with ``wait=False`` return once sent; at most
-    ``launch_window`` of them await the daemon's answer at once. One the daemon
-    refused raises at its session's next launch or ``wait`` (or its own ``wait()``).
+    Launches made with ``wait=False`` return once sent (through a ring: once
+    published; with ``ACCY_RING=0``: once the daemon enqueued them); a ring over
+    a stream holds at least ``launch_window`` of them not done at once. One the
+    daemon refused raises at a later launch or ``wait`` (or its own ``wait()``).
 
     Survival: when the daemon goes away (it restarts after a device fault),
     the client attaches again for up to ``reattach_timeout`` seconds (``None``:
@@ -185,16 +187,14 @@ class Client:
 
     @property
     def launch_window(self) -> int:
-        """Launches made with ``wait=False`` that may await the daemon's answer at once; the
-        next one blocks until an answer frees a place."""
+        """Launches made with ``wait=False`` that a ring over a stream holds not done at once
+        (rounded up to a power of two, 16 to 4096); the next one blocks until one is done.
+        A ring opened already keeps its size; a shared ring's is the daemon's."""
         return self._conn.launch_window
 
     @launch_window.setter
     def launch_window(self, value: int) -> None:
         self._conn.launch_window = _check_window(value)
-        link = self._conn.last
-        if link is not None and link.launches is not None:
-            link.launches.window = self._conn.launch_window
 
     @property
     def reattach_timeout(self) -> float | None:
@@ -262,7 +262,7 @@ class Client:
     def wait_attached(self, timeout: float | None = None) -> Attachment:
         """Block until the client is attached (it may be reattaching); returns who it is.
 
-        Raises the reason if the client gave up, ``TimeoutError`` after ``timeout``.
+        Raises the reason if the client gave up, ``DeadlineExceeded`` after ``timeout``.
         """
         conn = self._conn
         deadline = math.inf if timeout is None else time.monotonic() + timeout
@@ -273,7 +273,7 @@ class Client:
                     raise conn.broken.with_traceback(None)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"the client did not attach again within {timeout} s")
+                    raise DeadlineExceeded(f"the client did not attach again within {timeout} s")
                 conn.cond.wait(min(remaining, 1.0))
             return conn.link.attachment
 
@@ -369,7 +369,9 @@ class Client:
         ``Buffer.read(out=...)`` into it copy nothing on this side. ``FailedPrecondition``
         where the daemon shares no memory (remote, or shared memory turned off)."""
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
-        return _shm.shared_array(self._conn, dims, _dtypes.to_numpy(dtype), device)
+        conn = self._conn
+        link = conn.current_link(None)
+        return _transports.shared_array(link, dims, _dtypes.to_numpy(dtype), device, conn.timeout)
 
     def empty(
         self,
@@ -430,7 +432,7 @@ class Client:
             version=version,
             format=format,
             operands=tensors,
-            runtime_scalars=_dtypes.pack_scalars(info.runtime_scalars, values),
+            runtime_scalars=pack_scalars(info.runtime_scalars, values),
         )
         response = self._conn.unary(self._conn.stub.Run, request, timeout)
         results = []

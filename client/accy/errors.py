@@ -25,6 +25,7 @@ __all__ = [
     "BufferLost",
     "Cancelled",
     "CertificateNotVerified",
+    "ClientClosed",
     "DaemonUnreachable",
     "DataLoss",
     "DeadlineExceeded",
@@ -174,6 +175,15 @@ class FailedPrecondition(AccyError):
     """A valid call in the wrong state (for example scratch allocated too small)."""
 
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ClientClosed(FailedPrecondition, RuntimeError):
+    """A call on a client that was closed (``Client.close``), or on a forked child's copy of
+    its parent's client (reason ``CLIENT_FORKED``): make a new ``Client``. Also a
+    ``RuntimeError``, as the client raised before it had this class."""
+
+    def __init__(self, message: str, *, reason: str = "CLIENT_CLOSED") -> None:
+        super().__init__(message, reason=reason)
 
 
 class Aborted(AccyError):
@@ -348,7 +358,7 @@ _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def from_rpc_status(status: RpcStatus) -> AccyError:
-    """The typed exception of a ``google.rpc.Status`` sent as data (a LaunchStream answer)."""
+    """The typed exception of a ``google.rpc.Status`` sent as data, not as a call's status."""
     code = _CODE_BY_NUMBER.get(status.code, grpc.StatusCode.UNKNOWN)
     return from_status(code, status.message or code.name, status)
 

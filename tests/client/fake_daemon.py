@@ -3,27 +3,29 @@
 It exists to test the client's wire behaviour (metadata, chunking, error
 decoding, credentials, surviving a restart) without the real daemon; the
 end-to-end tests use the real one. ``restart()`` acts out a daemon that came
-back as a new instance, ``fault()`` one whose device was lost.
+back as a new instance, ``fault()`` one whose device was lost. Launches are unary calls; with
+``rings`` it serves ``RingStream`` too (``tests.client.fake_ring``), so the
+client pipelines them as ring records.
 """
 
 from __future__ import annotations
 
 import queue
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
 from grpc_status import rpc_status
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
+from tests.client.fake_ring import GONE, FakeRing, Refusal, refusal, serve_ring
 
 SCAN = pb.PipelineInfo(
     target="accy.kernel.device_scan",
@@ -39,16 +41,8 @@ SCAN = pb.PipelineInfo(
 )
 
 
-GONE = "gone"
-"""Put in a LaunchStream's answers: the stream breaks as if the daemon's process exited."""
-
-
-class Refused(Exception):
-    """A refusal, as the google.rpc.Status to abort a call with (or answer a streamed launch)."""
-
-    def __init__(self, status: status_pb2.Status) -> None:
-        super().__init__(status.message)
-        self.status = status
+Refused = Refusal
+"""A refusal, as the google.rpc.Status to abort a call with (or answer a ring record)."""
 
 
 def abort(
@@ -65,28 +59,6 @@ def refuse(
     raise Refused(refusal(code, message, reason, **extra))
 
 
-def refusal(code: int, message: str, reason: str, **extra: str) -> status_pb2.Status:
-    """A google.rpc.Status carrying ErrorInfo and, for ``field``, a BadRequest."""
-    details = []
-    info = any_pb2.Any()
-    metadata = {k: v for k, v in extra.items() if k != "field"}
-    info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain="accy.dev", metadata=metadata))
-    details.append(info)
-    if "field" in extra:
-        bad = any_pb2.Any()
-        bad.Pack(
-            error_details_pb2.BadRequest(
-                field_violations=[
-                    error_details_pb2.BadRequest.FieldViolation(
-                        field=extra["field"], description=message
-                    )
-                ]
-            )
-        )
-        details.append(bad)
-    return status_pb2.Status(code=code, message=message, details=details)
-
-
 @dataclass
 class FakeState:
     """What the double remembers, for assertions."""
@@ -99,7 +71,9 @@ class FakeState:
     launches: list[pb.LaunchRequest] = field(default_factory=list)
     launch_ids: list[str] = field(default_factory=list)
     streams: int = 0
-    """LaunchStream calls opened."""
+    """RingStream calls opened."""
+    devices: dict[str, int] = field(default_factory=dict)
+    """The device each session was loaded on."""
     scratch: list[pb.AllocateIntermediatesRequest] = field(default_factory=list)
     authorization: list[tuple[str, str]] = field(default_factory=list)
     """(method, authorization metadata) of every call, Attach included."""
@@ -123,19 +97,19 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         """Seconds each launch takes (to act out a slow daemon)."""
         self.answer_delay = 0.0
         """Seconds between a launch's work and its answer (an answer on its way)."""
-        self.ignore_pings = False
-        """Leave LaunchStream pings unanswered (to act out a hung daemon)."""
+        self.rings = False
+        """Serve RingStream (else it is UNIMPLEMENTED, and launches are unary calls)."""
         self.port = 0
         self._attach_epoch = 0
-        self._launch_streams: list[queue.SimpleQueue[pb.LaunchStreamResponse | str | None]] = []
+        self._streams: list[queue.SimpleQueue[Any]] = []
         self._instances = 1
 
     def restart(self) -> None:
         """Come back as a new instance: every client, session and buffer forgotten.
 
-        The old instance's LaunchStreams break (UNAVAILABLE), as when its process exits.
+        The old instance's RingStreams break (UNAVAILABLE), as when its process exits.
         """
-        streams, self._launch_streams = self._launch_streams, []
+        streams, self._streams = self._streams, []
         for answers in streams:
             answers.put(GONE)
         self._instances += 1
@@ -250,8 +224,10 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
             )
         session_id = secrets.token_hex(8)
         self.state.sessions[session_id] = client
+        device = request.device if request.HasField("device") else 0
+        self.state.devices[session_id] = device
         return pb.LoadPipelineResponse(
-            session_id=session_id, created=True, pipeline=SCAN, format="host_py"
+            session_id=session_id, created=True, pipeline=SCAN, format="host_py", device=device
         )
 
     def AllocateIntermediates(
@@ -266,59 +242,35 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
     def Launch(self, request: pb.LaunchRequest, context: grpc.ServicerContext) -> pb.LaunchResponse:
         return self._launch(request, context, abort)
 
-    def LaunchStream(
-        self, requests: Iterator[pb.LaunchRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.LaunchStreamResponse]:
+    def RingStream(
+        self, frames: Iterator[pb.RingFrame], context: grpc.ServicerContext
+    ) -> Iterator[pb.RingState]:
+        if not self.rings:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this double serves no RingStream")
         self.state.streams += 1
         metadata = dict(context.invocation_metadata())
-        given = metadata.get("authorization", "")
-        if self.tokens and given not in (f"Bearer {TOKEN}", f"Bearer {READ_ONLY}"):
-            abort(context, code_pb2.UNAUTHENTICATED, "bad bearer token", "UNAUTHENTICATED")
-        if self.tokens and given == f"Bearer {READ_ONLY}":  # the stream is refused as a whole
+        if self.tokens and metadata.get("authorization") == f"Bearer {READ_ONLY}":
             abort(context, code_pb2.PERMISSION_DENIED, "no launch scope", "PERMISSION_DENIED")
-        answers: queue.SimpleQueue[pb.LaunchStreamResponse | str | None] = queue.SimpleQueue()
-        self._launch_streams.append(answers)
+        client = self._client(context)
+        state = self.state
 
-        def work(request: pb.LaunchRequest) -> None:
-            try:
-                response = self._launch(request, context, refuse)
-            except Refused as refused:
-                answers.put(pb.LaunchStreamResponse(tag=request.tag, error=refused.status))
-            except Exception as error:  # a bug in the double: answer rather than hang
-                status = refusal(code_pb2.INTERNAL, repr(error), "INTERNAL")
-                answers.put(pb.LaunchStreamResponse(tag=request.tag, error=status))
-            else:
-                answers.put(pb.LaunchStreamResponse(tag=request.tag, launch=response))
+        def owns(role: str, object_id: str) -> bool:
+            if role == "session":
+                return state.sessions.get(object_id) == client
+            return state.buffers.get(object_id, ("", b""))[0] == client
 
-        def read() -> None:  # launches in order on one worker; pings answered at once
-            try:
-                with futures.ThreadPoolExecutor(1) as worker:
-                    for message in requests:  # a message may carry more launches
-                        for request in [message, *message.more]:
-                            if request.ping and not self.ignore_pings:
-                                answers.put(pb.LaunchStreamResponse(tag=request.tag))
-                            elif not request.ping:
-                                worker.submit(work, request)
-            except grpc.RpcError:
-                pass
-            finally:
-                answers.put(None)
-
-        threading.Thread(target=read, daemon=True).start()
-        while (answer := answers.get()) is not None:
-            if answer == GONE:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon's process went away")
-            assert isinstance(answer, pb.LaunchStreamResponse)
-            yield answer
+        ring = FakeRing(lambda request: self._launch(request, context, refuse), owns)
+        yield from serve_ring(ring, frames, context, self._streams)
 
     def _launch(
         self, request: pb.LaunchRequest, context: grpc.ServicerContext, fail: Callable[..., None]
     ) -> pb.LaunchResponse:
+        state = self.state  # the instance the request reached, even if it restarts meanwhile
         self._client(context, "Launch", fail)
         time.sleep(self.launch_delay)
-        if request.session_id not in self.state.sessions:
+        if request.session_id not in state.sessions:
             fail(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
-        self.state.launches.append(request)
+        state.launches.append(request)
         n = request.runtime_scalars["n"].u32
         if n > SCAN.runtime_scalars[0].max:
             fail(
@@ -332,7 +284,7 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         y = self._buffer(context, request.results[0], fail)
         y[: 4 * n] = np.cumsum(x, dtype=np.float32).tobytes()
         launch_id = secrets.token_hex(4)
-        self.state.launch_ids.append(launch_id)
+        state.launch_ids.append(launch_id)
         time.sleep(self.answer_delay)
         return pb.LaunchResponse(launch_id=launch_id, completed=request.wait)
 

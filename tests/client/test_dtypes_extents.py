@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accy import _dtypes, _extent
+from accy import _dtypes, _extent, _scalars
 from accy._models import ScalarSpec
 from accy.errors import InvalidArgument
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -21,7 +21,7 @@ SPECS = (
 
 
 def test_each_value_takes_its_declared_wire_type() -> None:
-    packed = _dtypes.pack_scalars(SPECS, {"n": 5, "a": 2, "k": -3, "d": np.float64(0.5)})
+    packed = _scalars.pack_scalars(SPECS, {"n": 5, "a": 2, "k": -3, "d": np.float64(0.5)})
     kinds = {name: s.WhichOneof("value") for name, s in packed.items()}
     assert kinds == {"n": "u32", "a": "f32", "k": "i64", "d": "f64"}
     assert packed["a"].f32 == 2.0 and packed["k"].i64 == -3
@@ -30,14 +30,14 @@ def test_each_value_takes_its_declared_wire_type() -> None:
 @settings(deadline=None)  # timing under a loaded machine is not the property
 @given(st.integers(min_value=0, max_value=2**32 - 1))
 def test_u32_accepts_its_whole_range(value: int) -> None:
-    assert _dtypes.pack_scalars(SPECS, {"n": value})["n"].u32 == value
+    assert _scalars.pack_scalars(SPECS, {"n": value})["n"].u32 == value
 
 
 @settings(deadline=None)  # timing under a loaded machine is not the property
 @given(st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)))
 def test_u32_refuses_what_it_cannot_hold(value: int) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        _dtypes.pack_scalars(SPECS, {"n": value})
+        _scalars.pack_scalars(SPECS, {"n": value})
     assert caught.value.fields == ("runtime_scalars[n]",)
 
 
@@ -54,7 +54,7 @@ def test_u32_refuses_what_it_cannot_hold(value: int) -> None:
 )
 def test_refusals(name: str, value: object, match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
-        _dtypes.pack_scalars(SPECS, {name: value})
+        _scalars.pack_scalars(SPECS, {name: value})
 
 
 def test_dtype_mapping_round_trips() -> None:

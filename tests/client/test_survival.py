@@ -216,7 +216,7 @@ def test_wait_attached_times_out(fake: tuple[str, FakeLaunchService]) -> None:
         service.refuse_attach = True
         service.restart()
         until(lambda: not client.attached)
-        with pytest.raises(TimeoutError):
+        with pytest.raises(errors.DeadlineExceeded):  # accy's own, not the built-in
             client.wait_attached(0.2)
 
 

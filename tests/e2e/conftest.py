@@ -22,7 +22,7 @@ def daemon() -> Iterator[RunningDaemon]:
 def target(
     request: pytest.FixtureRequest, daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """Each way in: launches on the same-host ring, on gRPC (``LaunchStream``) on the Unix
+    """Each way in: launches on the same-host ring, as unary ``Launch`` calls on the Unix
     socket, and on the ring over a stream (``RingStream``) on TCP."""
     if request.param == "ring":
         return daemon.unix_target

@@ -120,15 +120,15 @@ def test_ring_launches_are_counted_by_pipeline_and_status(
         out = client.empty(64, "f32")
         for _ in range(40):  # bound after the first: the rest replayed in runs
             session.launch([x, x], [out], wait=False, n=64, a=2.0)
-        session.launch([x, x], [out], wait=False, n=64)  # no a: refused by the daemon
+        session.launch([x, x], [out], wait=False, n=65, a=2.0)  # more than x holds: refused
         with pytest.raises(AccyError) as raised:
             session.wait()
         assert raised.value.reason == "LAUNCH_ARGUMENT_MISMATCH"
         session.launch([x, x], [out], wait=True, n=64, a=1.0)
         np.testing.assert_array_equal(out.read(), np.full(64, 2.0, np.float32))
-        assert session._ring is not None and (session._ring.stream is not None) == (
-            ring == "stream"
-        )
+        link = client._conn.link
+        assert link is not None
+        assert link.transport.path == ("ring-stream" if ring == "stream" else "ring")
     ok = f'accy_launches_total{{pipeline="{SAXPY}",status="ok"}}'
     # The engine's own launches are counted as its slow thread looks, every 50 ms.
     assert eventually(lambda: scrape(served).get(ok) == 41, timeout=2.0), scrape(served).get(ok)

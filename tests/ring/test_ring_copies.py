@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _shm
+from accy import Client, _transports
 from accy._ring import Ring
+from accy._ring_path import RingLaunches
 from accy.errors import InvalidArgument, NotFound
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
@@ -32,10 +33,14 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
         running.stop()
 
 
+def ring_of(client: Client) -> RingLaunches:
+    launches = client._conn.current_link(None).transport.launches
+    assert isinstance(launches, RingLaunches), "the client opened no ring"
+    return launches
+
+
 def ring_head(client: Client) -> int:
-    link = client._conn.current_link(None)
-    assert link.ring is not None, "the client opened no ring"
-    return link.ring.ring.head
+    return ring_of(client).ring.head
 
 
 def test_copies_go_through_the_ring_in_order_with_launches(server: ServerThread) -> None:
@@ -68,17 +73,20 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
     with Client(server.address) as alice, Client(server.address) as mallory:
         mine = alice.empty(N, np.float32)
         theirs = mallory.shared_array(N, np.float32)
-        pool = _shm.pool_of(mallory._conn, mallory._conn.current_link(None))
+        pool = _transports.shared_pool(mallory._conn.current_link(None))
         assert pool is not None
         segment = pool.locate(theirs)
         assert segment is not None
         # alice names mallory's segment through her own ring: it is not hers.
-        alice_pool = _shm.pool_of(alice._conn, alice._conn.current_link(None))
+        alice_link = alice._conn.current_link(None)
+        alice_pool = _transports.shared_pool(alice_link)
         assert alice_pool is not None
         own = alice.shared_array(N, np.float32)
         mine.write(own)  # opens alice's ring and binds her buffer
+        assert alice_link.transport.path == "ring"
+        copy = alice_link.transport.copy
         with pytest.raises(NotFound, match="ring record"):
-            alice_pool.copy(segment[0], 0, mine.id, 0, 16, to_buffer=True, timeout=5)
+            copy(segment[0].id, 0, mine.id, 0, 16, to_buffer=True, timeout=5)
         placed = alice_pool.locate(own)
         assert placed is not None
         for segment_offset, buffer_offset, size in (
@@ -87,8 +95,8 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
             (0, 4 * N - 8, 16),
         ):
             with pytest.raises(InvalidArgument, match="outside"):
-                alice_pool.copy(
-                    placed[0],
+                copy(
+                    placed[0].id,
                     segment_offset,
                     mine.id,
                     buffer_offset,
@@ -107,16 +115,15 @@ def test_a_copy_record_naming_no_buffer_is_refused(server: ServerThread) -> None
         buffer = client.empty(N, np.float32)
         shared = client.shared_array(N, np.float32)
         buffer.write(shared)
-        link = client._conn.current_link(None)
-        assert link.ring is not None
-        ring = link.ring.ring
-        pool = _shm.pool_of(client._conn, link)
+        launches = ring_of(client)
+        ring = launches.ring
+        pool = _transports.shared_pool(client._conn.current_link(None))
         assert pool is not None
         placed = pool.locate(shared)
         assert placed is not None
         seq = ring.copy(999, placed[0].id, (0, 0, 16), to_segment=True, timeout=5)
         with pytest.raises(NotFound, match="no buffer bound to handle 999"):
-            link.ring.wait(seq, 5)
+            launches._wait_for(seq, 5)
         assert layout.Kind.COPY == 5
 
 

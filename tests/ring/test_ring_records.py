@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from accy._ring import Ring
+from accy.errors import InvalidArgument
 from accy.protocol import ring as layout
 from accyd.backends.base import BackendKind
 from accyd.catalog.dtypes import DType
@@ -68,7 +69,7 @@ def test_a_value_that_does_not_pack_publishes_nothing(pair: tuple[RingMemory, Ri
     with pytest.raises(struct.error):
         ring.launch_fixed(fixed, SAXPY_SCALARS, (-1, 2.0), False, 1.0)  # out of range
     assert ring.head == 0 and memory.u64(layout.HEAD) == 0
-    with pytest.raises(ValueError, match="at most 16 buffers"):
+    with pytest.raises(InvalidArgument, match="at most 16 buffers"):
         Ring.fixed_part(1, list(range(10)), list(range(7)), 0)
 
 

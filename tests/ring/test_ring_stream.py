@@ -62,8 +62,7 @@ def test_tcp_launches_go_through_the_ring_stream_in_order(client: Client) -> Non
     waited = session.launch([x, y], [y], n=n, a=1.0)
     assert waited.completed
     link = client._conn.last
-    assert link is not None and link.ring is not None and link.ring.stream is not None
-    assert link.launches is None  # no LaunchStream was opened
+    assert link is not None and link.transport.path == "ring-stream"  # every launch, a record
 
 
 def test_a_refused_record_is_raised_by_the_next_wait_naming_it(client: Client) -> None:
@@ -73,7 +72,7 @@ def test_a_refused_record_is_raised_by_the_next_wait_naming_it(client: Client) -
     bad = session.launch([x, x], [y], wait=False, n=n + 1, a=1.0)  # more than the buffers hold
     with pytest.raises(errors.InvalidArgument) as caught:
         session.wait()
-    assert f"ring record {bad._seq}" in str(caught.value) and session.id in str(caught.value)
+    assert f"ring record {bad.record}" in str(caught.value) and session.id in str(caught.value)
     session.launch([x, x], [y], n=n, a=1.0)  # reported once; the session works on
     np.testing.assert_array_equal(y.read(), np.full(n, 2.0, np.float32))
 
@@ -174,7 +173,7 @@ def test_the_first_frame_must_open_the_ring(client: Client) -> None:
     assert "power of two" in (caught.value.details() or "")
 
 
-def test_a_daemon_without_rings_keeps_tcp_launches_on_launch_stream() -> None:
+def test_a_daemon_without_rings_keeps_tcp_launches_on_unary_calls() -> None:
     with (
         running_daemon(backend="host", extra=["--no-rings"]) as daemon,
         Client(str(daemon.tcp_target), client_name="no-rings") as client,
@@ -185,7 +184,7 @@ def test_a_daemon_without_rings_keeps_tcp_launches_on_launch_stream() -> None:
         session.wait()
         np.testing.assert_array_equal(x.read(), np.full(8, 2.0, np.float32))
         link = client._conn.last
-        assert link is not None and link.ring is None and link.launches is not None
+        assert link is not None and link.transport.path == "unary"
 
 
 _SLOTS = 16

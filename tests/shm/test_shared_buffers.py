@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _handoff, _shm
+from accy import Client, _handoff, _shm, _transports
 from accy.errors import InvalidArgument, NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon
@@ -31,7 +31,7 @@ def daemon() -> Iterator[RunningDaemon]:
 
 
 def segments_of(client: Client) -> int:
-    pool = _shm.pool_of(client._conn, client._conn.current_link(None))
+    pool = _transports.shared_pool(client._conn.current_link(None))
     return 0 if pool is None else len(pool._segments)
 
 
@@ -96,7 +96,7 @@ def test_another_client_cannot_use_or_take_a_segment(daemon: RunningDaemon) -> N
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as mallory:
         mine = alice.buffer(np.ones(N, np.float32))
         theirs = mallory.empty(N, np.float32)
-        pool = _shm.pool_of(alice._conn, alice._conn.current_link(None))
+        pool = _transports.shared_pool(alice._conn.current_link(None))
         assert pool is not None
         segment = pool._segments[0]
         for fields in (
@@ -147,7 +147,7 @@ def test_hostile_ranges_never_leave_the_segment_or_buffer(
     data = np.arange(N, dtype=np.float32)
     with Client(daemon.unix_target) as client:
         buffer = client.buffer(data)
-        pool = _shm.pool_of(client._conn, client._conn.current_link(None))
+        pool = _transports.shared_pool(client._conn.current_link(None))
         assert pool is not None
         segment = pool._segments[0]
         for direction in (pb.COPY_DIRECTION_TO_BUFFER, pb.COPY_DIRECTION_TO_SEGMENT):
