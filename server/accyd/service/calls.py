@@ -40,8 +40,8 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 256
-LONG_LIVED = frozenset({"Attach", "LaunchStream"})
-"""Calls that last as long as their client: not counted as in flight (a stream's launches are)."""
+LONG_LIVED = frozenset({"Attach"})
+"""Calls that last as long as their client: not counted as in flight."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _P = ParamSpec("_P")

@@ -1,24 +1,16 @@
 """Launching from the service: enqueue a LaunchRequest, learn that it finished, answer it.
 
-``Launcher`` serves both the unary ``Launch`` and ``LaunchStream``. A waited
-launch is first polled on the event loop for a bounded moment (``spin_seconds``,
-about 100 µs: a small launch is over by then, and answering it costs no thread
-hop); one still running learns of its end from the backend's notification (a
-host function on the session's stream calls back onto the event loop), and
-past a short patience awaits it through the core (``wait_launch_async``), so
-neither the event loop nor a thread waits on the device for longer than the
-spin. A launch that needs scratch of its own (an allocation) is enqueued on the
-device-work threads, within its client's share.
-
-On a stream, each request is validated and enqueued as it is read, so one
-session's launches keep the stream's order; a waited one is answered by a task
-of its own when it finishes, while the stream reads on (one already over after
-the spin is answered at once, without a task). A refused launch is
-answered in-band with the ``google.rpc.Status`` a unary call would have failed
-with. A message may carry more launches (``LaunchRequest.more``, what a client
-had ready at once); the answers ready when its last one is taken go back as one
-message (``LaunchStreamResponse.more``): one read and one write for many
-launches, which is what a pipelined remote client is limited by.
+``Launcher`` serves the unary ``Launch`` (pipelined launches are ring records:
+the shared ring, or ``RingStream``). A waited launch is first polled on the
+event loop for a bounded moment (``spin_seconds``, about 100 µs: a small launch
+is over by then, and answering it costs no thread hop); one still running
+learns of its end from the backend's notification (a host function on the
+session's stream calls back onto the event loop), and past a short patience
+awaits it through the core (``wait_launch_async``), so neither the event loop
+nor a thread waits on the device for longer than the spin. A launch that needs
+scratch of its own (an allocation) is enqueued on the device-work threads,
+within its client's share. ``until_stopped`` ends a stream's requests (a
+``RingStream``'s frames) when the server stops.
 """
 
 from __future__ import annotations
@@ -26,33 +18,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TypeVar
-
-import structlog
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import Daemon, LaunchTicket, WouldBlock
-from accyd.core.ids import new_request_id
-from accyd.errors import InvalidRequest
 from accyd.logs import bind
 from accyd.metrics import Metrics
 from accyd.service import convert
-from accyd.service.calls import CallTracker, Context, id_fields, log_failure, text_field
-from accyd.service.errors import to_rpc_status
-from accyd.service.tasks import TaskSet
+from accyd.service.calls import CallTracker, id_fields, text_field
 
 __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher", "until_stopped"]
-
-log = structlog.get_logger("accyd.service")
 
 _Message = TypeVar("_Message")
 
 NOTIFY_PATIENCE_SECONDS = 0.005
 """How long a waiting launch relies on its own notification before the core's awaited wait."""
-
-_LAUNCH = "Launch"
-"""Each launch of a stream counts as a call in flight (graceful shutdown waits for it)."""
 
 
 def _resolve_soon(future: asyncio.Future[bool]) -> None:
@@ -196,113 +177,6 @@ class Launcher:
             return
         await self.daemon.wait_launch_async(client_id, session_id, launch_id)
 
-    # LaunchStream -----------------------------------------------------------------
-
-    async def stream(
-        self, client_id: str, requests: AsyncIterator[pb.LaunchRequest], context: Context
-    ) -> None:
-        """Serve one LaunchStream until the client stops sending and every answer is out.
-
-        Each message may carry more launches (``more``): they are handled in order, and
-        the answers ready by the end of a message go out together, as one message.
-        """
-        answers = _Answers(context)
-        finishing = TaskSet()
-        try:
-            async for message in until_stopped(requests, self.daemon):
-                ready: list[pb.LaunchStreamResponse] = []
-                reap: list[str] = []
-                for request, nested in _launches_in(message):
-                    if nested:
-                        ready.append(_refusal(request.tag, NESTED))
-                        continue
-                    answer = await self._take(client_id, request, answers, finishing, ready, reap)
-                    if answer is not None:
-                        ready.append(answer)
-                await answers.send_all(ready)
-                for session_id in reap:  # after the answers: tidying only
-                    self.daemon.reap(client_id, session_id)
-            await finishing.settle()  # the client is done sending: answer what still runs
-        finally:
-            finishing.cancel()
-
-    async def _take(
-        self,
-        client_id: str,
-        request: pb.LaunchRequest,
-        answers: _Answers,
-        finishing: TaskSet,
-        ready: list[pb.LaunchStreamResponse],
-        reap: list[str],
-    ) -> pb.LaunchStreamResponse | None:
-        """One launch of a message: its answer if it is ready now; else one task answers it."""
-        if request.ping:
-            return pb.LaunchStreamResponse(tag=request.tag)
-        started = time.perf_counter()
-        self.calls.enter(_LAUNCH)
-        try:
-            try:
-                pending = self.enqueue(client_id, request, started)
-            except WouldBlock:  # in order: the stream reads on once it is enqueued
-                await answers.send_all(ready)  # those ready need not wait for an allocation
-                ready.clear()
-                pending = await self.calls.blocking_for(
-                    client_id, self.enqueue, client_id, request, started, may_block=True
-                )
-        except Exception as error:
-            self.calls.leave(_LAUNCH)
-            return _refusal(request.tag, error)
-        if pending.wait and not pending.settled:
-            finishing.start(self._answer(client_id, request.tag, pending, answers))
-            return None
-        try:  # enqueued, or over already: answered with the message's others, without a task
-            response = await self.finish(client_id, pending, reap=False)
-        except Exception as error:
-            return _refusal(request.tag, error)
-        finally:
-            self.calls.leave(_LAUNCH)
-        if pending.wait:
-            reap.append(pending.ticket.session_id)
-        return pb.LaunchStreamResponse(tag=request.tag, launch=response)
-
-    async def _answer_now(
-        self, client_id: str, tag: int, pending: _Pending, answers: _Answers
-    ) -> None:
-        """Finish the launch and send its answer, or why it failed; then tidy its session."""
-        try:
-            response = await self.finish(client_id, pending, reap=False)
-        except Exception as error:
-            await answers.refuse(tag, error)
-        else:
-            await answers.send(tag, response)
-        if pending.wait:
-            self.daemon.reap(client_id, pending.ticket.session_id)
-
-    async def _answer(self, client_id: str, tag: int, pending: _Pending, answers: _Answers) -> None:
-        try:
-            await self._answer_now(client_id, tag, pending, answers)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the stream is gone (cancelled or broken): nobody to answer
-            log.debug("launch answer not sent", tag=tag)
-        finally:
-            self.calls.leave(_LAUNCH)
-
-
-def _launches_in(message: pb.LaunchRequest) -> Iterator[tuple[pb.LaunchRequest, bool]]:
-    """``(launch, nested)``: the message's launch, then those in its ``more``; ``nested``
-    marks one in ``more`` with a ``more`` of its own (refused: one level only)."""
-    yield message, False
-    for request in message.more:
-        yield request, bool(request.more)
-
-
-NESTED = InvalidRequest(
-    "a launch in `more` carries `more` of its own: put every launch of a message in the "
-    "first one's `more`",
-    field="more",
-)
-
 
 async def until_stopped(
     requests: AsyncIterator[_Message], daemon: Daemon
@@ -319,40 +193,3 @@ async def until_stopped(
                 raise
             return  # the server stopped under the stream: nothing more will come
         yield request
-
-
-class _Answers:
-    """Writes a stream's answers one at a time (several tasks answer the same stream)."""
-
-    def __init__(self, context: Context) -> None:
-        self._context = context
-        self._lock = asyncio.Lock()
-
-    async def pong(self, tag: int) -> None:
-        await self._write(pb.LaunchStreamResponse(tag=tag))
-
-    async def send(self, tag: int, response: pb.LaunchResponse) -> None:
-        await self._write(pb.LaunchStreamResponse(tag=tag, launch=response))
-
-    async def refuse(self, tag: int, error: Exception) -> None:
-        await self._write(_refusal(tag, error))
-
-    async def send_all(self, ready: list[pb.LaunchStreamResponse]) -> None:
-        """Send the answers ``ready`` as one message: the first, the others in its ``more``."""
-        if not ready:
-            return
-        first = ready[0]
-        if len(ready) > 1:
-            first.more.extend(ready[1:])
-        await self._write(first)
-
-    async def _write(self, message: pb.LaunchStreamResponse) -> None:
-        async with self._lock:
-            await self._context.write(message)
-
-
-def _refusal(tag: int, error: Exception) -> pb.LaunchStreamResponse:
-    """The answer for a launch refused with ``error`` (logged, with a request id)."""
-    request_id = new_request_id()
-    log_failure("launch", error, tag=tag, request_id=request_id)
-    return pb.LaunchStreamResponse(tag=tag, error=to_rpc_status(error, request_id))

@@ -220,10 +220,6 @@ class LaunchServicer(SegmentHandlers):
         return await self._launcher.finish(client_id, pending)
 
     @unary
-    async def LaunchStream(self, request: AsyncIterator[pb.LaunchRequest], call: Call) -> None:
-        await self._launcher.stream(call.need_client(), request, call.context)
-
-    @unary
     async def WaitLaunch(self, request: pb.WaitLaunchRequest, call: Call) -> pb.WaitLaunchResponse:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
@@ -409,7 +405,7 @@ class LaunchServicer(SegmentHandlers):
         client_id = call.need_client()
         if self._ring_streams is None:
             raise FailedPrecondition(
-                "this daemon hands out no rings (--no-rings): launch with LaunchStream",
+                "this daemon hands out no rings (--no-rings): launch with Launch calls",
                 field="slots",
             )
         await self._ring_streams.serve(client_id, request, call.context)

@@ -1,4 +1,3 @@
-from google.rpc import status_pb2 as _status_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -213,7 +212,7 @@ class AllocateIntermediatesResponse(_message.Message):
     def __init__(self, byte_size: _Optional[int] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("session_id", "operands", "results", "runtime_scalars", "wait", "tag", "ping", "more")
+    __slots__ = ("session_id", "operands", "results", "runtime_scalars", "wait")
     class RuntimeScalarsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -226,18 +225,12 @@ class LaunchRequest(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_SCALARS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
-    TAG_FIELD_NUMBER: _ClassVar[int]
-    PING_FIELD_NUMBER: _ClassVar[int]
-    MORE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     operands: _containers.RepeatedScalarFieldContainer[str]
     results: _containers.RepeatedScalarFieldContainer[str]
     runtime_scalars: _containers.MessageMap[str, Scalar]
     wait: bool
-    tag: int
-    ping: bool
-    more: _containers.RepeatedCompositeFieldContainer[LaunchRequest]
-    def __init__(self, session_id: _Optional[str] = ..., operands: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ..., runtime_scalars: _Optional[_Mapping[str, Scalar]] = ..., wait: _Optional[bool] = ..., tag: _Optional[int] = ..., ping: _Optional[bool] = ..., more: _Optional[_Iterable[_Union[LaunchRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., operands: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[str]] = ..., runtime_scalars: _Optional[_Mapping[str, Scalar]] = ..., wait: _Optional[bool] = ...) -> None: ...
 
 class LaunchResponse(_message.Message):
     __slots__ = ("launch_id", "completed", "enqueue_seconds", "elapsed_seconds")
@@ -250,18 +243,6 @@ class LaunchResponse(_message.Message):
     enqueue_seconds: float
     elapsed_seconds: float
     def __init__(self, launch_id: _Optional[str] = ..., completed: _Optional[bool] = ..., enqueue_seconds: _Optional[float] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
-
-class LaunchStreamResponse(_message.Message):
-    __slots__ = ("tag", "launch", "error", "more")
-    TAG_FIELD_NUMBER: _ClassVar[int]
-    LAUNCH_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    MORE_FIELD_NUMBER: _ClassVar[int]
-    tag: int
-    launch: LaunchResponse
-    error: _status_pb2.Status
-    more: _containers.RepeatedCompositeFieldContainer[LaunchStreamResponse]
-    def __init__(self, tag: _Optional[int] = ..., launch: _Optional[_Union[LaunchResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ..., more: _Optional[_Iterable[_Union[LaunchStreamResponse, _Mapping]]] = ...) -> None: ...
 
 class WaitLaunchRequest(_message.Message):
     __slots__ = ("session_id", "launch_id")

@@ -64,11 +64,6 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchResponse.FromString,
                 _registered_method=True)
-        self.LaunchStream = channel.stream_stream(
-                '/accy.launch.v1.LaunchService/LaunchStream',
-                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.SerializeToString,
-                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchStreamResponse.FromString,
-                _registered_method=True)
         self.WaitLaunch = channel.unary_unary(
                 '/accy.launch.v1.LaunchService/WaitLaunch',
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.WaitLaunchRequest.SerializeToString,
@@ -189,21 +184,6 @@ class LaunchServiceServicer:
     def Launch(self, request, context):
         """Validate, then enqueue the pipeline on the session's stream. With
         `wait`, answer once the work finished; otherwise once it is enqueued.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def LaunchStream(self, request_iterator, context):
-        """Launches over one long-lived stream: the cheapest way to launch often
-        (no per-call setup; about half a unary call's cost). Each request is
-        validated and enqueued as it arrives, so a session's launches run in the
-        order they were sent. Each request gets exactly one response carrying its
-        `tag`: once enqueued, or with `wait` once finished, so answers to launches
-        of different sessions may come out of order. A refused or failed launch is
-        answered with its `error` (the status and details a unary Launch would
-        have failed with) and the stream goes on. The client's own failures (no
-        client id, a refused token) end the stream with that status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -360,11 +340,6 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.Launch,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchResponse.SerializeToString,
-            ),
-            'LaunchStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.LaunchStream,
-                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.FromString,
-                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.LaunchStreamResponse.SerializeToString,
             ),
             'WaitLaunch': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitLaunch,
@@ -599,33 +574,6 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/Launch',
             accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.LaunchResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def LaunchStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/accy.launch.v1.LaunchService/LaunchStream',
-            accy_dot_launch_dot_v1_dot_launch__pb2.LaunchRequest.SerializeToString,
-            accy_dot_launch_dot_v1_dot_launch__pb2.LaunchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
