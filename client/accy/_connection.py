@@ -3,6 +3,10 @@
 Errors are translated here, once: a failed call raises its typed ``AccyError``
 ``from`` the gRPC error. A call made while the client reattaches waits for the
 next link, within its own timeout.
+
+After ``fork()`` a connection is the parent's: the child's copy refuses every
+call and launch (``ClientClosed``, reason ``CLIENT_FORKED``) and lets go of the
+link's ring without writing to it, so the parent's work is never touched.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -140,6 +145,10 @@ class Connection:
         self.sessions = Sessions()
         self.launch_window = DEFAULT_WINDOW
         """Launches sent without waiting that a ring over a stream holds not done at once."""
+        self.pid = os.getpid()
+        self.forked = False
+        """This is a forked child's copy of the parent's connection."""
+        _CONNECTIONS.add(self)
         self._later: collections.deque[Callable[[], object]] = collections.deque()
         self._cleaner: threading.Thread | None = None
 
@@ -181,8 +190,24 @@ class Connection:
             raise self.closed_error()
 
     def closed_error(self) -> ClientClosed:
-        """Why nothing may be called: the client was closed."""
+        """Why nothing may be called: the client was closed, or this is a forked child."""
+        if self.forked:
+            return ClientClosed(
+                f"this client of {self.target} was made in process {self.pid} and this is "
+                f"process {os.getpid()}, a fork of it: make a new Client after fork()",
+                reason="CLIENT_FORKED",
+            )
         return ClientClosed(f"the client of {self.target} is closed; make a new Client")
+
+    def forked_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): refuse everything from now on, and let
+        go of the link's ring without writing to it. Takes no lock: a thread of the parent
+        may have held any of them at the fork."""
+        self.forked = self.closed = True
+        self.link = None
+        last = self.last
+        if last is not None:
+            last.transport.abandon()
 
     def publish(self, link: Link) -> None:
         """Make ``link`` the one calls go out on (under ``cond``, which callers hold)."""
@@ -210,6 +235,7 @@ class Connection:
         link = self.link
         if link is not None:
             return link
+        self.check_open()  # closed, or a forked child: say so before taking any lock
         with self.cond:
             while True:
                 self.check_open()
@@ -378,6 +404,8 @@ class Connection:
 
     def close(self) -> None:
         """Stop everything: end the current link and close the channel."""
+        if self.forked:
+            return  # the channel, the link and their threads are the parent's
         self.stopping.set()
         with self.cond:
             self.closed = True
@@ -388,3 +416,15 @@ class Connection:
             link.transport.close(CLOSE_DRAIN_SECONDS if link.lost is None else 0.0)
             link.stream.cancel()
         self.channel.close()
+
+
+_CONNECTIONS: weakref.WeakSet[Connection] = weakref.WeakSet()
+"""Every connection of this process, for the child's side of a fork."""
+
+
+def _after_fork_in_child() -> None:
+    for conn in list(_CONNECTIONS):
+        conn.forked_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

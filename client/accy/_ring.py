@@ -355,6 +355,15 @@ class Ring:
     def _u32(self, offset: int) -> int:
         return int(self._halves[offset >> 2])
 
+    def close_in_child(self) -> None:
+        """In a forked child: never write here again (the memory is the parent's ring), and
+        unmap it here if nothing holds a view of it; takes no lock."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BufferError, ValueError, OSError):
+            self._unmap()
+
     def close(self) -> None:
         if self._closed:
             return

@@ -395,6 +395,13 @@ class RingLaunches:
         with self.lock, contextlib.suppress(Exception):
             self.ring.close()
 
+    def abandon(self) -> None:
+        """In a forked child: let go of the ring without writing to it or taking a lock (a
+        thread of the parent may have held one at the fork)."""
+        self.ring.close_in_child()
+        if self.stream is not None:
+            self.stream.close_in_child()
+
 
 def _unpacked(record: _Record, values: tuple[object, ...], error: Exception) -> InvalidArgument:
     given = dict(zip(record.scalars.names, values, strict=True))

@@ -187,3 +187,18 @@ class RingStreamLink:
         for fd in (self._submit, self._complete, self._stop):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def close_in_child(self) -> None:
+        """In a forked child: the call and its threads are the parent's; never write to the
+        ring's memory (the parent's sender reads it) and let go of it here, taking no lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self.ring.close_in_child()
+        with contextlib.suppress(BufferError, ValueError, OSError):
+            self._words.release()
+            self._halves.release()
+            self._map.close()
+        for fd in (self._submit, self._complete, self._stop):
+            with contextlib.suppress(OSError):
+                os.close(fd)

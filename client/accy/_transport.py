@@ -192,6 +192,10 @@ class Transport(Protocol):
         """Stop: launches on their way get up to ``drain`` seconds to reach the daemon."""
         ...
 
+    def abandon(self) -> None:
+        """In a forked child: let go of what the parent's process owns, writing nothing."""
+        ...
+
 
 def ids_of(buffers: Sequence[BufferRef], link: Any, role: str) -> list[str]:
     """The ids of a launch's ``operands`` or ``results`` (``role``) for a call on ``link``;

@@ -153,6 +153,13 @@ class LinkTransport:
         self.launches.close(drain)
         self.bytes.close()
 
+    def abandon(self) -> None:
+        """In a forked child: let go of everything the parent's process owns, writing nothing."""
+        launches = self.launches
+        if isinstance(launches, RingLaunches):
+            launches.abandon()
+        self.use(_Forked(self._conn))
+
 
 class _PendingRing:
     """A link's launches before its first: that one opens the ring (or finds none) first."""
@@ -235,6 +242,50 @@ class _PendingRing:
                     break
             transport.use(found or UnaryLaunches(conn, link))
             return transport.launches
+
+
+class _Forked:
+    """What a forked child's link launches with: nothing. Its client refuses every call
+    (``Connection.check_open``), and the parent's ring is not the child's to write."""
+
+    path = "forked"
+    copies = False
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def launch(
+        self,
+        owner: LaunchOwner,
+        operands: Sequence[BufferRef],
+        results: Sequence[BufferRef],
+        scalars: Mapping[str, object],
+        wait: bool,
+        timeout: Any,
+    ) -> Ticket:
+        raise self._conn.closed_error()
+
+    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
+        raise self._conn.closed_error()
+
+    def forget(self, object_id: str) -> None:
+        """Nothing: a finalizer in the child must not unbind the parent's handles."""
+
+    def copy(
+        self,
+        segment_id: str,
+        segment_offset: int,
+        buffer_id: str,
+        buffer_offset: int,
+        size: int,
+        *,
+        to_buffer: bool,
+        timeout: float | None,
+    ) -> int:
+        raise self._conn.closed_error()
+
+    def close(self, drain: float = 0.0) -> None:
+        """Nothing to close in the child."""
 
 
 def ways_wanted(target: str) -> tuple[str, ...]:
