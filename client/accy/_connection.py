@@ -2,7 +2,8 @@
 
 Errors are translated here, once: a failed call raises its typed ``AccyError``
 ``from`` the gRPC error. A call made while the client reattaches waits for the
-next link, within its own timeout.
+next link, within its own timeout; one made after the client gave up
+reattaching has it try again.
 
 After ``fork()`` a connection is the parent's: the child's copy refuses every
 call and launch (``ClientClosed``, reason ``CLIENT_FORKED``) and lets go of the
@@ -145,6 +146,8 @@ class Connection:
         self.sessions = Sessions()
         self.launch_window = DEFAULT_WINDOW
         """Launches sent without waiting that a ring over a stream holds not done at once."""
+        self.revive: Callable[[], bool] | None = None
+        """Asked by a call once the client gave up reattaching: whether it tries again now."""
         self.pid = os.getpid()
         self.forked = False
         """This is a forked child's copy of the parent's connection."""
@@ -236,13 +239,17 @@ class Connection:
         if link is not None:
             return link
         self.check_open()  # closed, or a forked child: say so before taking any lock
+        revived = False
         with self.cond:
             while True:
                 self.check_open()
                 if self.link is not None:
                     return self.link
                 if self.broken is not None:
-                    raise self.broken.with_traceback(None)
+                    if revived or self.revive is None or not self.revive():
+                        raise self.broken.with_traceback(None)
+                    revived = True  # it tries to attach again: wait for that, once
+                    continue
                 left = 1.0 if deadline is None else min(deadline - time.monotonic(), 1.0)
                 if left <= 0:
                     raise DeadlineExceeded(

@@ -2,7 +2,8 @@
 
 When the Attach stream breaks (the daemon restarted, after a device fault or
 otherwise) the attach thread attaches again, loads the open sessions again and
-publishes the new link; calls made meanwhile wait for it.
+publishes the new link; calls made meanwhile wait for it. Once it gave up (past
+``reattach_timeout``), the next call has it try again rather than stay broken.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Attacher:
         self._on_reattach = on_reattach
         self.history: list[Reattachment] = []
         self._thread: threading.Thread | None = None
+        self._gave_up: Link | None = None
+        """The link it stopped trying to replace, until a call has it try again."""
 
     def start(self) -> Link:
         """Attach (raising why not) and start the attach and ping threads; returns the link."""
@@ -74,6 +77,7 @@ class Attacher:
             target=self._keep_attached, args=(link,), name="accy-attach", daemon=True
         )
         self._thread.start()
+        conn.revive = self.revive
         if self._liveness:
             threading.Thread(target=self._keep_alive, name="accy-ping", daemon=True).start()
         return link
@@ -105,6 +109,24 @@ class Attacher:
         link.transport = open_transport(self._conn, link)
         return link
 
+    def revive(self) -> bool:
+        """(Under the connection's lock, from a call that found the client broken.) Try to
+        attach again, for another ``reattach_timeout``; whether a new round started (not
+        where reattaching is off, or the client closes)."""
+        conn, old = self._conn, self._gave_up
+        if old is None or self.reattach_timeout == 0:
+            return False
+        if conn.stopping.is_set():
+            return False
+        self._gave_up = None
+        conn.broken = None
+        old.lost_at = time.monotonic()  # the new round's time counts from now
+        self._thread = threading.Thread(
+            target=self._keep_attached, args=(old, True), name="accy-attach", daemon=True
+        )
+        self._thread.start()
+        return True
+
     def _keep_alive(self) -> None:
         """The ping thread: tell the daemon this client lives, four times per liveness period.
 
@@ -121,15 +143,18 @@ class Attacher:
             with contextlib.suppress(grpc.RpcError, ValueError):  # ValueError: channel closed
                 conn.stub.Ping(request, metadata=link.metadata, timeout=period)
 
-    def _keep_attached(self, link: Link) -> None:
-        """The attach thread: pump the stream; when it breaks, attach again (or give up)."""
+    def _keep_attached(self, link: Link, lost: bool = False) -> None:
+        """The attach thread: pump the stream; when it breaks (or it is ``lost`` already),
+        attach again (or give up)."""
         conn = self._conn
         try:
             while True:
-                ended = link.stream.pump()
-                if conn.stopping.is_set():
-                    return
-                conn.lose(link, ended)
+                if not lost:
+                    ended = link.stream.pump()
+                    if conn.stopping.is_set():
+                        return
+                    conn.lose(link, ended)
+                lost = False
                 following = self._reattach(link)
                 if following is None:
                     return
@@ -169,7 +194,8 @@ class Attacher:
                 except AccyError as error:  # that daemon went away too (or is the faulted one)
                     conn.lose(link, error)
                     failure = error
-            if conn.stopping.wait(backoff(attempt)):
+            pause = min(backoff(attempt), max(deadline - time.monotonic(), 0.0))
+            if conn.stopping.wait(pause):  # never past the round's end
                 return None
             attempt += 1
         self._give_up(old, failure)
@@ -215,8 +241,9 @@ class Attacher:
         return link
 
     def _give_up(self, old: Link, error: AccyError | None) -> None:
-        """Stop trying: every call from now on raises why."""
+        """Stop trying: calls raise why, and the next one has it try again (``revive``)."""
         conn = self._conn
+        self._gave_up = old
         if not isinstance(error, Unauthenticated | PermissionDenied):
             limit = self.reattach_timeout
             if not limit and limit is not None:

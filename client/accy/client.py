@@ -262,15 +262,19 @@ class Client:
     def wait_attached(self, timeout: float | None = None) -> Attachment:
         """Block until the client is attached (it may be reattaching); returns who it is.
 
-        Raises the reason if the client gave up, ``DeadlineExceeded`` after ``timeout``.
+        Raises the reason if the client gave up (having tried once more),
+        ``DeadlineExceeded`` after ``timeout``.
         """
         conn = self._conn
         deadline = math.inf if timeout is None else time.monotonic() + timeout
+        revived = False
         with conn.cond:
             while conn.link is None:
                 conn.check_open()
                 if conn.broken is not None:
-                    raise conn.broken.with_traceback(None)
+                    if revived or conn.revive is None or not conn.revive():
+                        raise conn.broken.with_traceback(None)
+                    revived = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise DeadlineExceeded(f"the client did not attach again within {timeout} s")

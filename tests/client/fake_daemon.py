@@ -3,7 +3,8 @@
 It exists to test the client's wire behaviour (metadata, chunking, error
 decoding, credentials, surviving a restart) without the real daemon; the
 end-to-end tests use the real one. ``restart()`` acts out a daemon that came
-back as a new instance, ``fault()`` one whose device was lost. Launches are unary calls; with
+back as a new instance, ``fault()`` one whose device was lost, ``fault_device()``
+one that lost one device and lives on. Launches are unary calls; with
 ``rings`` it serves ``RingStream`` too (``tests.client.fake_ring``), so the
 client pipelines them as ring records.
 """
@@ -99,6 +100,8 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         """Seconds between a launch's work and its answer (an answer on its way)."""
         self.rings = False
         """Serve RingStream (else it is UNIMPLEMENTED, and launches are unary calls)."""
+        self.doomed: dict[str, int] = {}
+        """Sessions on a device lost on its own (``fault_device``), and that device."""
         self.port = 0
         self._attach_epoch = 0
         self._streams: list[queue.SimpleQueue[Any]] = []
@@ -124,6 +127,12 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
     def fault(self, session: str) -> None:
         """Lose the device: every call fails UNAVAILABLE/DEVICE_LOST naming ``session``."""
         self.fault_session = session
+
+    def fault_device(self, device: int) -> None:
+        """Lose ``device`` alone, as a daemon with device workers does: the next launch of
+        each session loaded there fails UNAVAILABLE/DEVICE_LOST scoped to the device (and
+        that session is gone); the daemon, and sessions loaded again, go on."""
+        self.doomed = {s: d for s, d in self.state.devices.items() if d == device}
 
     def _gate(
         self, context: grpc.ServicerContext, method: str, fail: Callable[..., None] = abort
@@ -270,6 +279,18 @@ class FakeLaunchService(launch_pb2_grpc.LaunchServiceServicer):  # type: ignore[
         time.sleep(self.launch_delay)
         if request.session_id not in state.sessions:
             fail(context, code_pb2.NOT_FOUND, "no such session", "NOT_FOUND", field="session_id")
+        device = self.doomed.pop(request.session_id, None)
+        if device is not None:
+            del state.sessions[request.session_id]  # replaced with its device
+            fail(
+                context,
+                code_pb2.UNAVAILABLE,
+                f"device {device} faulted in session {request.session_id}",
+                "DEVICE_LOST",
+                session=request.session_id,
+                device=str(device),
+                scope="device",
+            )
         state.launches.append(request)
         n = request.runtime_scalars["n"].u32
         if n > SCAN.runtime_scalars[0].max:
