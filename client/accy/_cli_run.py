@@ -87,7 +87,22 @@ def _typed_scalars(
     if missing:
         flags = " ".join(f"--scalar {m}=VALUE" for m in missing)
         raise UsageError(f"{info.target} needs integer scalars: {flags}")
+    _check_bounds(info, values)
     return values, drawn
+
+
+def _check_bounds(info: PipelineInfo, values: Mapping[str, float]) -> None:
+    """Refuse a scalar outside the pipeline's bounds in the daemon's words, before any input
+    is made for it (a huge ``--n`` would otherwise be built here first)."""
+    for spec in info.runtime_scalars:
+        value = values.get(spec.name)
+        if value is None or spec.max is None:
+            continue
+        if value > spec.max or (spec.min is not None and value < spec.min):
+            raise UsageError(
+                f"runtime scalar {spec.name!r} is {value}; {info.target} accepts "
+                f"{spec.bounds_text()}"
+            )
 
 
 def _random_input(

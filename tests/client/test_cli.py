@@ -115,6 +115,18 @@ def test_run_refuses_unknown_scalar_and_missing_integer(
     assert "--scalar n=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("n", ["5000000000", "0"])
+def test_run_checks_a_scalar_against_its_bounds_before_making_inputs(
+    fake: tuple[str, FakeLaunchService], capsys: pytest.CaptureFixture[str], n: str
+) -> None:
+    # 5e9 elements would be 20 GB of inputs, made before the daemon could refuse them.
+    argv = ["--target", fake[0], "run", "accy.kernel.device_scan", "--n", n]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"runtime scalar 'n' is {n}; accy.kernel.device_scan accepts 1..1073741824" in err
+    assert not fake[1].state.launches and not fake[1].state.buffers  # nothing made or sent
+
+
 def test_run_daemon_refusal_exit_4(
     fake: tuple[str, FakeLaunchService], capsys: pytest.CaptureFixture[str]
 ) -> None:
