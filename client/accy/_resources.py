@@ -302,6 +302,14 @@ class Buffer(Resource):
 
         The buffer must have been made with ``exportable=True``, by a daemon on this host (a
         ``unix:`` target). See ``ExportedBuffer`` for what is ordered with what."""
+        if not self.exportable:
+            why = (
+                f"buffer {self.id} was not allocated exportable: make it with exportable=True "
+                "(Client.buffer or Client.empty) to export it"
+            )
+            raise FailedPrecondition(
+                why, reason="NOT_EXPORTABLE", field_violations=[FieldViolation("buffer_id", why)]
+            )
         target = self._conn.target
         socket_path = unix_socket_of(target)
         if socket_path is None:

@@ -91,6 +91,7 @@ def test_refusals_say_what_to_fix(daemon: RunningDaemon) -> None:
         with pytest.raises(FailedPrecondition, match="not allocated exportable") as info:
             plain.export()
         assert info.value.fields == ("buffer_id",)
+        assert plain.id in info.value.message  # its buf_... id, not the backend's number
         conn = client._conn
         for bad in ("", "no-such-buffer", "x" * 300, "../../etc/passwd"):
             with pytest.raises((NotFound, InvalidArgument)):
