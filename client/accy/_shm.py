@@ -6,8 +6,8 @@ reused. A write copies the data into a segment (none when the array already
 lives in one: ``Client.shared_array``) and has the daemon copy it into the
 buffer on its transfer stream (a COPY record on a shared ring, else a
 ``CopySegment`` call); a read is the reverse. Below ``SHM_THRESHOLD`` bytes,
-and where the daemon shares no memory, a transfer takes the streamed calls
-instead. ``ACCY_SHM=0`` (or
+where the daemon shares no memory, and when its segments ran out, a transfer
+takes the streamed calls instead. ``ACCY_SHM=0`` (or
 ``Client(shared_memory=False)``) keeps every transfer on gRPC.
 """
 
@@ -30,7 +30,7 @@ from accy._connection import Connection
 from accy._link import Link
 from accy._target import unix_socket_of
 from accy._unary import StreamedBytes
-from accy.errors import AccyError, FailedPrecondition, Unimplemented
+from accy.errors import AccyError, FailedPrecondition, ResourceExhausted, Unimplemented
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["SHM_ENV", "SHM_THRESHOLD", "Segment", "SharedBytes", "SharedPool", "shm_wanted"]
@@ -248,6 +248,8 @@ class SharedBytes:
                 if not to_buffer:
                     raw[:] = segment.data[:size]
                 return moved
+        except ResourceExhausted:  # no segment to be had (the daemon's per-client limit, or
+            return None  # the tenant's memory): this transfer needs none
         except (AccyError, OSError) as error:
             if isinstance(error, _NOT_SHARED):
                 pool.usable = False  # this daemon shares no memory with this client

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from accy import Client, _handoff, _shm, _transports
-from accy.errors import InvalidArgument, NotFound
+from accy.errors import InvalidArgument, NotFound, ResourceExhausted
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon
+from accyd.shm.segments import MAX_SEGMENTS_PER_CLIENT
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 20  # 4 MiB of f32: above the shared-memory threshold
@@ -215,3 +216,19 @@ def test_a_killed_client_leaves_no_segment_behind(daemon: RunningDaemon, tmp_pat
         assert daemon_segment_maps(pid) == maps, "a segment is still mapped in the daemon"
         assert daemon_fds(pid) <= fds, f"{daemon_fds(pid)} descriptors open, {fds} before"
         assert watcher.status().clients == baseline.clients
+
+
+def test_a_write_when_segments_ran_out_takes_grpc(daemon: RunningDaemon) -> None:
+    """The daemon's segments per client are spent (on shared arrays): a plain write or read
+    needs none, so it goes over gRPC rather than failing for a quota the user never set."""
+    with Client(daemon.unix_target) as client:
+        arrays = []
+        with pytest.raises(ResourceExhausted):  # a shared array needs a segment of its own
+            for _ in range(MAX_SEGMENTS_PER_CLIENT + 1):
+                arrays.append(client.shared_array(16, np.float32))
+        assert segments_of(client) == MAX_SEGMENTS_PER_CLIENT
+        data = np.random.default_rng(5).standard_normal(N).astype(np.float32)
+        with client.buffer(data) as buffer:  # 4 MiB: shared memory, were a segment free
+            np.testing.assert_array_equal(buffer.read(), data)
+        assert segments_of(client) == MAX_SEGMENTS_PER_CLIENT
+        arrays.clear()  # their segments go back: the next large write goes through one
