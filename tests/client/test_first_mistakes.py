@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from accy import errors
+from accy import _handoff, errors
 from accy.client import Client
 from tests.client.fake_daemon import FakeLaunchService
 
@@ -55,3 +59,24 @@ def test_a_launch_after_close_says_the_client_was_closed(ways: Client) -> None:
     if not launch.completed:  # sent before the close: its wait says so too, if it must wait
         with pytest.raises(errors.ClientClosed):
             launch.wait()
+
+
+def test_a_handoff_socket_that_never_answers_is_an_accy_error(tmp_path: Path) -> None:
+    path = tmp_path / "slow.rings"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True)
+    accepting.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(_handoff.HandoffRefused) as caught:  # not a built-in TimeoutError
+            _handoff.take(path, "seg_x", b"\0" * 32, 1, timeout=0.2)
+        assert isinstance(caught.value, errors.Unavailable)
+        assert "within 0.2 s" in caught.value.message
+        assert time.monotonic() - started < 2
+    finally:
+        for peer in held:
+            peer.close()
+        listener.close()
