@@ -38,3 +38,21 @@ def test_negative_zero_is_not_sent_as_zero(
         assert np.all(np.signbit(y.read()))
         assert client._conn.last is not None
         assert client._conn.last.transport.path == ("unary" if ring == "0" else "ring")
+
+
+@pytest.mark.parametrize("ring", ["0", "1"])
+def test_negative_zero_after_zero_is_its_own_launch(
+    monkeypatch: pytest.MonkeyPatch, ring: str
+) -> None:
+    monkeypatch.setenv("ACCY_RING", ring)
+    with (  # a daemon of its own: what it made for other tests' scalars must not count
+        running_daemon(backend="host", tcp=False) as daemon,
+        Client(daemon.unix_target) as client,
+    ):
+        session = client.load("accy.kernel.saxpy")
+        x = client.buffer(np.full(4, 2.0, np.float32))
+        y = client.buffer(np.full(4, -0.0, np.float32))
+        session.launch([x, y], [y], n=4, a=0.0)  # prepared for a=0.0: 0.0 * 2 + -0.0 is 0.0
+        y.write(np.full(4, -0.0, np.float32))
+        session.launch([x, y], [y], n=4, a=-0.0)  # the same buffers, bar the sign of a
+        assert np.all(np.signbit(y.read())), "a=-0.0 ran as the launch prepared for a=0.0"
