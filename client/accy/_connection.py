@@ -331,7 +331,7 @@ class Connection:
                 return send(message, use, left), use
             except grpc.RpcError as error:
                 failure, cause = self.judged(self.translate(error), use), error
-            except AccyError as error:  # refused in-band: a LaunchStream answer
+            except AccyError as error:  # raised on the way (ordering after the link's ring)
                 failure, cause = self.judged(error, use), error
             if link is None:
                 gone = transport and isinstance(failure, DaemonUnreachable)
