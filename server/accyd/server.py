@@ -40,6 +40,7 @@ from accyd.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.kserve.servicer import KServeServicer
 from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
+from accyd.logs import flush_left_out
 from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
@@ -444,6 +445,7 @@ class Server:
         if not abandon:
             await asyncio.to_thread(closing.join)
         self._stopped = True
+        flush_left_out()
         log.info("accyd stopped", exit_code=self.exit_code)
 
 
