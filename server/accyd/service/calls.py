@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 256
-LONG_LIVED = frozenset({"Attach", "LaunchStream"})
-"""Calls that last as long as their client: not counted as in flight (a stream's launches are)."""
+LONG_LIVED = frozenset({"Attach", "LaunchStream", "RingStream"})
+"""Calls that last as long as their client: not counted as in flight (a stream's launches are);
+the drain ends them by detaching their clients."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _P = ParamSpec("_P")

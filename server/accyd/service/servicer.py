@@ -81,6 +81,8 @@ class LaunchServicer(SegmentHandlers):
         self._closing = asyncio.Event()
         self._detaching = TaskSet()
         self._watching = TaskSet()
+        self._ring_streams_of: dict[str, set[asyncio.Task[None]]] = {}
+        """Each client's open RingStreams: its detach ends them (an idle one would last)."""
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         """Counts the rings' launches (both kinds) in ``accy_launches``."""
@@ -140,6 +142,8 @@ class LaunchServicer(SegmentHandlers):
         self._detaching.start(self._detach(client_id))
 
     async def _detach(self, client_id: str) -> None:
+        for serving in self._ring_streams_of.pop(client_id, ()):
+            serving.cancel()
         try:  # its rings, segments and exports first (the daemon's extensions), then the rest
             await self.daemon.detach_async(client_id)
         except Exception:
@@ -412,7 +416,22 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon hands out no rings (--no-rings): launch with LaunchStream",
                 field="slots",
             )
-        await self._ring_streams.serve(client_id, request, call.context)
+        serving = asyncio.ensure_future(
+            self._ring_streams.serve(client_id, request, call.context)
+        )
+        held = self._ring_streams_of.setdefault(client_id, set())
+        held.add(serving)
+        try:
+            await serving
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            # Ended by its client's detach (at the drain, or a lost client): so is the stream.
+        finally:
+            held.discard(serving)
+            if not held and self._ring_streams_of.get(client_id) is held:
+                del self._ring_streams_of[client_id]
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
