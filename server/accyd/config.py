@@ -30,6 +30,7 @@ from accyd.settings import (
     settings_of,
     size,
 )
+from accyd.workers.liveness import MIN_HANG_SECONDS
 
 __all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "QUOTAS", "SETTINGS", "Config", "memory_limit"]
 
@@ -220,6 +221,11 @@ class Config:
         300.0, "restart window", float_text, flag="--restart-window", metavar="SECONDS",
         group="operation",
     )  # fmt: skip
+    worker_hang_seconds: float = setting(
+        5.0, "a device worker silent this long (stopped, hung) is declared lost and replaced; "
+        "its calls then fail with DEVICE_LOST instead of waiting", float_text,
+        flag="--worker-hang", metavar="SECONDS", group="tuning",
+    )  # fmt: skip
     heartbeat_seconds: float = setting(
         2.0, "Attach stream heartbeat period", float_text, metavar="SECONDS", group="tuning"
     )
@@ -283,6 +289,8 @@ class Config:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.worker_hang_seconds < MIN_HANG_SECONDS:
+            raise ValueError(f"worker_hang_seconds must be at least {MIN_HANG_SECONDS:g}")
         if self.grace_seconds < 0:
             raise ValueError("grace_seconds must not be negative")
         if not 1 <= self.read_chunk_bytes <= self.max_message_bytes - 1024:

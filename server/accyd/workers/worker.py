@@ -34,7 +34,7 @@ from accyd.backends.select import make_backend
 from accyd.errors import DeviceFault
 from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY
 from accyd.logs import configure_logging
-from accyd.workers.protocol import FrameReader, Op, encode_error, send_frame
+from accyd.workers.protocol import HEARTBEAT_SECONDS, FrameReader, Op, encode_error, send_frame
 from accyd.workers.served import Served
 
 __all__ = ["IGNORED_SIGNALS", "main"]
@@ -82,6 +82,16 @@ class _Channel:
         with self._lock:
             send_frame(self.sock, frame)
 
+    def beat(self) -> None:
+        """Say the worker runs every ``HEARTBEAT_SECONDS``, until the channel closes (a thread
+        of its own: the front declares a silent worker lost, whatever its ops are doing)."""
+        while True:
+            time.sleep(HEARTBEAT_SECONDS)
+            try:
+                self.send((Op.ALIVE,))
+            except OSError:
+                return
+
     def fatal(self, error: BaseException, status: int = EXIT_DEVICE_LOST) -> NoReturn:
         """Tell the front why, then end the process now (no teardown: the device is lost)."""
         log.error("device worker exiting", reason=str(error), error=type(error).__name__)
@@ -120,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
+    threading.Thread(target=channel.beat, name="accyd-worker-heartbeat", daemon=True).start()
     log.info(
         "device worker ready",
         backend=backend.kind.value,
