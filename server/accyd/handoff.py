@@ -245,10 +245,7 @@ class Handoff:
             conn.setblocking(False)
             pid, uid = _credentials(conn)
             peer = f"pid {pid} uid {uid}"
-            if (
-                len(self._hellos) >= PENDING_TOTAL
-                or self._per_user.get(uid, 0) >= PENDING_PER_USER
-            ):
+            if len(self._hellos) >= PENDING_TOTAL or self._per_user.get(uid, 0) >= PENDING_PER_USER:
                 self.refused_connections += 1
                 log.info("handoff connection refused: too many waiting", peer=peer)
                 conn.close()

@@ -148,7 +148,7 @@ class Server:
         metrics.restarts.set(self.lineage.restarts)
         metrics.device_faults.inc(self.lineage.device_faults)
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
-        self.calls = CallTracker(self._executor)
+        self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
         ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
         blocking = self._blocking_for_rings(loop)
         ring_streams = None

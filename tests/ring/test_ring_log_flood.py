@@ -43,7 +43,7 @@ def test_a_flood_of_refused_ring_records_writes_a_bounded_log_and_a_summary(
     ring = Ring.connect(ring_door.path, offer.ring_id, offer.ticket)
     flood = 3000
     try:
-        for seq in range(flood):  # a launch on a session handle never bound: refused
+        for _ in range(flood):  # a launch on a session handle never bound: refused
             last = ring.launch(77, [], [], struct.pack("<I4x", 1), 1, notify=False, timeout=5.0)
         ring.wait(last, 10.0)
         assert len(ring.errors()) >= layout.error_slots() - 1

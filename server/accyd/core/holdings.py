@@ -27,7 +27,7 @@ from accyd.core.sessions import Session, SessionKey, pick_format
 from accyd.core.tables import Tables
 from accyd.core.tenants import Usage
 from accyd.core.tickets import absorb
-from accyd.core.waits import Deferred, until_done
+from accyd.core.waits import Deferred, over, until_done
 from accyd.errors import AccyError, InvalidRequest
 
 __all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings"]
@@ -311,7 +311,20 @@ class Holdings:
                     absorb(record, self._t.revoker)
                 hazards = record.write_hazards() if writing else record.read_hazards()
                 order_after(backend, stream, hazards)
-        return Transfer(backend, record, stream, self._t.lock, writing=writing)
+                waits = [mark.retain() for mark in hazards if not over(mark)]
+        return Transfer(
+            backend,
+            record,
+            stream,
+            self._t.lock,
+            writing=writing,
+            waits=waits,
+            lost=self.device_gone,
+        )
+
+    def device_gone(self) -> bool:
+        """Whether a device was lost (its work may never end, its notifications never come)."""
+        return self._t.state.fault is not None or bool(self._t.state.lost)
 
     def _transfer_stream(self, client: Client, device: int) -> Stream:
         stream = client.transfer_streams.get(device)

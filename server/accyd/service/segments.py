@@ -58,9 +58,7 @@ class SegmentHandlers:
                 field="direction",
             )
         bind(segment_id=segment_id, buffer_id=buffer_id)
-        copied = await self.calls.blocking_for(
-            client_id,
-            self.segments.copy,
+        copy = self.segments.prepare(
             client_id,
             segment_id,
             request.segment_offset,
@@ -69,6 +67,12 @@ class SegmentHandlers:
             request.size,
             to_buffer=to_buffer,
         )
+        try:  # the buffer's earlier work is awaited here, holding no thread
+            await copy.transfer.settled()
+        except BaseException:
+            copy.abandon()
+            raise
+        copied = await self.calls.blocking_for(client_id, copy.run)
         return pb.CopySegmentResponse(bytes_copied=copied)
 
     @unary
@@ -87,7 +91,15 @@ class SegmentHandlers:
         client_id = call.need_client()
         buffer_id = text_field(request.buffer_id, "buffer_id")
         bind(buffer_id=buffer_id)
-        offer = await self.calls.blocking_for(client_id, self.segments.export, client_id, buffer_id)
+        transfer = self.segments.open_export(client_id, buffer_id)
+        try:  # the buffer's earlier work is awaited here, holding no thread
+            await transfer.settled()
+        except BaseException:
+            transfer.finish()
+            raise
+        offer = await self.calls.blocking_for(
+            client_id, self.segments.export, client_id, buffer_id, transfer
+        )
         exported = offer.exported
         return pb.ExportBufferResponse(
             export_id=offer.export_id,

@@ -282,6 +282,8 @@ class LaunchServicer(SegmentHandlers):
                     buffer_id = text_field(chunk.buffer_id, "buffer_id")
                     bind(buffer_id=buffer_id)
                     transfer = self.daemon.open_write(client_id, buffer_id)
+                    # The buffer's earlier work is awaited here: no thread waits for it.
+                    await transfer.settled()
                 elif chunk.buffer_id and chunk.buffer_id != transfer.record.id:
                     raise InvalidRequest(
                         "every chunk of a write names the same buffer (or none)", field="buffer_id"
@@ -320,6 +322,7 @@ class LaunchServicer(SegmentHandlers):
         buffer_id = text_field(request.buffer_id, "buffer_id")
         bind(buffer_id=buffer_id)
         transfer = self.daemon.open_read(client_id, buffer_id)
+        await transfer.settled()  # the writes before it, without a thread
         offset = request.offset
         size = request.size or max(transfer.byte_size - offset, 0)
         transfer.check_range(offset, size, "size" if request.size else "offset")
@@ -416,9 +419,7 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon hands out no rings (--no-rings): launch with LaunchStream",
                 field="slots",
             )
-        serving = asyncio.ensure_future(
-            self._ring_streams.serve(client_id, request, call.context)
-        )
+        serving = asyncio.ensure_future(self._ring_streams.serve(client_id, request, call.context))
         held = self._ring_streams_of.setdefault(client_id, set())
         held.add(serving)
         try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from accyd.backends.base import Exported
+from accyd.core.buffers import Transfer
 from accyd.core.daemon import Daemon
 from accyd.handoff import Handoff, Offered
 
@@ -53,12 +54,22 @@ class _Descriptor:
             os.close(fd)
 
 
-def offer_export(daemon: Daemon, handoff: Handoff, client_id: str, buffer_id: str) -> ExportOffer:
+def offer_export(
+    daemon: Daemon,
+    handoff: Handoff,
+    client_id: str,
+    buffer_id: str,
+    transfer: Transfer | None = None,
+) -> ExportOffer:
     """*Blocking*: offer ``client_id`` its buffer's memory once the work before is over.
 
-    One offer per buffer at a time: asking again replaces (and closes) the one before.
+    ``transfer``: the buffer's write opened already (and its hazards awaited, so this
+    thread waits only for the client's own transfers). One offer per buffer at a time:
+    asking again replaces (and closes) the one before.
     """
-    with daemon.open_write(client_id, buffer_id) as transfer:
+    if transfer is None:
+        transfer = daemon.open_write(client_id, buffer_id)
+    with transfer:
         exported = transfer.export()
         record = transfer.record
     descriptor = _Descriptor(exported.fd)

@@ -11,11 +11,13 @@ work. Ids are looked up per client, so no client can name another's segment.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from accyd.backends.base import Backend
+from accyd.core.buffers import Transfer
 from accyd.core.daemon import Daemon
 from accyd.core.holdings import MAX_BUFFER_BYTES
 from accyd.core.ids import new_id
@@ -31,12 +33,68 @@ from accyd.handoff import Handoff, Offered
 from accyd.shm.exports import ExportOffer, offer_export
 from accyd.shm.segment import HostSegment
 
-__all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentOffer", "Segments"]
+__all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentCopy", "SegmentOffer", "Segments"]
 
 log = structlog.get_logger("accyd.shm")
 
 MAX_SEGMENTS_PER_CLIENT = 64
 """Each segment is a descriptor and a mapping in the daemon: bound them per client."""
+
+
+class SegmentCopy:
+    """One checked copy between a segment and a buffer, ordered after the buffer's work."""
+
+    __slots__ = (
+        "buffer_offset",
+        "segment",
+        "segment_offset",
+        "size",
+        "to_buffer",
+        "transfer",
+    )
+
+    def __init__(
+        self,
+        segment: HostSegment,
+        segment_offset: int,
+        transfer: Transfer,
+        buffer_offset: int,
+        size: int,
+        to_buffer: bool,
+    ) -> None:
+        self.segment = segment
+        self.segment_offset = segment_offset
+        self.transfer = transfer
+        self.buffer_offset = buffer_offset
+        self.size = size
+        self.to_buffer = to_buffer
+
+    @property
+    def tenant(self) -> str:
+        return self.segment.client.tenant.name
+
+    def when_ready(self, ready: Callable[[], None]) -> None:
+        """Call ``ready`` (from any thread) once the buffer's earlier work this copy is
+        ordered after is over; no thread waits meanwhile."""
+        self.transfer.when_ready(ready)
+
+    def run(self) -> int:
+        """*Blocking*: move the bytes (the buffer's hazards over first, if not awaited
+        already); the bytes copied. Holds the segment's lock, so a close waits for it."""
+        segment, transfer = self.segment, self.transfer
+        with transfer, segment.lock:
+            if segment.closed:
+                raise NotFound(f"segment {segment.id} was closed", field="segment_id")
+            with segment.range(self.segment_offset, self.size) as part:
+                if self.to_buffer:
+                    transfer.write(self.buffer_offset, part)
+                else:
+                    transfer.read_into(self.buffer_offset, part)
+        return self.size
+
+    def abandon(self) -> None:
+        """Give up before ``run`` (its hazards are let go; nothing moved)."""
+        self.transfer.finish()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +124,19 @@ class Segments:
             )
         return handoff
 
-    def export(self, client_id: str, buffer_id: str) -> ExportOffer:
+    def open_export(self, client_id: str, buffer_id: str) -> Transfer:
+        """The write an export of the client's own buffer is ordered as (quick); its hazards
+        are for the caller to await before ``export``."""
+        self._sharing("buffer_id")
+        return self._daemon.open_write(client_id, buffer_id)
+
+    def export(
+        self, client_id: str, buffer_id: str, transfer: Transfer | None = None
+    ) -> ExportOffer:
         """*Blocking*: the client's own buffer, offered for it to map (``offer_export``)."""
-        return offer_export(self._daemon, self._sharing("buffer_id"), client_id, buffer_id)
+        return offer_export(
+            self._daemon, self._sharing("buffer_id"), client_id, buffer_id, transfer
+        )
 
     def open(self, client_id: str, byte_size: int, device: int = 0) -> SegmentOffer:
         """*Blocking* (pinning takes a while): a new segment for ``client_id``, offered."""
@@ -120,7 +188,7 @@ class Segments:
             raise NotFound(f"no segment {segment_id!r} of this client", field="segment_id")
         return segment
 
-    def copy(
+    def prepare(
         self,
         client_id: str,
         segment_id: str,
@@ -130,8 +198,10 @@ class Segments:
         size: int,
         *,
         to_buffer: bool,
-    ) -> int:
-        """*Blocking*: copy ``size`` bytes between a segment and a buffer; the bytes copied."""
+    ) -> SegmentCopy:
+        """Check a copy of ``size`` bytes between a segment and a buffer and order it after the
+        buffer's work (quick: nothing moves). The caller waits for ``transfer``'s hazards
+        without a thread (``Transfer.settled``), then runs it (``SegmentCopy.run``)."""
         segment = self._segment(client_id, segment_id)
         if segment_offset < 0 or size < 0 or segment_offset + size > segment.byte_size:
             raise InvalidRequest(
@@ -143,17 +213,35 @@ class Segments:
             transfer = self._daemon.open_write(client_id, buffer_id)
         else:
             transfer = self._daemon.open_read(client_id, buffer_id)
-        with transfer:
+        try:
             transfer.check_range(buffer_offset, size, "buffer_offset")
-            with segment.lock:
-                if segment.closed:
-                    raise NotFound(f"segment {segment_id} was closed", field="segment_id")
-                with segment.range(segment_offset, size) as part:
-                    if to_buffer:
-                        transfer.write(buffer_offset, part)
-                    else:
-                        transfer.read_into(buffer_offset, part)
-        return size
+        except BaseException:
+            transfer.finish()
+            raise
+        return SegmentCopy(segment, segment_offset, transfer, buffer_offset, size, to_buffer)
+
+    def copy(
+        self,
+        client_id: str,
+        segment_id: str,
+        segment_offset: int,
+        buffer_id: str,
+        buffer_offset: int,
+        size: int,
+        *,
+        to_buffer: bool,
+    ) -> int:
+        """*Blocking*: ``prepare`` and ``run`` in a row on this thread (it waits for the
+        buffer's work too); the bytes copied."""
+        return self.prepare(
+            client_id,
+            segment_id,
+            segment_offset,
+            buffer_id,
+            buffer_offset,
+            size,
+            to_buffer=to_buffer,
+        ).run()
 
     def close(self, client_id: str, segment_id: str) -> None:
         """Free one segment: waits for a copy using it; the client's mapping stays its own."""
