@@ -134,6 +134,12 @@ class Config:
         "of physical memory (50%)", optional(memory_limit), metavar="SIZE",
         shown_default=f"{DEFAULT_MEMORY_SHARE:.0%} of physical memory",
     )  # fmt: skip
+    shared_memory_limit: int | None = setting(
+        None, "the most host memory the daemon shares with all its clients together (segments, "
+        "rings): bytes (8GiB) or a share of physical memory (25%); each tenant may hold half "
+        "of it unless its quota says", optional(memory_limit), metavar="SIZE",
+        shown_default="25% of physical memory",
+    )  # fmt: skip
     insecure: bool = setting(
         False, "allow TCP without TLS and without tokens (trusted networks only)", bool_text,
         group="security", switch=True,
@@ -301,6 +307,8 @@ class Config:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
         if self.host_memory_limit is not None and self.host_memory_limit <= 0:
             raise ValueError("host_memory_limit must be positive")
+        if self.shared_memory_limit is not None and self.shared_memory_limit <= 0:
+            raise ValueError("shared_memory_limit must be positive")
         if self.malloc_keep_bytes < 0:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
@@ -407,6 +415,20 @@ class _QuotaSettings:
     launches_in_flight: int | None = setting(
         None, "launches in flight", optional(int_text, "none"), flag="--quota-launches",
         metavar="N", group=QUOTA_GROUP,
+    )  # fmt: skip
+    clients: int | None = setting(
+        None, "clients attached at once", optional(int_text, "none"), flag="--quota-clients",
+        metavar="N", group=QUOTA_GROUP, shown_default="256",
+    )  # fmt: skip
+    descriptors: int | None = setting(
+        None, "descriptors the daemon holds for the tenant (segments, rings, exports)",
+        optional(int_text, "none"), flag="--quota-descriptors", metavar="N", group=QUOTA_GROUP,
+        shown_default="half of what the daemon keeps for clients",
+    )  # fmt: skip
+    host_memory_bytes: int | None = setting(
+        None, "host memory shared with the tenant's clients (segments, rings)",
+        optional(size, "none"), flag="--quota-shared-memory", metavar="BYTES",
+        group=QUOTA_GROUP, shown_default="half of --shared-memory-limit",
     )  # fmt: skip
 
 

@@ -39,6 +39,8 @@ class BufferRecord:
     dtype: DType | None = None
     charged: int = 0
     """The memory charged for it: its size, or more where the backend rounds it up."""
+    descriptors: int = 0
+    """The descriptors charged for it (an exportable buffer's memory has one or two)."""
     last_write: Mark | None = None
     readers: list[Mark] = field(default_factory=list)
     closed: bool = False

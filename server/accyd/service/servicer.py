@@ -29,13 +29,15 @@ from accyd.lineage import Lineage
 from accyd.logs import bind
 from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
+from accyd.ring.charges import stream_ring_usage
+from accyd.ring.door import MAX_SLOTS
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
 from accyd.service.launches import Launcher
 from accyd.service.ring_stream import RingStreams
-from accyd.service.segments import SegmentHandlers
+from accyd.service.segments import SegmentHandlers, need_local
 from accyd.service.tasks import TaskSet
 from accyd.shm import Segments
 
@@ -403,6 +405,7 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon serves no Unix socket, so it hands out no rings: launch over gRPC",
                 field="slots",
             )
+        need_local(call, "ring", "slots")
         offer = self.rings.offer(client_id, request.slots)
         return pb.OpenRingResponse(
             ring_id=offer.ring_id,
@@ -419,7 +422,11 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon hands out no rings (--no-rings): launch with LaunchStream",
                 field="slots",
             )
+        # Charged for the largest ring a stream may ask for (its first frame says which).
+        usage = stream_ring_usage(MAX_SLOTS)
+        client = self.daemon.charge(client_id, usage)
         serving = asyncio.ensure_future(self._ring_streams.serve(client_id, request, call.context))
+        serving.add_done_callback(lambda _: self.daemon.refund(client, usage))
         held = self._ring_streams_of.setdefault(client_id, set())
         held.add(serving)
         try:

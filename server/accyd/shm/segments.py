@@ -39,6 +39,16 @@ log = structlog.get_logger("accyd.shm")
 
 MAX_SEGMENTS_PER_CLIENT = 64
 """Each segment is a descriptor and a mapping in the daemon: bound them per client."""
+SEGMENT_DESCRIPTORS = 2
+"""What a segment holds in the daemon: its memfd, and its mapping's own descriptor."""
+
+
+def segment_usage(byte_size: int) -> Usage:
+    """What a segment costs its tenant: memory (as a buffer does), the daemon's host memory
+    shared with clients, and its descriptors."""
+    return Usage(
+        memory_bytes=byte_size, host_memory_bytes=byte_size, descriptors=SEGMENT_DESCRIPTORS
+    )
 
 
 class SegmentCopy:
@@ -158,7 +168,7 @@ class Segments:
                     "close one (or reuse it) first",
                     quota="segments",
                 )
-        usage = Usage(memory_bytes=byte_size)
+        usage = segment_usage(byte_size)
         client = self._daemon.charge(client_id, usage)
         try:
             segment = HostSegment(new_id("seg"), client, byte_size, device, backend)
@@ -177,9 +187,25 @@ class Segments:
         except NotFound:
             self.close(client_id, segment.id)
             raise
-        ticket = handoff.offer(Offered(segment.id, client_id, segment.fds))
+        segment_id = segment.id
+        ticket = handoff.offer(
+            Offered(segment_id, client_id, segment.fds, dropped=lambda: self._untaken(segment_id))
+        )
         log.info("segment opened", client_id=client_id, segment_id=segment.id, bytes=byte_size)
         return SegmentOffer(segment.id, ticket, handoff.path.name, byte_size)
+
+    def _untaken(self, segment_id: str) -> None:
+        """Its offer expired, or its client went, before the client took it: nobody can map
+        it, so it is freed (on a thread: a copy may hold it, and the handoff waits for none)."""
+        with self._lock:
+            for held in self._by_client.values():
+                segment = held.pop(segment_id, None)
+                if segment is not None:
+                    break
+            else:
+                return
+        log.info("segment never taken; freed", client_id=segment.client.id, segment_id=segment_id)
+        threading.Thread(target=self._free, args=(segment,), name="accyd-segment-free").start()
 
     def _segment(self, client_id: str, segment_id: str) -> HostSegment:
         with self._lock:
@@ -293,5 +319,5 @@ class Segments:
 
     def _free(self, segment: HostSegment) -> None:
         segment.close()
-        self._daemon.refund(segment.client, Usage(memory_bytes=segment.byte_size))
+        self._daemon.refund(segment.client, segment_usage(segment.byte_size))
         log.info("segment closed", client_id=segment.client.id, segment_id=segment.id)
