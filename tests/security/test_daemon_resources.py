@@ -17,6 +17,7 @@ from accyd import handoff as handoff_module
 from accyd.core.daemon import Daemon
 from accyd.core.limits import daemon_limits
 from accyd.core.tenants import Quotas, Usage
+from accyd.engine.auto import open_engine
 from accyd.errors import QuotaExceeded
 from accyd.ring import RingDoor
 from accyd.ring.charges import RING_DESCRIPTORS, RingCharges
@@ -67,15 +68,20 @@ def test_clients_per_tenant_are_bounded_and_given_back_at_detach() -> None:
 @pytest.fixture
 def shared(tmp_path: Path) -> Iterator[tuple[Daemon, Segments, RingDoor]]:
     daemon, _ = host_daemon()
-    door = RingDoor(daemon, tmp_path / "accyd.sock")
+    engine = open_engine(daemon, kind="python")
+    door = RingDoor(daemon, tmp_path / "accyd.sock", engine)
     door.charges = RingCharges(daemon)
-    door.start()
+    daemon.extend(door)
     segments = door.copier.copies = Segments(daemon, door.handoff)
+    daemon.extend(segments)
+    engine.start()
+    door.start()
     try:
         yield daemon, segments, door
     finally:
         segments.close_all()
         door.close()
+        engine.close()
         daemon.close()
 
 
