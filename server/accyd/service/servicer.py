@@ -35,6 +35,7 @@ from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
+from accyd.service.ending import StreamEnds, until_ended
 from accyd.service.launches import Launcher
 from accyd.service.ring_stream import RingStreams
 from accyd.service.segments import SegmentHandlers, need_local
@@ -83,8 +84,8 @@ class LaunchServicer(SegmentHandlers):
         self._closing = asyncio.Event()
         self._detaching = TaskSet()
         self._watching = TaskSet()
-        self._ring_streams_of: dict[str, set[asyncio.Task[None]]] = {}
-        """Each client's open RingStreams: its detach ends them (an idle one would last)."""
+        self._stream_ends = StreamEnds()
+        """Each client's open RingStreams end at its detach (an idle one would last)."""
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         """Counts the rings' launches (both kinds) in ``accy_launches``."""
@@ -144,8 +145,7 @@ class LaunchServicer(SegmentHandlers):
         self._detaching.start(self._detach(client_id))
 
     async def _detach(self, client_id: str) -> None:
-        for serving in self._ring_streams_of.pop(client_id, ()):
-            serving.cancel()
+        self._stream_ends.end(client_id)  # its idle RingStreams end, as if it stopped sending
         try:  # its rings, segments and exports first (the daemon's extensions), then the rest
             await self.daemon.detach_async(client_id)
         except Exception:
@@ -425,21 +425,12 @@ class LaunchServicer(SegmentHandlers):
         # Charged for the largest ring a stream may ask for (its first frame says which).
         usage = stream_ring_usage(MAX_SLOTS)
         client = self.daemon.charge(client_id, usage)
-        serving = asyncio.ensure_future(self._ring_streams.serve(client_id, request, call.context))
-        serving.add_done_callback(lambda _: self.daemon.refund(client, usage))
-        held = self._ring_streams_of.setdefault(client_id, set())
-        held.add(serving)
+        ended = self._stream_ends.take(client_id)  # set by its detach: the stream then ends
         try:
-            await serving
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            # Ended by its client's detach (at the drain, or a lost client): so is the stream.
+            await self._ring_streams.serve(client_id, until_ended(request, ended), call.context)
         finally:
-            held.discard(serving)
-            if not held and self._ring_streams_of.get(client_id) is held:
-                del self._ring_streams_of[client_id]
+            self._stream_ends.give_back(client_id)
+            self.daemon.refund(client, usage)
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
