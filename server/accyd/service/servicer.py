@@ -84,6 +84,9 @@ class LaunchServicer(SegmentHandlers):
         self._closing = asyncio.Event()
         self._detaching = TaskSet()
         self._watching = TaskSet()
+        self._serving = TaskSet()
+        """The RingStreams being served (each finishes its cleanup even if its call is
+        cancelled)."""
         self._stream_ends = StreamEnds()
         """Each client's open RingStreams end at its detach (an idle one would last)."""
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
@@ -426,11 +429,19 @@ class LaunchServicer(SegmentHandlers):
         usage = stream_ring_usage(MAX_SLOTS)
         client = self.daemon.charge(client_id, usage)
         ended = self._stream_ends.take(client_id)  # set by its detach: the stream then ends
-        try:
-            await self._ring_streams.serve(client_id, until_ended(request, ended), call.context)
-        finally:
-            self._stream_ends.give_back(client_id)
-            self.daemon.refund(client, usage)
+
+        async def serve() -> None:
+            try:
+                await streams.serve(client_id, until_ended(request, ended), call.context)
+            finally:
+                self._stream_ends.give_back(client_id)
+                self.daemon.refund(client, usage)
+
+        streams = self._ring_streams
+        serving = self._serving.start(serve())
+        # Shielded: a call cancelled as its client goes must not cut the stream's cleanup
+        # short (the engine letting its ring go); its requests end with the call anyway.
+        await asyncio.shield(serving)
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
