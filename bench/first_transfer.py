@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from shm_transfer import in_process_pinned as pinned_copies
 
 from accy import Client
 from accy.testing import running_daemon
@@ -44,32 +45,10 @@ def timed(nbytes: int, run: Callable[[], object]) -> float:
 
 
 def in_process_pinned(nbytes: int, repeat: int = 3) -> dict[str, float]:
-    """The best ``cuMemcpyHtoD`` / ``DtoH`` between ``cuMemHostAlloc`` memory and a buffer."""
-    from cuda.bindings import driver as cu  # only on CUDA hosts
-
-    def ok(result: tuple[object, ...]) -> object:
-        if result[0] != cu.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"CUDA error {result[0]}")
-        return result[1] if len(result) > 1 else None
-
-    ok(cu.cuInit(0))
-    device = ok(cu.cuDeviceGet(0))
-    context = ok(cu.cuDevicePrimaryCtxRetain(device))
-    ok(cu.cuCtxSetCurrent(context))
-    host = ok(cu.cuMemHostAlloc(nbytes, 0))
-    dev = ok(cu.cuMemAlloc(nbytes))
-    try:
-        write = max(
-            timed(nbytes, lambda: ok(cu.cuMemcpyHtoD(dev, host, nbytes))) for _ in range(repeat)
-        )
-        read = max(
-            timed(nbytes, lambda: ok(cu.cuMemcpyDtoH(host, dev, nbytes))) for _ in range(repeat)
-        )
-    finally:
-        ok(cu.cuMemFree(dev))
-        ok(cu.cuMemFreeHost(host))
-        ok(cu.cuDevicePrimaryCtxRelease(device))
-    return {"write": write, "read": read}
+    """The best ``cuMemcpyHtoD`` / ``DtoH`` between ``cuMemHostAlloc`` memory and a buffer
+    (``bench/shm_transfer.py``'s yardstick), as ``write`` and ``read``."""
+    rows = pinned_copies(nbytes, repeat)
+    return {way: rows[f"in-process pinned cuMemcpy {way}"] for way in ("write", "read")}
 
 
 def shared_round(target: str, nbytes: int, data: np.ndarray, warm: int) -> dict[str, float]:

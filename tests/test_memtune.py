@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 # Run in a child: the setting is process-wide and lasting. mallinfo2 (glibc 2.33+) tells
 # how many bytes are mapped on their own (hblkhd) and how many lie free in the heap.
-_PROBE = """
+_MALLINFO = """
 import ctypes, sys
 from accyd.memtune import keep_freed_memory
 
@@ -27,13 +27,17 @@ class MallInfo2(ctypes.Structure):
 
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MallInfo2
-tuned = keep_freed_memory(int(sys.argv[1]))
+"""
+_PROBE = (
+    _MALLINFO
+    + """tuned = keep_freed_memory(int(sys.argv[1]))
 block = bytearray(8 << 20)
 mapped = libc.mallinfo2().hblkhd >= 8 << 20
 del block
 kept = libc.mallinfo2().fordblks >= 8 << 20
 print(tuned, mapped, kept)
 """
+)
 
 
 def probe(keep_bytes: int) -> list[str]:
@@ -56,17 +60,10 @@ def test_zero_leaves_the_defaults() -> None:
     assert keep_freed_memory(0) is False
 
 
-_THREADS = """
-import ctypes, sys, threading
-from accyd.memtune import keep_freed_memory
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-        "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
+_THREADS = (
+    _MALLINFO
+    + """
+import threading
 keep_freed_memory(int(sys.argv[1]))
 start = threading.Barrier(16)
 
@@ -83,6 +80,7 @@ for thread in threads:
     thread.join()
 print(libc.mallinfo2().fordblks)
 """
+)
 
 
 def test_what_is_kept_is_bounded_over_every_threads_arena() -> None:

@@ -41,15 +41,16 @@ class _HostDma:
     def to_device(
         self, slot: int, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None
     ) -> Fence:
-        target, source = self._view(buffer, offset, size), self._slots[slot][:size]
-        worker = self._worker(stream)
-        worker.submit(lambda: np.copyto(target, source))
-        return worker.fence()
+        return self._copy(self._view(buffer, offset, size), self._slots[slot][:size], stream)
 
     def to_host(
         self, slot: int, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None
     ) -> Fence:
-        source, target = self._view(buffer, offset, size), self._slots[slot][:size]
+        return self._copy(self._slots[slot][:size], self._view(buffer, offset, size), stream)
+
+    def _copy(
+        self, target: npt.NDArray[np.uint8], source: npt.NDArray[np.uint8], stream: Stream | None
+    ) -> Fence:
         worker = self._worker(stream)
         worker.submit(lambda: np.copyto(target, source))
         return worker.fence()

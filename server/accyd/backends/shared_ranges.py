@@ -160,23 +160,28 @@ class StagedCopies:
     ) -> bool:
         """Copy ``view`` in through staging if it should be; whether it was (else the caller
         copies it as it is)."""
-        found = self._staged(view)
-        if found is None:
-            return False
-        shared, staging = found
-        staging.write(buffer, offset, view, stream)
-        self.ranges.moved(shared, view.nbytes)
-        return True
+        return self._move(True, buffer, offset, view, stream)
 
     def read_into(
         self, buffer: DeviceBuffer, offset: int, view: memoryview, stream: Stream | None
     ) -> bool:
         """``write``'s other way."""
+        return self._move(False, buffer, offset, view, stream)
+
+    def _move(
+        self,
+        to_buffer: bool,
+        buffer: DeviceBuffer,
+        offset: int,
+        view: memoryview,
+        stream: Stream | None,
+    ) -> bool:
         found = self._staged(view)
         if found is None:
             return False
         shared, staging = found
-        staging.read_into(buffer, offset, view, stream)
+        copy = staging.write if to_buffer else staging.read_into
+        copy(buffer, offset, view, stream)
         self.ranges.moved(shared, view.nbytes)
         return True
 

@@ -227,7 +227,8 @@ class Segments:
     ) -> SegmentCopy:
         """Check a copy of ``size`` bytes between a segment and a buffer and order it after the
         buffer's work (quick: nothing moves). The caller waits for ``transfer``'s hazards
-        without a thread (``Transfer.settled``), then runs it (``SegmentCopy.run``)."""
+        without a thread (``Transfer.settled``), then runs it (``SegmentCopy.run``: on its
+        own, a run also waits for them, on its thread)."""
         segment = self._segment(client_id, segment_id)
         if segment_offset < 0 or size < 0 or segment_offset + size > segment.byte_size:
             raise InvalidRequest(
@@ -246,29 +247,6 @@ class Segments:
             raise
         return SegmentCopy(segment, segment_offset, transfer, buffer_offset, size, to_buffer)
 
-    def copy(
-        self,
-        client_id: str,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-    ) -> int:
-        """*Blocking*: ``prepare`` and ``run`` in a row on this thread (it waits for the
-        buffer's work too); the bytes copied."""
-        return self.prepare(
-            client_id,
-            segment_id,
-            segment_offset,
-            buffer_id,
-            buffer_offset,
-            size,
-            to_buffer=to_buffer,
-        ).run()
-
     def close(self, client_id: str, segment_id: str) -> None:
         """Free one segment: waits for a copy using it; the client's mapping stays its own."""
         with self._lock:
@@ -278,11 +256,12 @@ class Segments:
         self._free(segment)
 
     def close_client(self, client_id: str) -> None:
-        """Free every segment of a client that detached (its offers are withdrawn)."""
-        if self._handoff is not None:
-            self._handoff.withdraw_client(client_id)
+        """Free every segment of a client that detached (its offers are withdrawn), here: taken
+        out first, so a withdrawn offer's own freeing (``_untaken``) finds nothing to do."""
         with self._lock:
             segments = list(self._by_client.pop(client_id, {}).values())
+        if self._handoff is not None:
+            self._handoff.withdraw_client(client_id)
         for segment in segments:
             self._free(segment)
 

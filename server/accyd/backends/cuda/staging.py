@@ -73,27 +73,31 @@ class CudaStaging:
     def to_device(
         self, slot: int, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None
     ) -> int:
-        device, cu = self._device, self._device._cu
-        handle = device._stream_handle(stream)
-        device._check(
-            cu.cuMemcpyHtoDAsync(buffer.address + offset, self.pointers[slot], size, handle),
-            "cuMemcpyHtoDAsync",
-            LaunchFailed,
+        cu = self._device._cu
+        return self._copy(
+            slot, cu.cuMemcpyHtoDAsync, buffer.address + offset, self.pointers[slot], size, stream
         )
-        device._check(cu.cuEventRecord(self.events[slot], handle), "cuEventRecord", LaunchFailed)
-        return slot
 
     def to_host(
         self, slot: int, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None
     ) -> int:
-        device, cu = self._device, self._device._cu
+        cu = self._device._cu
+        return self._copy(
+            slot, cu.cuMemcpyDtoHAsync, self.pointers[slot], buffer.address + offset, size, stream
+        )
+
+    def _copy(
+        self, slot: int, copy: Any, target: int, source: int, size: int, stream: Stream | None
+    ) -> int:
+        """``copy`` (an async driver copy) on ``stream``, then the slot's event recorded."""
+        device = self._device
         handle = device._stream_handle(stream)
         device._check(
-            cu.cuMemcpyDtoHAsync(self.pointers[slot], buffer.address + offset, size, handle),
-            "cuMemcpyDtoHAsync",
-            LaunchFailed,
+            copy(target, source, size, handle), getattr(copy, "__name__", "a copy"), LaunchFailed
         )
-        device._check(cu.cuEventRecord(self.events[slot], handle), "cuEventRecord", LaunchFailed)
+        device._check(
+            device._cu.cuEventRecord(self.events[slot], handle), "cuEventRecord", LaunchFailed
+        )
         return slot
 
     def wait(self, slot: int) -> None:
