@@ -30,6 +30,7 @@ from accyd.settings import (
     settings_of,
     size,
 )
+from accyd.workers.liveness import MIN_HANG_SECONDS
 
 __all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "QUOTAS", "SETTINGS", "Config", "memory_limit"]
 
@@ -133,6 +134,12 @@ class Config:
         "of physical memory (50%)", optional(memory_limit), metavar="SIZE",
         shown_default=f"{DEFAULT_MEMORY_SHARE:.0%} of physical memory",
     )  # fmt: skip
+    shared_memory_limit: int | None = setting(
+        None, "the most host memory the daemon shares with all its clients together (segments, "
+        "rings): bytes (8GiB) or a share of physical memory (25%); each tenant may hold half "
+        "of it unless its quota says", optional(memory_limit), metavar="SIZE",
+        shown_default="25% of physical memory",
+    )  # fmt: skip
     insecure: bool = setting(
         False, "allow TCP without TLS and without tokens (trusted networks only)", bool_text,
         group="security", switch=True,
@@ -220,6 +227,11 @@ class Config:
         300.0, "restart window", float_text, flag="--restart-window", metavar="SECONDS",
         group="operation",
     )  # fmt: skip
+    worker_hang_seconds: float = setting(
+        5.0, "a device worker silent this long (stopped, hung) is declared lost and replaced; "
+        "its calls then fail with DEVICE_LOST instead of waiting", float_text,
+        flag="--worker-hang", metavar="SECONDS", group="tuning",
+    )  # fmt: skip
     heartbeat_seconds: float = setting(
         2.0, "Attach stream heartbeat period", float_text, metavar="SECONDS", group="tuning"
     )
@@ -283,6 +295,8 @@ class Config:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.worker_hang_seconds < MIN_HANG_SECONDS:
+            raise ValueError(f"worker_hang_seconds must be at least {MIN_HANG_SECONDS:g}")
         if self.grace_seconds < 0:
             raise ValueError("grace_seconds must not be negative")
         if not 1 <= self.read_chunk_bytes <= self.max_message_bytes - 1024:
@@ -293,6 +307,8 @@ class Config:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
         if self.host_memory_limit is not None and self.host_memory_limit <= 0:
             raise ValueError("host_memory_limit must be positive")
+        if self.shared_memory_limit is not None and self.shared_memory_limit <= 0:
+            raise ValueError("shared_memory_limit must be positive")
         if self.malloc_keep_bytes < 0:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
@@ -399,6 +415,20 @@ class _QuotaSettings:
     launches_in_flight: int | None = setting(
         None, "launches in flight", optional(int_text, "none"), flag="--quota-launches",
         metavar="N", group=QUOTA_GROUP,
+    )  # fmt: skip
+    clients: int | None = setting(
+        None, "clients attached at once", optional(int_text, "none"), flag="--quota-clients",
+        metavar="N", group=QUOTA_GROUP, shown_default="256",
+    )  # fmt: skip
+    descriptors: int | None = setting(
+        None, "descriptors the daemon holds for the tenant (segments, rings, exports)",
+        optional(int_text, "none"), flag="--quota-descriptors", metavar="N", group=QUOTA_GROUP,
+        shown_default="half of what the daemon keeps for clients",
+    )  # fmt: skip
+    host_memory_bytes: int | None = setting(
+        None, "host memory shared with the tenant's clients (segments, rings)",
+        optional(size, "none"), flag="--quota-shared-memory", metavar="BYTES",
+        group=QUOTA_GROUP, shown_default="half of --shared-memory-limit",
     )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ def open_backends(
             log_format=config.log_format,
             log_level=config.log_level,
             gpus=dict(config.device_gpus),
+            hang_seconds=config.worker_hang_seconds,
         )
         return pool.backends, pool
     backends = {

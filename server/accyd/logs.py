@@ -19,6 +19,7 @@ from typing import Protocol, TextIO
 import structlog
 
 from accyd.echo import MESSAGE_CHARS, bounded
+from accyd.log_limits import ClientLines
 
 __all__ = [
     "Fields",
@@ -27,8 +28,10 @@ __all__ = [
     "bind",
     "bind_lazily",
     "bound_values",
+    "client_lines",
     "configure_logging",
     "debug_enabled",
+    "flush_left_out",
     "lazy_fields",
     "unbind",
     "unbind_lazily",
@@ -66,6 +69,14 @@ _debug = True
 
 LazyToken = contextvars.Token[tuple[LogFields, ...]]
 
+client_lines = ClientLines()
+"""The per-client bound on log lines (``accyd.log_limits``) that ``configure_logging`` installs."""
+
+
+def flush_left_out() -> None:
+    """Write the summaries of lines left out so far (at shutdown)."""
+    client_lines.flush()
+
 
 def bind_lazily(source: LogFields) -> LazyToken:
     """Name ``source``'s fields on every line logged in this context from now on."""
@@ -102,9 +113,17 @@ def bound_values(
 
 
 def configure_logging(
-    log_format: str = "console", level: str = "info", stream: TextIO | None = None
+    log_format: str = "console",
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    stdlib: bool = False,
 ) -> None:
-    """Route every structlog logger to ``stream`` (stderr) as ``console`` or ``json`` lines."""
+    """Route every structlog logger to ``stream`` (stderr) as ``console`` or ``json`` lines.
+
+    ``stdlib``: hand each rendered line to the standard ``logging`` logger of its name
+    instead (``accyd.service``...), where a host process's handlers take it (pytest's
+    capture, an embedding application's own logging)."""
     global _debug
     number = logging.getLevelNamesMapping().get(level.upper())
     if number is None:
@@ -117,6 +136,7 @@ def configure_logging(
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         lazy_fields,
+        client_lines,
         bound_values,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -127,7 +147,11 @@ def configure_logging(
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(number),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=(
+            structlog.stdlib.LoggerFactory()
+            if stdlib
+            else structlog.PrintLoggerFactory(stream or sys.stderr)
+        ),
         cache_logger_on_first_use=True,  # a proxy re-binding per call costs every RPC
     )
     _debug = number <= logging.DEBUG

@@ -70,6 +70,14 @@ class Metrics:
         self.memory = Gauge(
             "accy_device_memory_bytes", "Device memory held, by tenant.", ["tenant"], registry=r
         )
+        self.shared_memory = Gauge(
+            "accy_shared_memory_bytes", "Host memory shared with clients (segments, rings), "
+            "by tenant.", ["tenant"], registry=r,
+        )  # fmt: skip
+        self.descriptors = Gauge(
+            "accy_descriptors", "Descriptors the daemon holds for clients, by tenant.",
+            ["tenant"], registry=r,
+        )  # fmt: skip
         self.quota_refusals = Counter(
             "accy_quota_refusals", "Calls refused by a quota.", ["tenant", "quota"], registry=r
         )
@@ -136,6 +144,8 @@ class Metrics:
         self.buffers.set(status.buffers)
         for tenant in status.tenants:
             self.memory.labels(tenant.name).set(tenant.usage.memory_bytes)
+            self.shared_memory.labels(tenant.name).set(tenant.usage.host_memory_bytes)
+            self.descriptors.labels(tenant.name).set(tenant.usage.descriptors)
         for device in status.devices:
             label = str(device.index)
             self.device_serving.labels(label).set(1 if device.serving else 0)

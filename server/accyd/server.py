@@ -33,6 +33,7 @@ from accyd.backends.base import Backend
 from accyd.catalog import load_catalog
 from accyd.config import Config
 from accyd.core.daemon import CatalogView, Daemon, LaunchTicket
+from accyd.core.limits import daemon_limits, raise_descriptor_limit
 from accyd.devices import open_backends, replace_device
 from accyd.engine.auto import RingEngine, open_engine
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
@@ -40,9 +41,11 @@ from accyd.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.kserve.servicer import KServeServicer
 from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
+from accyd.logs import flush_left_out
 from accyd.memtune import keep_freed_memory
 from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
+from accyd.ring.charges import RingCharges
 from accyd.ring.ring import Blocking
 from accyd.service.auth import Admitting, Authenticator, default_principal
 from accyd.service.calls import CallTracker
@@ -110,6 +113,7 @@ class Server:
         config = self.config
         loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
+        descriptors = raise_descriptor_limit()  # a daemon of many clients wants them all
         tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
         credentials = server_credentials(config)
         isolated = self._backends is None and config.uses_device_workers
@@ -143,11 +147,12 @@ class Server:
             on_quota_refused=metrics.quota_refused,
             isolated=isolated,
         )
+        self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
         metrics.watch(self.daemon.status)
         metrics.restarts.set(self.lineage.restarts)
         metrics.device_faults.inc(self.lineage.device_faults)
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
-        self.calls = CallTracker(self._executor)
+        self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
         ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
         blocking = self._blocking_for_rings(loop)
         ring_streams = None
@@ -245,6 +250,7 @@ class Server:
             self.servicer.segments = self.rings.copier.copies = Segments(
                 self.daemon, self.rings.handoff
             )
+            self.rings.charges = RingCharges(self.daemon)
             self.daemon.extend(self.rings)  # a detached client's rings close first
             self.rings.start()
         self.daemon.extend(self.servicer.segments)
@@ -444,6 +450,7 @@ class Server:
         if not abandon:
             await asyncio.to_thread(closing.join)
         self._stopped = True
+        flush_left_out()
         log.info("accyd stopped", exit_code=self.exit_code)
 
 

@@ -140,5 +140,5 @@ def test_awaited_waits_hold_no_thread_and_report_the_launch() -> None:
         await daemon.release_async(client, session)
 
     asyncio.run(release_and_free())
-    assert usage(daemon) == Usage(memory_bytes=16, buffers=1)
+    assert usage(daemon) == Usage(memory_bytes=16, buffers=1, clients=1)  # still attached
     daemon.close()

@@ -219,7 +219,7 @@ def test_an_ordinary_launch_failure_fails_one_call() -> None:
     assert backend.memory_in_use() == 40000
     # The failed launch's scratch and its place in flight were given back to the tenant.
     (tenant,) = daemon.status().tenants
-    assert tenant.usage == Usage(memory_bytes=40000, sessions=1, buffers=2)
+    assert tenant.usage == Usage(memory_bytes=40000, sessions=1, buffers=2, clients=1)
 
 
 def test_host_scan_results_and_in_order_chain() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
 from tests.security.harness import Caller, TokenSpec, write_tokens
@@ -140,3 +142,94 @@ def test_a_detached_client_is_freed_without_waiting_behind_others_work(
         assert not any(wait.done() for wait in others_waits)
         busy.detach()
         watcher.detach()
+
+
+def test_writes_waiting_on_a_tenants_kernels_hold_no_device_threads(
+    served: tuple[ServerThread, dict[str, str]],
+) -> None:
+    """More writes than device-work threads, each behind 4 s of its buffer's earlier work:
+    they wait without a thread, so the other tenant's loads and allocations go on, and so
+    do the writing tenant's own."""
+    server, tokens = served
+    with grpc.insecure_channel(server.address) as channel:
+        attackers = [Caller(channel, tokens["a"]) for _ in range(8)]
+        results = []
+        for index, attacker in enumerate(attackers):
+            attacker.attach(f"a-{index}")
+            session = attacker.load(SLOW)
+            x, y = attacker.buffer(16), attacker.buffer(16)
+            results.append(y)
+            scalars = {"n": u32(4), "ms": u32(4000)}
+            attacker.Launch(
+                pb.LaunchRequest(
+                    session_id=session, operands=[x], results=[y], runtime_scalars=scalars
+                )
+            )
+        writes = [  # each y is its launch's result: each write waits for that kernel
+            attacker.stub.WriteBuffer.future(
+                chunks(y, bytes(16), 16), metadata=attacker.metadata, timeout=30
+            )
+            for attacker, y in zip(attackers, results, strict=True)
+            for _ in range(2)
+        ]
+        time.sleep(0.3)
+        victim = Caller(channel, tokens["b"])
+        victim.attach("b")
+        calls: list[tuple[str, float]] = []
+        prompt(calls, "load", lambda: victim.load(SAXPY))
+        buffer = prompt(calls, "allocate", lambda: victim.buffer(4096))
+        prompt(
+            calls,
+            "write",
+            lambda: victim.stub.WriteBuffer(
+                chunks(buffer, bytes(4096), 4096), metadata=victim.metadata, timeout=20
+            ),
+        )
+        prompt(calls, "own tenant's allocate", lambda: attackers[0].buffer(4096))
+        slow = [(name, round(seconds, 3)) for name, seconds in calls if seconds > PROMPT]
+        assert not slow, f"calls held up by tenant a's waiting writes: {slow}"
+        assert not any(write.done() for write in writes), "A's writes should still wait"
+        for write in writes:
+            assert write.result(timeout=30).bytes_written == 16
+        for attacker in attackers:
+            attacker.detach()
+        victim.detach()
+
+
+def test_ring_copies_waiting_on_kernels_leave_the_copy_threads_to_others(
+    served: tuple[ServerThread, dict[str, str]],
+) -> None:
+    """More ring copies than copy threads, each behind 4 s of its buffer's earlier work:
+    another tenant's 1 MiB write through its own ring is not held up by them."""
+    server, tokens = served
+    attackers = [Client(server.address, token=tokens["a"]) for _ in range(6)]
+    writers: list[threading.Thread] = []
+    try:
+        ready = []
+        for attacker in attackers:  # everything made first: the waits then overlap
+            session = attacker.load(SLOW, version=1)
+            x, y = attacker.empty(4, np.float32), attacker.empty(4, np.float32)
+            session.launch(operands=[x], results=[y], n=4, ms=0)  # the ring opened
+            ready.append((session, x, y, attacker.shared_array(4, np.float32)))
+        with Client(server.address, token=tokens["b"]) as victim:
+            data = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: through shared memory
+            with victim.empty(data.size, np.float32) as target, victim.load(SAXPY) as saxpy:
+                saxpy.launch(operands=[target, target], results=[target], n=data.size, a=1.0)
+                target.write(np.zeros_like(data))  # the ring (opened by the launch), a segment
+                for session, x, y, shared in ready:
+                    session.launch(operands=[x], results=[y], n=4, ms=4000, wait=False)
+                    writer = threading.Thread(target=y.write, args=(shared,), daemon=True)
+                    writer.start()  # a COPY record behind the launch: it waits for the kernel
+                    writers.append(writer)
+                time.sleep(0.5)
+                started = time.perf_counter()
+                target.write(data)
+                took = time.perf_counter() - started
+                np.testing.assert_array_equal(target.read(), data)
+        assert took < PROMPT, f"a 1 MiB ring write took {took:.3f} s behind tenant a's copies"
+        assert any(writer.is_alive() for writer in writers), "A's copies should still wait"
+    finally:
+        for writer in writers:
+            writer.join(30)
+        for attacker in attackers:
+            attacker.close()

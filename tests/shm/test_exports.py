@@ -101,9 +101,10 @@ def test_refusals_say_what_to_fix(daemon: RunningDaemon) -> None:
         far = remote.empty(16, np.float32, exportable=True)
         with pytest.raises(FailedPrecondition, match="on this host"):
             far.export()
-        conn = remote._conn  # asked anyway over TCP: the daemon offers nothing there
-        response = conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=far.id))[0]
-        assert response.export_id  # the offer is on the Unix handoff socket only
+        conn = remote._conn  # asked anyway over TCP: refused, nothing is held for it
+        with pytest.raises(FailedPrecondition, match="came over TCP") as refused:
+            conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=far.id))
+        assert refused.value.fields == ("buffer_id",)
 
 
 def test_another_client_cannot_export_or_take_a_buffer(daemon: RunningDaemon) -> None:

@@ -77,18 +77,20 @@ def test_copies_are_ordered_with_launches_and_checked(
     session = daemon.load_pipeline(client, SAXPY).session_id
     bx = daemon.allocate_buffer(client, x.nbytes, DType.F32).id
     out = daemon.allocate_buffer(client, x.nbytes, DType.F32).id
-    segments.copy(client, offer.segment_id, 0, bx, 0, x.nbytes, to_buffer=True)
+    segments.prepare(client, offer.segment_id, 0, bx, 0, x.nbytes, to_buffer=True).run()
     daemon.launch(client, session, [bx, bx], [out], {"n": Scalar.u32(n), "a": Scalar.f32(2.0)})
     # No wait: the read is ordered after the launch by the buffer's marks.
-    segments.copy(client, offer.segment_id, x.nbytes, out, 0, x.nbytes, to_buffer=False)
+    segments.prepare(client, offer.segment_id, x.nbytes, out, 0, x.nbytes, to_buffer=False).run()
     np.testing.assert_array_equal(view[n:], 3 * x)
     with pytest.raises(InvalidRequest):
-        segments.copy(client, offer.segment_id, 2 * x.nbytes - 4, out, 0, 8, to_buffer=False)
+        segments.prepare(
+            client, offer.segment_id, 2 * x.nbytes - 4, out, 0, 8, to_buffer=False
+        ).run()
     with pytest.raises(InvalidRequest):
-        segments.copy(client, offer.segment_id, 0, out, x.nbytes - 4, 8, to_buffer=True)
+        segments.prepare(client, offer.segment_id, 0, out, x.nbytes - 4, 8, to_buffer=True).run()
     other = daemon.attach("other").id
     with pytest.raises(NotFound):  # ids are per client
-        segments.copy(other, offer.segment_id, 0, out, 0, 8, to_buffer=False)
+        segments.prepare(other, offer.segment_id, 0, out, 0, 8, to_buffer=False).run()
     del view
     shared.close()
 

@@ -79,8 +79,8 @@ def test_a_segments_copies_move_no_bytes_over_the_channel(world: World) -> None:
     view[:n] = np.arange(n, dtype=np.float32)
     buffer = daemon.allocate_buffer(client, 4 * n, DType.F32).id
     with traffic(backend) as moved:
-        segments.copy(client, offer.segment_id, 0, buffer, 0, 4 * n, to_buffer=True)
-        segments.copy(client, offer.segment_id, 4 * n, buffer, 0, 4 * n, to_buffer=False)
+        segments.prepare(client, offer.segment_id, 0, buffer, 0, 4 * n, to_buffer=True).run()
+        segments.prepare(client, offer.segment_id, 4 * n, buffer, 0, 4 * n, to_buffer=False).run()
     assert Op.WRITE_SHARED in moved.calls and Op.READ_SHARED in moved.calls
     assert Op.WRITE not in moved.calls and Op.READ not in moved.calls
     assert moved.sent < 4096 and moved.received == 0

@@ -34,6 +34,7 @@ from accyd.backends.base import (
     Stream,
     round_up,
 )
+from accyd.backends.host_staging import host_staged_copies
 from accyd.backends.host_streams import Fence, Worker, call_quietly
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
@@ -93,6 +94,8 @@ class HostBackend:
         self._default: Stream | None = None
         self._fault: DeviceFault | None = None
         self._closed = False
+        self._staged = host_staged_copies(self._view, self._worker, self._alive)
+        """Copies of shared memory (``pin_host``) go through the staging path GPUs use."""
 
     def _set_fault(self, fault: DeviceFault) -> None:
         with self._lock:
@@ -373,6 +376,8 @@ class HostBackend:
     def write(
         self, buffer: DeviceBuffer, offset: int, data: bytes | memoryview, stream: Stream | None
     ) -> None:
+        if isinstance(data, memoryview) and self._staged.write(buffer, offset, data, stream):
+            return
         source = np.frombuffer(data, dtype=np.uint8)
         target = self._view(buffer, offset, source.size)
         worker = self._worker(stream)
@@ -393,6 +398,8 @@ class HostBackend:
         view = memoryview(out)
         if view.readonly or not view.c_contiguous:
             raise LaunchArgumentMismatch("read_into needs a writable, C-contiguous buffer")
+        if self._staged.read_into(buffer, offset, view, stream):
+            return
         target = np.frombuffer(view.cast("B"), dtype=np.uint8)
         source = self._view(buffer, offset, target.size)
         worker = self._worker(stream)
@@ -400,10 +407,11 @@ class HostBackend:
         worker.synchronize()
 
     def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
-        return None  # host memory is copied by the stream worker: nothing to lock
+        """Nothing to lock on the host; its large copies take the staging path until due."""
+        return self._staged.ranges.add(memoryview(memory).cast("B"))
 
     def unpin_host(self, pinned: object) -> None:
-        return None
+        self._staged.ranges.remove(pinned)
 
     def memory_in_use(self) -> int:
         with self._lock:
@@ -423,5 +431,6 @@ class HostBackend:
             self._in_use = 0
         for worker in workers:
             worker.stop()
+        self._staged.close()
         for memfd in memfds:
             os.close(memfd)

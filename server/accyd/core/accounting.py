@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Protocol
 
 from accyd.core.clients import Client
+from accyd.core.limits import DaemonLimits, daemon_limits
 from accyd.core.tenants import Quotas, Tenant, Usage
 from accyd.errors import QuotaExceeded
 
@@ -45,6 +46,20 @@ class EngineCounts(Protocol):
     def launched(self) -> int:
         """Launches the engine made by itself so far (for the daemon's totals)."""
         ...
+
+
+_CEILINGED = ("sessions", "buffers", "clients", "descriptors", "host_memory_bytes")
+"""What the daemon's ceiling bounds over all tenants (``accyd.core.limits``)."""
+
+
+def _daemons_own(amount: Usage) -> bool:
+    return bool(amount.clients or amount.descriptors or amount.host_memory_bytes)
+
+
+def _count(total: Usage, amount: Usage, sign: int) -> None:
+    """Add (or take away) the parts of ``amount`` the ceiling bounds."""
+    for name in _CEILINGED:
+        setattr(total, name, getattr(total, name) + sign * getattr(amount, name))
 
 
 class Reservation:
@@ -108,13 +123,25 @@ class Ledger:
         self.refusals: dict[tuple[str, str], int] = {}
         self.engine: EngineCounts | None = None
         """An engine's own launches, once one is attached (``Daemon.attach_engine``)."""
+        self.total = Usage()
+        """What every tenant holds together, of what the daemon's ceiling bounds."""
+        self.set_limits(daemon_limits())
+
+    def set_limits(self, limits: DaemonLimits) -> None:
+        """The daemon's ceiling and each tenant's defaults from now on (call under the lock)."""
+        self.limits = limits
+        self._defaults = limits.defaults_for(self._quotas)
+        for tenant in self.tenants.values():
+            tenant.defaults = self._defaults
 
     def tenant(self, name: str) -> Tenant:
         """The tenant called ``name``, made on first use (call under the lock)."""
         tenant = self.tenants.get(name)
         if tenant is None:
             quotas = self._tenant_quotas.get(name, self._quotas)
-            tenant = self.tenants[name] = Tenant(name, quotas, on_refused=self._refused)
+            tenant = self.tenants[name] = Tenant(
+                name, quotas, defaults=self._defaults, on_refused=self._refused
+            )
         return tenant
 
     def _refused(self, tenant: Tenant, quota: str) -> None:
@@ -143,10 +170,30 @@ class Ledger:
                 f"have is {limit}: wait for some before launching more",
                 quota=CLIENT_LAUNCHES,
             )
+        bounded = amount.sessions or amount.buffers or _daemons_own(amount)
+        if bounded:
+            self._within_ceiling(client.tenant, amount)
         client.tenant.charge(amount, theirs[1])
         client.launches_in_flight += launches
+        if bounded:
+            _count(self.total, amount, 1)
         if launches and engine is not None:
             engine.published(client)
+
+    def _within_ceiling(self, tenant: Tenant, amount: Usage) -> None:
+        """Refuse ``amount`` if all tenants together would pass the daemon's ceiling."""
+        ceiling, total = self.limits.ceiling, self.total
+        for name in _CEILINGED:
+            wanted = getattr(amount, name)
+            limit = getattr(ceiling, name)
+            if wanted and limit is not None and getattr(total, name) + wanted > limit:
+                self._refused(tenant, name)
+                raise QuotaExceeded(
+                    f"the daemon holds {getattr(total, name)} {name} for all "
+                    f"tenants, the most it allows is {limit}; {wanted} more asked by tenant "
+                    f"{tenant.name!r}: free some first",
+                    quota=name,
+                )
 
     def refund(self, client: Client, amount: Usage) -> None:
         with self.lock:
@@ -154,6 +201,8 @@ class Ledger:
             client.launches_in_flight -= amount.launches_in_flight
             if amount.launches_in_flight and self.engine is not None:
                 self.engine.published(client)
+            if amount.sessions or amount.buffers or _daemons_own(amount):
+                _count(self.total, amount, -1)
 
     def launches_over(self, client: Client, launches: int, scratch_bytes: int = 0) -> None:
         """Give back finished launches and the scratch they held (under the lock; no allocation)."""

@@ -9,6 +9,7 @@ Marks and these lists change only under the daemon's lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from accyd.backends.base import Backend, DeviceBuffer, Exported, Stream
 from accyd.catalog.dtypes import DType
 from accyd.core.marks import Mark
+from accyd.core.waits import call_when_done, until_done
 from accyd.errors import InvalidRequest, NotFound
 
 if TYPE_CHECKING:
@@ -37,6 +39,8 @@ class BufferRecord:
     dtype: DType | None = None
     charged: int = 0
     """The memory charged for it: its size, or more where the backend rounds it up."""
+    descriptors: int = 0
+    """The descriptors charged for it (an exportable buffer's memory has one or two)."""
     last_write: Mark | None = None
     readers: list[Mark] = field(default_factory=list)
     closed: bool = False
@@ -98,6 +102,11 @@ class Transfer:
     Made by the daemon after the stream was ordered after the buffer's hazards.
     ``write`` and ``read`` block until the copy is done; ``finish`` records the
     write for later hazards. A buffer freed meanwhile is ``NotFound``.
+
+    ``waits`` holds the hazards not yet over when it was made (references of its
+    own): a door awaits them first (``settled`` on the event loop, ``when_ready`` by
+    callback), so a copy holds a thread only while its bytes move, never while the
+    device still runs the buffer's earlier work.
     """
 
     def __init__(
@@ -108,6 +117,8 @@ class Transfer:
         lock: threading.RLock,
         *,
         writing: bool,
+        waits: list[Mark] | None = None,
+        lost: Callable[[], bool] = lambda: False,
     ) -> None:
         self.backend = backend
         self.record = record
@@ -115,6 +126,36 @@ class Transfer:
         self.writing = writing
         self.bytes_moved = 0
         self._lock = lock
+        self._waits = waits or []
+        self._lost = lost
+
+    def take_waits(self) -> list[Mark]:
+        """The hazards it was ordered after that were not over, handed to the caller (who
+        releases them); empty the second time."""
+        waits, self._waits = self._waits, []
+        return waits
+
+    async def settled(self) -> None:
+        """Await, on the event loop, the buffer's work this transfer was ordered after (or a
+        lost device); its copies then hold a device-work thread only while bytes move."""
+        waits = self.take_waits()
+        try:
+            await until_done(waits, self._lost)
+        finally:
+            for mark in waits:
+                mark.release()
+
+    def when_ready(self, ready: Callable[[], None]) -> None:
+        """Call ``ready`` (from any thread, once) when ``settled`` would return: the same
+        wait for a caller with no event loop, holding no thread meanwhile."""
+        waits = self.take_waits()
+
+        def then() -> None:
+            for mark in waits:
+                mark.release()
+            ready()
+
+        call_when_done(waits, then, self._lost)
 
     @property
     def byte_size(self) -> int:
@@ -165,7 +206,10 @@ class Transfer:
             return self.backend.export_buffer(buffer)
 
     def finish(self) -> None:
-        """Record a write so later work on other streams waits for it; idempotent."""
+        """Record a write so later work on other streams waits for it; idempotent. Lets go
+        of the hazards nobody took."""
+        for mark in self.take_waits():
+            mark.release()
         if not self.writing or self.bytes_moved == 0:
             return
         self.writing = False

@@ -32,7 +32,7 @@ from accyd.core.buffers import Transfer
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceState
 from accyd.core.executor import allocate_intermediates, intermediate_byte_sizes
-from accyd.core.holdings import CatalogView, Holdings
+from accyd.core.holdings import ONE_CLIENT, CatalogView, Holdings
 from accyd.core.ids import CLIENT, INSTANCE, new_id
 from accyd.core.launching import Launching, LaunchTicket, WouldBlock
 from accyd.core.replacing import Replacing
@@ -127,6 +127,7 @@ class Daemon:
         self.wait_launch, self.wait_launch_async = holdings.wait_launch, holdings.wait_launch_async
         self.reap, self.allocate_buffer = holdings.reap, holdings.allocate_buffer
         self.free_buffer, self.free_buffer_async = holdings.free_buffer, holdings.free_buffer_async
+        self.set_limits = holdings.set_limits  # the daemon's ceilings (accyd.core.limits)
 
     # State ------------------------------------------------------------------
 
@@ -208,6 +209,7 @@ class Daemon:
                 owner.quotas = quotas
                 if t.ledger.engine is not None:
                     t.ledger.engine.published(client)
+            t.ledger.charge(client, ONE_CLIENT)  # clients per tenant (refunded at detach)
             t.clients.add(client)
         log.info("client attached", client_id=client.id, tenant=tenant, client_name=name)
         return client

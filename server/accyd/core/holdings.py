@@ -22,21 +22,29 @@ from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.clients import Client
 from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
+from accyd.core.limits import DaemonLimits
 from accyd.core.marks import Mark, order_after
 from accyd.core.sessions import Session, SessionKey, pick_format
 from accyd.core.tables import Tables
 from accyd.core.tenants import Usage
 from accyd.core.tickets import absorb
-from accyd.core.waits import Deferred, until_done
+from accyd.core.waits import Deferred, over, until_done
 from accyd.errors import AccyError, InvalidRequest
 
-__all__ = ["MAX_BUFFER_BYTES", "CatalogView", "Holdings"]
+__all__ = ["MAX_BUFFER_BYTES", "ONE_CLIENT", "CatalogView", "Holdings"]
+
+ONE_CLIENT = Usage(clients=1)
+"""What an attached client costs its tenant (charged by ``attach``, refunded after its detach)."""
 
 log = structlog.get_logger("accyd.core")
 
 MAX_BUFFER_BYTES = 1 << 40
 """No buffer is larger (1 TiB): a sanity bound before any quota, so no request asks the
 backend to allocate and zero absurd sizes."""
+
+
+EXPORT_DESCRIPTORS = 2
+"""What an exportable buffer's memory holds in the daemon: a descriptor, and its mapping's."""
 
 
 class CatalogView(Protocol):
@@ -276,7 +284,9 @@ class Holdings:
             self._t.state.check_serving(device)
             client = self._t.clients.get(client_id)
         charged = round_up(byte_size, EXPORT_GRANULE) if exportable else byte_size
-        with self._t.ledger.reserve(client, Usage(memory_bytes=charged, buffers=1)) as held:
+        fds = EXPORT_DESCRIPTORS if exportable else 0
+        usage = Usage(memory_bytes=charged, buffers=1, descriptors=fds)
+        with self._t.ledger.reserve(client, usage) as held:
             with self._t.state.guard(backend=backend):
                 buffer = backend.allocate_buffer(
                     byte_size,
@@ -286,7 +296,7 @@ class Holdings:
                     exportable=exportable,
                 )
             held.undo(lambda: backend.destroy(buffer))
-            record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype, charged)
+            record = BufferRecord(new_id(BUFFER), device, buffer, backend, dtype, charged, fds)
             with self._t.lock:
                 self._t.check_attached(client)
                 self._t.check_current(device, backend)
@@ -311,7 +321,25 @@ class Holdings:
                     absorb(record, self._t.revoker)
                 hazards = record.write_hazards() if writing else record.read_hazards()
                 order_after(backend, stream, hazards)
-        return Transfer(backend, record, stream, self._t.lock, writing=writing)
+                waits = [mark.retain() for mark in hazards if not over(mark)]
+        return Transfer(
+            backend,
+            record,
+            stream,
+            self._t.lock,
+            writing=writing,
+            waits=waits,
+            lost=self.device_gone,
+        )
+
+    def set_limits(self, limits: DaemonLimits) -> None:
+        """The daemon's ceilings and each tenant's default shares (``accyd.core.limits``)."""
+        with self._t.lock:
+            self._t.ledger.set_limits(limits)
+
+    def device_gone(self) -> bool:
+        """Whether a device was lost (its work may never end, its notifications never come)."""
+        return self._t.state.fault is not None or bool(self._t.state.lost)
 
     def _transfer_stream(self, client: Client, device: int) -> Stream:
         stream = client.transfer_streams.get(device)
@@ -352,7 +380,9 @@ class Holdings:
             with contextlib.suppress(AccyError):
                 mark.wait()
         record.backend.destroy(record.buffer)
-        self._t.ledger.refund(client, Usage(memory_bytes=record.charged, buffers=1))
+        self._t.ledger.refund(
+            client, Usage(memory_bytes=record.charged, buffers=1, descriptors=record.descriptors)
+        )
 
     # Detach ---------------------------------------------------------------------
 
@@ -394,6 +424,7 @@ class Holdings:
                 client.buffers.clear()
                 client.transfer_streams.clear()
                 self._t.leaving.pop(client.id, None)
+            self._t.ledger.refund(client, ONE_CLIENT)
             log.info(
                 "client detached", client_id=client.id, sessions=len(sessions), buffers=len(taken)
             )

@@ -43,7 +43,7 @@ class Replacing:
             )
             lost = DeviceFault(fault.message, session=fault.session, device=device, isolated=True)
             for client in self._t.clients:
-                memory = buffers = launches = 0
+                memory = buffers = launches = descriptors = 0
                 sessions = [s for s in client.sessions.values() if s.key.device == device]
                 for session in sessions:
                     client.pop_session(session.id)
@@ -60,6 +60,7 @@ class Replacing:
                     record.closed = True
                     marks += record.take_marks()
                     memory += record.charged
+                    descriptors += record.descriptors
                     buffers += 1
                 client.transfer_streams.pop(device, None)
                 self._t.ledger.refund(
@@ -69,6 +70,7 @@ class Replacing:
                         sessions=len(sessions),
                         buffers=buffers,
                         launches_in_flight=launches,
+                        descriptors=descriptors,
                     ),
                 )
             for leaving in self._t.leaving.values():

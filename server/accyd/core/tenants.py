@@ -1,4 +1,5 @@
-"""Tenants and their quotas: device memory, sessions, buffers and launches in flight."""
+"""Tenants and their quotas: device memory, sessions, buffers, launches in flight, and the daemon's
+own resources a client makes (clients, descriptors, host memory shared with clients)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ DEFAULT_TENANT = "local"
 
 @dataclass(frozen=True, slots=True)
 class Quotas:
-    """The most a tenant may hold at once; ``None`` means no limit."""
+    """The most a tenant may hold at once; ``None`` means no limit of its own: the daemon's
+    default then applies where it has one (``Tenant.defaults``)."""
 
     memory_bytes: int | None = None
     sessions: int | None = None
     buffers: int | None = None
     launches_in_flight: int | None = None
+    clients: int | None = None
+    """Clients attached at once."""
+    descriptors: int | None = None
+    """File descriptors the daemon holds for the tenant (segments, rings, exports)."""
+    host_memory_bytes: int | None = None
+    """Daemon host memory made for the tenant's clients: shared segments and rings."""
 
 
 _QUOTA_NAMES = tuple(item.name for item in fields(Quotas))
@@ -33,6 +41,9 @@ class Usage:
     sessions: int = 0
     buffers: int = 0
     launches_in_flight: int = 0
+    clients: int = 0
+    descriptors: int = 0
+    host_memory_bytes: int = 0
 
     def add(self, other: Usage, sign: int = 1) -> None:
         # Spelled out: this runs twice per launch, and dataclasses.fields() is slow.
@@ -40,6 +51,10 @@ class Usage:
         self.sessions += sign * other.sessions
         self.buffers += sign * other.buffers
         self.launches_in_flight += sign * other.launches_in_flight
+        if other.clients or other.descriptors or other.host_memory_bytes:
+            self.clients += sign * other.clients
+            self.descriptors += sign * other.descriptors
+            self.host_memory_bytes += sign * other.host_memory_bytes
 
 
 @dataclass(eq=False, slots=True)
@@ -49,6 +64,8 @@ class Tenant:
     name: str
     quotas: Quotas = field(default_factory=Quotas)
     usage: Usage = field(default_factory=Usage)
+    defaults: Quotas = field(default_factory=Quotas)
+    """The daemon's limits for what ``quotas`` leaves unlimited (``accyd.core.limits``)."""
     on_refused: Callable[[Tenant, str], None] | None = field(default=None, repr=False)
     """Told of each refusal (tenant, quota name) before ``QuotaExceeded`` is raised."""
     counter: int = -1
@@ -62,6 +79,8 @@ class Tenant:
             if not wanted:
                 continue
             limit = getattr(self.quotas, name)
+            if limit is None:
+                limit = getattr(self.defaults, name)
             have = getattr(self.usage, name)
             if name == "launches_in_flight":
                 have += engine_launches

@@ -1,33 +1,56 @@
 """Copies through a ring: a COPY record runs on a copy thread while its ring waits.
 
-A copy between a shared segment and a buffer blocks until its bytes moved (the
-same ``Segments.copy`` a ``CopySegment`` call runs: ownership, ranges, the
-buffer's hazards), so the submitter hands it to a thread of its own and takes
-no later record of that ring until it is over: the ring's order holds, and
-other clients' rings go on meanwhile. A client's copies through its ring skip
-a gRPC call each (about 1 ms of a 64 MiB copy's 2.6 ms on the H200).
+A copy between a shared segment and a buffer is checked and ordered after the
+buffer's earlier work at once (``RingCopies.prepare``, the same checks a
+``CopySegment`` call makes: ownership, ranges, the buffer's hazards); the ring
+takes no later record until it is over, so the ring's order holds and other
+clients' rings go on meanwhile. The buffer's earlier work (a long kernel) is
+waited for without a thread (``PreparedCopy.when_ready``: the device's
+notification); only then is the copy given a copy thread, and only to move its
+bytes. The copy threads are shared by every ring fairly (``FairPool``): at
+most ``PER_CLIENT`` copies of one client and ``PER_TENANT`` of one tenant run
+at once, and waiting clients take turns. A client's copies through its ring
+skip a gRPC call each (about 1 ms of a 64 MiB copy's 2.6 ms on the H200).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Protocol
 
 from accy.protocol import ring as layout
-from accyd.errors import FailedPrecondition
+from accyd.errors import AccyError, FailedPrecondition, Unavailable
+from accyd.fairpool import FairPool, PoolClosed
 
-__all__ = ["COPY_THREADS", "Copier", "CopyInFlight", "RingCopies"]
+__all__ = ["COPY_THREADS", "PER_CLIENT", "PER_TENANT", "Copier", "CopyInFlight", "RingCopies"]
 
 COPY_THREADS = 4
 """Copies running at once, over every ring (each ring runs one at a time)."""
+PER_CLIENT = 2
+"""Copies of one client running at once (on several of its rings)."""
+PER_TENANT = 2
+"""Copies of one tenant's clients running at once: the other threads stay for others."""
+
+
+class PreparedCopy(Protocol):
+    """One checked copy (``accyd.shm.SegmentCopy``): run it, or let it go."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    def when_ready(self, ready: Callable[[], None]) -> None: ...
+
+    def run(self) -> int: ...
+
+    def abandon(self) -> None: ...
 
 
 class RingCopies(Protocol):
     """What a ring's copies run through: ``accyd.shm.Segments``."""
 
-    def copy(
+    def prepare(
         self,
         client_id: str,
         segment_id: str,
@@ -37,7 +60,7 @@ class RingCopies(Protocol):
         size: int,
         *,
         to_buffer: bool,
-    ) -> int: ...
+    ) -> PreparedCopy: ...
 
 
 class CopyInFlight:
@@ -65,10 +88,16 @@ class Copier:
     """The copy threads (made on the first copy, joined by ``close``) and what they copy
     through (``copies``: set once the daemon shares memory; until then COPY is refused)."""
 
-    def __init__(self, threads: int = COPY_THREADS) -> None:
+    def __init__(
+        self,
+        threads: int = COPY_THREADS,
+        per_client: int = PER_CLIENT,
+        per_tenant: int = PER_TENANT,
+    ) -> None:
         self.copies: RingCopies | None = None
-        self._threads = threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = FairPool(
+            threads, "accyd-ring-copy", per_client=per_client, per_tenant=per_tenant
+        )
         self._lock = threading.Lock()
         self._closed = False
 
@@ -76,39 +105,49 @@ class Copier:
         self, client_id: str, flags: int, values: bytes, buffer_id: str, segment_id: str
     ) -> CopyInFlight:
         """Run a COPY record of ``client_id`` (its flags and value bytes, its buffer and
-        segment bound) on a copy thread."""
+        segment bound) once its buffer's earlier work is over, on a copy thread. Quick:
+        called by whoever takes the ring's records."""
+        copies = self.copies
+        if copies is None or self._closed:
+            raise FailedPrecondition(
+                "this daemon shares no memory here: copy with CopySegment", field="kind"
+            )
         segment_offset, buffer_offset, size = layout.COPY_FIELDS.unpack_from(values)
-        to_buffer = not flags & layout.TO_SEGMENT
-
-        def copy(copies: RingCopies) -> int:
-            return copies.copy(
+        future: Future[int] = Future()
+        in_flight = CopyInFlight(future, f"copy with buffer {buffer_id}")
+        try:
+            copy = copies.prepare(
                 client_id,
                 segment_id,
                 segment_offset,
                 buffer_id,
                 buffer_offset,
                 size,
-                to_buffer=to_buffer,
+                to_buffer=not flags & layout.TO_SEGMENT,
             )
+        except AccyError as error:
+            future.set_exception(error)
+            return in_flight
+        copy.when_ready(lambda: self._submit(client_id, copy, future))
+        return in_flight
 
-        return self._run(copy, f"copy with buffer {buffer_id}")
+    def _submit(self, client_id: str, copy: PreparedCopy, future: Future[int]) -> None:
+        """Its buffer's work is over (any thread): give it a copy thread, within its shares."""
 
-    def _run(self, copy: Callable[[RingCopies], int], what: str) -> CopyInFlight:
-        copies = self.copies
-        if copies is None or self._closed:
-            raise FailedPrecondition(
-                "this daemon shares no memory here: copy with CopySegment", field="kind"
-            )
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._threads, "accyd-ring-copy")
-            future = self._pool.submit(copy, copies)
-        return CopyInFlight(future, what)
+        def work() -> None:
+            try:
+                future.set_result(copy.run())
+            except BaseException as error:
+                future.set_exception(error)
+
+        try:
+            self._pool.submit(client_id, copy.tenant, work)
+        except PoolClosed:
+            copy.abandon()
+            future.set_exception(Unavailable("the daemon is stopping: the copy did not run"))
 
     def close(self) -> None:
-        """Refuse further copies and wait for those running; idempotent."""
+        """Refuse further copies and wait for those queued and running; idempotent."""
         with self._lock:
             self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._pool.close()

@@ -20,6 +20,7 @@ from accyd.backends.base import Backend
 from accyd.core.ids import new_id
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 from accyd.handoff import OFFER_SECONDS, Handoff, Offered
+from accyd.ring.charges import RingCharges
 from accyd.ring.copies import Copier
 from accyd.ring.facade import RingCore, RingObserver
 from accyd.ring.memory import RingMemory
@@ -96,6 +97,8 @@ class RingDoor:
         """Runs rings' COPY records; copies nothing until ``copier.copies`` is set."""
         self._by_client: dict[str, dict[str, ServerRing]] = {}
         self._lock = threading.Lock()
+        self.charges: RingCharges | None = None
+        """Charges each ring to its tenant (``accyd.ring.charges``), once the server sets it."""
 
     def start(self, mode: int = 0o660) -> None:
         self.handoff.start(mode)
@@ -125,6 +128,14 @@ class RingDoor:
                     quota="rings_per_client",
                 )
             held[ring.id] = ring
+        if self.charges is not None:
+            try:
+                self.charges.charge(client_id, ring.id, slots)
+            except BaseException:
+                with self._lock:
+                    held.pop(ring.id, None)
+                ring.close()
+                raise
         live = threading.Event()
 
         def taken() -> None:
@@ -143,6 +154,8 @@ class RingDoor:
                 self._engine.remove(ring)
             else:
                 ring.close()
+            if self.charges is not None:
+                self.charges.refund(ring.id)
 
         ticket = self.handoff.offer(
             Offered(
@@ -168,6 +181,8 @@ class RingDoor:
                 ring.close()
             else:
                 self._engine.remove(ring)
+        if self.charges is not None:
+            self.charges.refund_client(client_id)
 
     def device_replaced(self, device: int, backend: Backend) -> None:
         """Nothing of the door's names a device (the engine hears of it itself)."""

@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 256
-LONG_LIVED = frozenset({"Attach"})
-"""Calls that last as long as their client: not counted as in flight."""
+LONG_LIVED = frozenset({"Attach", "RingStream"})
+"""Calls that last as long as their client: not counted as in flight (a stream's launches are);
+the drain ends them by detaching their clients."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _P = ParamSpec("_P")
@@ -91,14 +92,27 @@ class CallTracker:
     """Counts calls in flight (long-lived streams aside) and runs blocking work.
 
     ``blocking_for(owner, ...)`` lets one owner (a client) hold at most
-    ``share`` of the device-work threads at once (a quarter of them by default);
-    its other calls queue behind its own, not in front of everyone else's.
+    ``share`` of the device-work threads at once (a quarter of them by default),
+    and all the clients of one tenant (``tenant_of(owner)``) at most
+    ``tenant_share`` (half of them): its other calls queue behind its own, not in
+    front of everyone else's, and another tenant always finds threads free.
     """
 
-    def __init__(self, executor: ThreadPoolExecutor, *, share: int | None = None) -> None:
+    def __init__(
+        self,
+        executor: ThreadPoolExecutor,
+        *,
+        share: int | None = None,
+        tenant_share: int | None = None,
+        tenant_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.executor = executor
-        self.share = share or max(1, executor._max_workers // 4)
+        threads = executor._max_workers
+        self.share = share or max(1, threads // 4)
+        self.tenant_share = tenant_share or max(1, threads // 2)
+        self._tenant_of = tenant_of
         self._shares: dict[str, _Share] = {}
+        self._tenant_shares: dict[str, _Share] = {}
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -132,22 +146,40 @@ class CallTracker:
     async def blocking_for(
         self, owner: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
     ) -> _T:
-        """``blocking``, within ``owner``'s share of the threads.
+        """``blocking``, within ``owner``'s share of the threads and its tenant's.
 
-        The share is taken inline, not through an async context manager: that
+        The shares are taken inline, not through an async context manager: that
         cost every call that hops to the threads several µs.
         """
-        share = self._shares.get(owner)
-        if share is None:
-            share = self._shares[owner] = _Share(self.share)
-        share.users += 1
+        share = _take(self._shares, owner, self.share)
+        tenant = self._tenant_of(owner) if self._tenant_of is not None else None
+        tenant_share = (
+            None if tenant is None else _take(self._tenant_shares, tenant, self.tenant_share)
+        )
         try:
             async with share.turns:
-                return await self.blocking(fn, *args, **kwargs)
+                if tenant_share is None:
+                    return await self.blocking(fn, *args, **kwargs)
+                async with tenant_share.turns:
+                    return await self.blocking(fn, *args, **kwargs)
         finally:
-            share.users -= 1
-            if not share.users:
-                del self._shares[owner]
+            _give_back(self._shares, owner, share)
+            if tenant is not None and tenant_share is not None:
+                _give_back(self._tenant_shares, tenant, tenant_share)
+
+
+def _take(shares: dict[str, _Share], key: str, turns: int) -> _Share:
+    share = shares.get(key)
+    if share is None:
+        share = shares[key] = _Share(turns)
+    share.users += 1
+    return share
+
+
+def _give_back(shares: dict[str, _Share], key: str, share: _Share) -> None:
+    share.users -= 1
+    if not share.users:
+        del shares[key]
 
 
 def text_field(value: str, field: str, *, required: bool = True) -> str:

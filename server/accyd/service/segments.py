@@ -6,18 +6,31 @@ from __future__ import annotations
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.backends.base import ExportKind
 from accyd.core.daemon import Daemon
-from accyd.errors import InvalidRequest
+from accyd.errors import FailedPrecondition, InvalidRequest
 from accyd.logs import bind
 from accyd.service.calls import Call, CallTracker, text_field, unary
 from accyd.shm import Segments
 
-__all__ = ["SegmentHandlers"]
+__all__ = ["SegmentHandlers", "need_local"]
 
 _DIRECTIONS = {pb.COPY_DIRECTION_TO_BUFFER: True, pb.COPY_DIRECTION_TO_SEGMENT: False}
 _EXPORT_KINDS = {
     ExportKind.CUDA_VMM: pb.EXPORT_KIND_CUDA_VMM,
     ExportKind.HOST_MEMFD: pb.EXPORT_KIND_HOST_MEMFD,
 }
+
+
+def need_local(call: Call, what: str, field: str) -> None:
+    """Refuse to share memory with a caller that cannot take it: the descriptors go over the
+    Unix socket's handoff, so a call that came over TCP never could (it would only hold the
+    daemon's memory and descriptors until the offer expired)."""
+    peer = call.context.peer() or ""
+    if not peer.startswith("unix:"):
+        raise FailedPrecondition(
+            f"this call came over TCP ({peer or 'an unknown peer'}): the daemon shares a {what} "
+            "only with clients on its Unix socket; write and read buffers over gRPC instead",
+            field=field,
+        )
 
 
 class SegmentHandlers:
@@ -33,6 +46,7 @@ class SegmentHandlers:
     ) -> pb.OpenSegmentResponse:
         client_id = call.need_client()
         self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
+        need_local(call, "segment", "byte_size")
         offer = await self.calls.blocking_for(
             client_id, self.segments.open, client_id, request.byte_size, request.device
         )
@@ -58,9 +72,7 @@ class SegmentHandlers:
                 field="direction",
             )
         bind(segment_id=segment_id, buffer_id=buffer_id)
-        copied = await self.calls.blocking_for(
-            client_id,
-            self.segments.copy,
+        copy = self.segments.prepare(
             client_id,
             segment_id,
             request.segment_offset,
@@ -69,6 +81,12 @@ class SegmentHandlers:
             request.size,
             to_buffer=to_buffer,
         )
+        try:  # the buffer's earlier work is awaited here, holding no thread
+            await copy.transfer.settled()
+        except BaseException:
+            copy.abandon()
+            raise
+        copied = await self.calls.blocking_for(client_id, copy.run)
         return pb.CopySegmentResponse(bytes_copied=copied)
 
     @unary
@@ -87,7 +105,16 @@ class SegmentHandlers:
         client_id = call.need_client()
         buffer_id = text_field(request.buffer_id, "buffer_id")
         bind(buffer_id=buffer_id)
-        offer = await self.calls.blocking_for(client_id, self.segments.export, client_id, buffer_id)
+        need_local(call, "buffer's memory", "buffer_id")
+        transfer = self.segments.open_export(client_id, buffer_id)
+        try:  # the buffer's earlier work is awaited here, holding no thread
+            await transfer.settled()
+        except BaseException:
+            transfer.finish()
+            raise
+        offer = await self.calls.blocking_for(
+            client_id, self.segments.export, client_id, buffer_id, transfer
+        )
         exported = offer.exported
         return pb.ExportBufferResponse(
             export_id=offer.export_id,

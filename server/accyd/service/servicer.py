@@ -29,13 +29,16 @@ from accyd.lineage import Lineage
 from accyd.logs import bind
 from accyd.metrics import Metrics, RingLaunchCounts
 from accyd.ring import RingDoor
+from accyd.ring.charges import stream_ring_usage
+from accyd.ring.door import MAX_SLOTS
 from accyd.service import convert
 from accyd.service.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.service.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.service.encoded import EncodedAnswers, encode_read_chunk
+from accyd.service.ending import StreamEnds, until_ended
 from accyd.service.launches import Launcher
 from accyd.service.ring_stream import RingStreams
-from accyd.service.segments import SegmentHandlers
+from accyd.service.segments import SegmentHandlers, need_local
 from accyd.service.tasks import TaskSet
 from accyd.shm import Segments
 
@@ -81,6 +84,11 @@ class LaunchServicer(SegmentHandlers):
         self._closing = asyncio.Event()
         self._detaching = TaskSet()
         self._watching = TaskSet()
+        self._serving = TaskSet()
+        """The RingStreams being served (each finishes its cleanup even if its call is
+        cancelled)."""
+        self._stream_ends = StreamEnds()
+        """Each client's open RingStreams end at its detach (an idle one would last)."""
         self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         """Counts the rings' launches (both kinds) in ``accy_launches``."""
@@ -140,6 +148,7 @@ class LaunchServicer(SegmentHandlers):
         self._detaching.start(self._detach(client_id))
 
     async def _detach(self, client_id: str) -> None:
+        self._stream_ends.end(client_id)  # its idle RingStreams end, as if it stopped sending
         try:  # its rings, segments and exports first (the daemon's extensions), then the rest
             await self.daemon.detach_async(client_id)
         except Exception:
@@ -274,6 +283,8 @@ class LaunchServicer(SegmentHandlers):
                     buffer_id = text_field(chunk.buffer_id, "buffer_id")
                     bind(buffer_id=buffer_id)
                     transfer = self.daemon.open_write(client_id, buffer_id)
+                    # The buffer's earlier work is awaited here: no thread waits for it.
+                    await transfer.settled()
                 elif chunk.buffer_id and chunk.buffer_id != transfer.record.id:
                     raise InvalidRequest(
                         "every chunk of a write names the same buffer (or none)", field="buffer_id"
@@ -312,6 +323,7 @@ class LaunchServicer(SegmentHandlers):
         buffer_id = text_field(request.buffer_id, "buffer_id")
         bind(buffer_id=buffer_id)
         transfer = self.daemon.open_read(client_id, buffer_id)
+        await transfer.settled()  # the writes before it, without a thread
         offset = request.offset
         size = request.size or max(transfer.byte_size - offset, 0)
         transfer.check_range(offset, size, "size" if request.size else "offset")
@@ -392,6 +404,7 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon serves no Unix socket, so it hands out no rings: launch over gRPC",
                 field="slots",
             )
+        need_local(call, "ring", "slots")
         offer = self.rings.offer(client_id, request.slots)
         return pb.OpenRingResponse(
             ring_id=offer.ring_id,
@@ -408,7 +421,23 @@ class LaunchServicer(SegmentHandlers):
                 "this daemon hands out no rings (--no-rings): launch with Launch calls",
                 field="slots",
             )
-        await self._ring_streams.serve(client_id, request, call.context)
+        # Charged for the largest ring a stream may ask for (its first frame says which).
+        usage = stream_ring_usage(MAX_SLOTS)
+        client = self.daemon.charge(client_id, usage)
+        ended = self._stream_ends.take(client_id)  # set by its detach: the stream then ends
+
+        async def serve() -> None:
+            try:
+                await streams.serve(client_id, until_ended(request, ended), call.context)
+            finally:
+                self._stream_ends.give_back(client_id)
+                self.daemon.refund(client, usage)
+
+        streams = self._ring_streams
+        serving = self._serving.start(serve())
+        # Shielded: a call cancelled as its client goes must not cut the stream's cleanup
+        # short (the engine letting its ring go); its requests end with the call anyway.
+        await asyncio.shield(serving)
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:

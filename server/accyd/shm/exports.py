@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from accyd.backends.base import Exported
+from accyd.core.buffers import Transfer
 from accyd.core.daemon import Daemon
+from accyd.core.tenants import Usage
 from accyd.handoff import Handoff, Offered
 
 __all__ = ["ExportOffer", "offer_export"]
@@ -36,11 +39,17 @@ class ExportOffer:
     device: int
 
 
-class _Descriptor:
-    """The daemon's copy of an exported descriptor: closed once, whatever happens first."""
+_OFFERED = Usage(descriptors=1)
+"""What an export's offer holds until it is sent, refused or expired: its descriptor."""
 
-    def __init__(self, fd: int) -> None:
+
+class _Descriptor:
+    """The daemon's copy of an exported descriptor: closed once, whatever happens first, and
+    its charge given back then."""
+
+    def __init__(self, fd: int, refund: Callable[[], None]) -> None:
         self._fd: int | None = fd
+        self._refund = refund
         self._lock = threading.Lock()
 
     def fds(self) -> list[int]:
@@ -51,17 +60,33 @@ class _Descriptor:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+            self._refund()
 
 
-def offer_export(daemon: Daemon, handoff: Handoff, client_id: str, buffer_id: str) -> ExportOffer:
+def offer_export(
+    daemon: Daemon,
+    handoff: Handoff,
+    client_id: str,
+    buffer_id: str,
+    transfer: Transfer | None = None,
+) -> ExportOffer:
     """*Blocking*: offer ``client_id`` its buffer's memory once the work before is over.
 
-    One offer per buffer at a time: asking again replaces (and closes) the one before.
+    ``transfer``: the buffer's write opened already (and its hazards awaited, so this
+    thread waits only for the client's own transfers). One offer per buffer at a time:
+    asking again replaces (and closes) the one before.
     """
-    with daemon.open_write(client_id, buffer_id) as transfer:
-        exported = transfer.export()
+    if transfer is None:
+        transfer = daemon.open_write(client_id, buffer_id)
+    with transfer:
+        client = daemon.charge(client_id, _OFFERED)
+        try:
+            exported = transfer.export()
+        except BaseException:
+            daemon.refund(client, _OFFERED)
+            raise
         record = transfer.record
-    descriptor = _Descriptor(exported.fd)
+    descriptor = _Descriptor(exported.fd, lambda: daemon.refund(client, _OFFERED))
     export_id = f"{record.id}.export"
     try:
         ticket = handoff.offer(

@@ -11,11 +11,13 @@ work. Ids are looked up per client, so no client can name another's segment.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from accyd.backends.base import Backend
+from accyd.core.buffers import Transfer
 from accyd.core.daemon import Daemon
 from accyd.core.holdings import MAX_BUFFER_BYTES
 from accyd.core.ids import new_id
@@ -31,12 +33,78 @@ from accyd.handoff import Handoff, Offered
 from accyd.shm.exports import ExportOffer, offer_export
 from accyd.shm.segment import HostSegment
 
-__all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentOffer", "Segments"]
+__all__ = ["MAX_SEGMENTS_PER_CLIENT", "SegmentCopy", "SegmentOffer", "Segments"]
 
 log = structlog.get_logger("accyd.shm")
 
 MAX_SEGMENTS_PER_CLIENT = 64
 """Each segment is a descriptor and a mapping in the daemon: bound them per client."""
+SEGMENT_DESCRIPTORS = 2
+"""What a segment holds in the daemon: its memfd, and its mapping's own descriptor."""
+
+
+def segment_usage(byte_size: int) -> Usage:
+    """What a segment costs its tenant: memory (as a buffer does), the daemon's host memory
+    shared with clients, and its descriptors."""
+    return Usage(
+        memory_bytes=byte_size, host_memory_bytes=byte_size, descriptors=SEGMENT_DESCRIPTORS
+    )
+
+
+class SegmentCopy:
+    """One checked copy between a segment and a buffer, ordered after the buffer's work."""
+
+    __slots__ = (
+        "buffer_offset",
+        "segment",
+        "segment_offset",
+        "size",
+        "to_buffer",
+        "transfer",
+    )
+
+    def __init__(
+        self,
+        segment: HostSegment,
+        segment_offset: int,
+        transfer: Transfer,
+        buffer_offset: int,
+        size: int,
+        to_buffer: bool,
+    ) -> None:
+        self.segment = segment
+        self.segment_offset = segment_offset
+        self.transfer = transfer
+        self.buffer_offset = buffer_offset
+        self.size = size
+        self.to_buffer = to_buffer
+
+    @property
+    def tenant(self) -> str:
+        return self.segment.client.tenant.name
+
+    def when_ready(self, ready: Callable[[], None]) -> None:
+        """Call ``ready`` (from any thread) once the buffer's earlier work this copy is
+        ordered after is over; no thread waits meanwhile."""
+        self.transfer.when_ready(ready)
+
+    def run(self) -> int:
+        """*Blocking*: move the bytes (the buffer's hazards over first, if not awaited
+        already); the bytes copied. Holds the segment's lock, so a close waits for it."""
+        segment, transfer = self.segment, self.transfer
+        with transfer, segment.lock:
+            if segment.closed:
+                raise NotFound(f"segment {segment.id} was closed", field="segment_id")
+            with segment.range(self.segment_offset, self.size) as part:
+                if self.to_buffer:
+                    transfer.write(self.buffer_offset, part)
+                else:
+                    transfer.read_into(self.buffer_offset, part)
+        return self.size
+
+    def abandon(self) -> None:
+        """Give up before ``run`` (its hazards are let go; nothing moved)."""
+        self.transfer.finish()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +134,19 @@ class Segments:
             )
         return handoff
 
-    def export(self, client_id: str, buffer_id: str) -> ExportOffer:
+    def open_export(self, client_id: str, buffer_id: str) -> Transfer:
+        """The write an export of the client's own buffer is ordered as (quick); its hazards
+        are for the caller to await before ``export``."""
+        self._sharing("buffer_id")
+        return self._daemon.open_write(client_id, buffer_id)
+
+    def export(
+        self, client_id: str, buffer_id: str, transfer: Transfer | None = None
+    ) -> ExportOffer:
         """*Blocking*: the client's own buffer, offered for it to map (``offer_export``)."""
-        return offer_export(self._daemon, self._sharing("buffer_id"), client_id, buffer_id)
+        return offer_export(
+            self._daemon, self._sharing("buffer_id"), client_id, buffer_id, transfer
+        )
 
     def open(self, client_id: str, byte_size: int, device: int = 0) -> SegmentOffer:
         """*Blocking* (pinning takes a while): a new segment for ``client_id``, offered."""
@@ -90,7 +168,7 @@ class Segments:
                     "close one (or reuse it) first",
                     quota="segments",
                 )
-        usage = Usage(memory_bytes=byte_size)
+        usage = segment_usage(byte_size)
         client = self._daemon.charge(client_id, usage)
         try:
             segment = HostSegment(new_id("seg"), client, byte_size, device, backend)
@@ -109,9 +187,25 @@ class Segments:
         except NotFound:
             self.close(client_id, segment.id)
             raise
-        ticket = handoff.offer(Offered(segment.id, client_id, segment.fds))
+        segment_id = segment.id
+        ticket = handoff.offer(
+            Offered(segment_id, client_id, segment.fds, dropped=lambda: self._untaken(segment_id))
+        )
         log.info("segment opened", client_id=client_id, segment_id=segment.id, bytes=byte_size)
         return SegmentOffer(segment.id, ticket, handoff.path.name, byte_size)
+
+    def _untaken(self, segment_id: str) -> None:
+        """Its offer expired, or its client went, before the client took it: nobody can map
+        it, so it is freed (on a thread: a copy may hold it, and the handoff waits for none)."""
+        with self._lock:
+            for held in self._by_client.values():
+                segment = held.pop(segment_id, None)
+                if segment is not None:
+                    break
+            else:
+                return
+        log.info("segment never taken; freed", client_id=segment.client.id, segment_id=segment_id)
+        threading.Thread(target=self._free, args=(segment,), name="accyd-segment-free").start()
 
     def _segment(self, client_id: str, segment_id: str) -> HostSegment:
         with self._lock:
@@ -120,7 +214,7 @@ class Segments:
             raise NotFound(f"no segment {segment_id!r} of this client", field="segment_id")
         return segment
 
-    def copy(
+    def prepare(
         self,
         client_id: str,
         segment_id: str,
@@ -130,8 +224,11 @@ class Segments:
         size: int,
         *,
         to_buffer: bool,
-    ) -> int:
-        """*Blocking*: copy ``size`` bytes between a segment and a buffer; the bytes copied."""
+    ) -> SegmentCopy:
+        """Check a copy of ``size`` bytes between a segment and a buffer and order it after the
+        buffer's work (quick: nothing moves). The caller waits for ``transfer``'s hazards
+        without a thread (``Transfer.settled``), then runs it (``SegmentCopy.run``: on its
+        own, a run also waits for them, on its thread)."""
         segment = self._segment(client_id, segment_id)
         if segment_offset < 0 or size < 0 or segment_offset + size > segment.byte_size:
             raise InvalidRequest(
@@ -143,17 +240,12 @@ class Segments:
             transfer = self._daemon.open_write(client_id, buffer_id)
         else:
             transfer = self._daemon.open_read(client_id, buffer_id)
-        with transfer:
+        try:
             transfer.check_range(buffer_offset, size, "buffer_offset")
-            with segment.lock:
-                if segment.closed:
-                    raise NotFound(f"segment {segment_id} was closed", field="segment_id")
-                with segment.range(segment_offset, size) as part:
-                    if to_buffer:
-                        transfer.write(buffer_offset, part)
-                    else:
-                        transfer.read_into(buffer_offset, part)
-        return size
+        except BaseException:
+            transfer.finish()
+            raise
+        return SegmentCopy(segment, segment_offset, transfer, buffer_offset, size, to_buffer)
 
     def close(self, client_id: str, segment_id: str) -> None:
         """Free one segment: waits for a copy using it; the client's mapping stays its own."""
@@ -164,11 +256,12 @@ class Segments:
         self._free(segment)
 
     def close_client(self, client_id: str) -> None:
-        """Free every segment of a client that detached (its offers are withdrawn)."""
-        if self._handoff is not None:
-            self._handoff.withdraw_client(client_id)
+        """Free every segment of a client that detached (its offers are withdrawn), here: taken
+        out first, so a withdrawn offer's own freeing (``_untaken``) finds nothing to do."""
         with self._lock:
             segments = list(self._by_client.pop(client_id, {}).values())
+        if self._handoff is not None:
+            self._handoff.withdraw_client(client_id)
         for segment in segments:
             self._free(segment)
 
@@ -205,5 +298,5 @@ class Segments:
 
     def _free(self, segment: HostSegment) -> None:
         segment.close()
-        self._daemon.refund(segment.client, Usage(memory_bytes=segment.byte_size))
+        self._daemon.refund(segment.client, segment_usage(segment.byte_size))
         log.info("segment closed", client_id=segment.client.id, segment_id=segment.id)

@@ -11,7 +11,9 @@ a send fails, the channel is *dead*: every call waiting is woken with a
 ``DeviceFault`` naming the device and the reason, every registered callback
 runs (waiters wake, then see the fault on their next wait), and ``on_fault`` is
 called once, from the reader thread. A channel closed or killed on purpose is
-dead too, with ``Unavailable`` instead, and calls no ``on_fault``.
+dead too, with ``Unavailable`` instead, and calls no ``on_fault``. With
+``hang_seconds``, a worker whose channel stays silent that long is killed and
+lost the same way (``accyd.workers.liveness``): no call waits on a stopped worker.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,6 +33,7 @@ import structlog
 
 from accyd.backends.host_streams import call_quietly
 from accyd.errors import AccyError, DeviceFault, RuntimeUnavailable, Unavailable
+from accyd.workers.liveness import watch_liveness
 from accyd.workers.protocol import FrameReader, Op, decode_error, send_frame
 
 __all__ = ["Channel"]
@@ -93,6 +97,7 @@ class Channel:
         sock: socket.socket,
         name: str,
         on_fault: Callable[[DeviceFault], None] | None = None,
+        hang_seconds: float | None = None,
     ) -> None:
         self.name = name
         self.process = process
@@ -113,8 +118,12 @@ class Channel:
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
         self.start_error: BaseException | None = None
+        self._waiting_since: float | None = None
+        self._hung: str | None = None
         self._reader = threading.Thread(target=self._read, name="accy-worker-reader", daemon=True)
         self._reader.start()
+        if hang_seconds is not None:
+            watch_liveness(self, hang_seconds)
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -202,11 +211,27 @@ class Channel:
 
     # -- receiving -------------------------------------------------------------------------------
 
+    @property
+    def waiting_since(self) -> float | None:
+        """Since when the reader has waited for the worker's next frame (``None``: it is
+        running one, or the worker is not ready yet)."""
+        return self._waiting_since if self.ready.is_set() else None
+
+    def declare_hung(self, reason: str) -> None:
+        """The worker stopped answering: kill it; it is lost with ``reason`` (a fault)."""
+        self._hung = reason
+        if self.process.returncode is None:
+            with contextlib.suppress(OSError):
+                self.process.kill()
+
     def _read(self) -> None:
         reader = FrameReader(self._sock)
+        monotonic = time.monotonic
         try:
             while True:
+                self._waiting_since = monotonic()
                 frame = reader.recv()
+                self._waiting_since = None
                 kind = frame[0]
                 if kind == Op.REPLY:
                     call = self._calls.pop(frame[1], None)
@@ -289,6 +314,8 @@ class Channel:
         fatal = self._fatal
         if fatal is not None:
             return str(fatal)
+        if self._hung is not None:
+            return self._hung
         try:
             status: int | None = self.process.wait(0.5)
         except subprocess.TimeoutExpired:

@@ -12,7 +12,9 @@ start on a small machine). On CUDA a spare holds a context of its own: about
 Faults. Each worker reports its loss once (``WorkerBackend``'s ``on_fault``); the
 pool passes an active worker's to ``on_fault(device, fault)``, from that worker's
 reader thread (the handler may call ``replace`` there). A spare that dies idle
-is replaced in the background, up to ``SPARE_RETRIES`` times in a row.
+is replaced in the background, up to ``SPARE_RETRIES`` times in a row. A worker
+silent for ``hang_seconds`` (stopped or hung) is lost the same way
+(``accyd.workers.liveness``), so it is replaced within that bound.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import structlog
 from accyd.backends.base import Backend
 from accyd.backends.select import cuda_present
 from accyd.errors import DeviceFault, NotFound, Unavailable, UnsupportedOperation
+from accyd.workers.liveness import DEFAULT_HANG_SECONDS
 from accyd.workers.proxy import WorkerBackend
 
 __all__ = ["SPARE_RETRIES", "DevicePool"]
@@ -72,6 +75,7 @@ class DevicePool:
         log_format: str = "console",
         log_level: str = "info",
         gpus: Mapping[int, int] | None = None,
+        hang_seconds: float | None = DEFAULT_HANG_SECONDS,
     ) -> None:
         if kind == "auto":
             kind = "cuda" if cuda_present() else "host"
@@ -84,6 +88,7 @@ class DevicePool:
         self._spares = spares
         self._on_fault = on_fault
         self._start_timeout = start_timeout
+        self._hang_seconds = hang_seconds
         self._lock = threading.Lock()
         self._slots: dict[int, _Slot] = {}
         self._workers: list[WorkerBackend] = []
@@ -157,6 +162,7 @@ class DevicePool:
             start_timeout=None,
             log_format=log_format,
             log_level=log_level,
+            hang_seconds=self._hang_seconds,
         )
         me.append(weakref.ref(worker))
         with self._lock:

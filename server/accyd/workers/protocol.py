@@ -92,7 +92,13 @@ frame         fields                       meaning
 ``NOTIFIED``  nid                          a notification's work is over: run its callback
 ``FATAL``     encoded error                the worker exits now (a ``DeviceFault``, or a
                                            backend that could not be made before ``READY``)
+``ALIVE``     (none)                       the worker runs: sent every ``HEARTBEAT_SECONDS``
+                                           from ``READY`` on, by a thread of its own
 ============  ===========================  ==============================================
+
+A worker whose channel stays silent (no frame at all) for the front's hang bound
+is declared lost (``accyd.workers.liveness``): stopped, hung or starved, its
+calls would otherwise wait forever.
 
 Bulk data moves in chunks of at most ``CHUNK_BYTES``, each its own frame, so a
 large copy never holds either side's send lock for long.
@@ -111,6 +117,7 @@ from accyd import errors
 __all__ = [
     "ALL_STREAMS",
     "CHUNK_BYTES",
+    "HEARTBEAT_SECONDS",
     "EncodedError",
     "FrameReader",
     "Op",
@@ -124,6 +131,9 @@ CHUNK_BYTES = 1 << 20
 
 ALL_STREAMS = -1
 """``SYNCHRONIZE``'s stream id for the whole device (``synchronize(None)``)."""
+
+HEARTBEAT_SECONDS = 0.25
+"""How often a ready worker says it runs (``ALIVE``), whatever else it sends."""
 
 
 class Op:
@@ -169,6 +179,7 @@ class Op:
     DATA = 103
     NOTIFIED = 104
     FATAL = 105
+    ALIVE = 106
 
 
 _HEAD = struct.Struct("<II")

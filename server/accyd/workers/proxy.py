@@ -94,6 +94,7 @@ from accyd.workers.handles import (
     launch_fields,
     stream_id,
 )
+from accyd.workers.liveness import DEFAULT_HANG_SECONDS
 from accyd.workers.pins import PinnedRange, PinnedRanges, address_of, file_identity, maps_file
 from accyd.workers.protocol import Op
 from accyd.workers.proxy_streams import WorkerStreams
@@ -136,10 +137,13 @@ class WorkerBackend(WorkerStreams):
         log_level: str = "info",
         close_timeout: float = 5.0,
         name: str | None = None,
+        hang_seconds: float | None = DEFAULT_HANG_SECONDS,
     ) -> None:
         """Start the worker on GPU (or host device) ``device``; with ``start_timeout``
         (seconds), wait until it is ready (``None``: return at once and call ``wait_ready``
-        later). ``name``: what errors call the device (``device N`` by default)."""
+        later). ``name``: what errors call the device (``device N`` by default).
+        ``hang_seconds``: a worker silent that long is lost (``accyd.workers.liveness``;
+        ``None``: never)."""
         if kind not in ("cuda", "host"):
             raise UnsupportedOperation(f"a device worker runs a cuda or host backend, not {kind!r}")
         self.device = device
@@ -148,7 +152,11 @@ class WorkerBackend(WorkerStreams):
         process, sock, self._lane = spawn_worker(command)
         self._lane_lock = threading.Lock()
         self._channel = Channel(
-            process, sock, f"the device worker for {name or f'device {device}'} ({kind})", on_fault
+            process,
+            sock,
+            f"the device worker for {name or f'device {device}'} ({kind})",
+            on_fault,
+            hang_seconds,
         )
         self._finalizer = weakref.finalize(self, _kill, self._channel, self._lane)
         self._ids = _IDS

@@ -9,8 +9,11 @@ closes or ``CLOSE`` comes; then it closes the backend and exits 0.
 A ``DeviceFault`` from the backend, or a backend that cannot be made, is sent
 as ``FATAL`` and the process exits at once (``EXIT_DEVICE_LOST`` /
 ``EXIT_NEVER_READY``): a sticky CUDA error cannot be cleared in-process, and
-nothing it holds is worth a clean teardown. SIGINT is ignored: the front
-decides when a worker ends (a Ctrl-C reaches the whole process group).
+nothing it holds is worth a clean teardown. SIGINT, SIGTERM and SIGHUP are
+ignored: the front decides when a worker ends, after its drain. A Ctrl-C, a
+service manager's stop (systemd's default kill mode, ``timeout``) and a reload
+reach the whole process group; the worker leaves on ``CLOSE``, or when its
+channel closes because the front is gone.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from accyd.backends.select import make_backend
 from accyd.errors import DeviceFault
 from accyd.lineage import EXIT_DEVICE_LOST, EXIT_NEVER_READY
 from accyd.logs import configure_logging
-from accyd.workers.protocol import FrameReader, Op, encode_error, send_frame
+from accyd.workers.protocol import HEARTBEAT_SECONDS, FrameReader, Op, encode_error, send_frame
 from accyd.workers.served import Served
 
-__all__ = ["main"]
+__all__ = ["IGNORED_SIGNALS", "main"]
+
+IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What reaches a worker as one of the daemon's process group, and is the front's to act on."""
 
 log = structlog.get_logger("accyd.workers")
 
@@ -76,6 +82,16 @@ class _Channel:
         with self._lock:
             send_frame(self.sock, frame)
 
+    def beat(self) -> None:
+        """Say the worker runs every ``HEARTBEAT_SECONDS``, until the channel closes (a thread
+        of its own: the front declares a silent worker lost, whatever its ops are doing)."""
+        while True:
+            time.sleep(HEARTBEAT_SECONDS)
+            try:
+                self.send((Op.ALIVE,))
+            except OSError:
+                return
+
     def fatal(self, error: BaseException, status: int = EXIT_DEVICE_LOST) -> NoReturn:
         """Tell the front why, then end the process now (no teardown: the device is lost)."""
         log.error("device worker exiting", reason=str(error), error=type(error).__name__)
@@ -86,7 +102,8 @@ class _Channel:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     _log_as_device(args.device, args.log_format, args.log_level)
     started = time.perf_counter()
     channel = _Channel(socket.socket(fileno=args.fd))
@@ -113,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     )
+    threading.Thread(target=channel.beat, name="accyd-worker-heartbeat", daemon=True).start()
     log.info(
         "device worker ready",
         backend=backend.kind.value,

@@ -27,6 +27,7 @@ from accyd.backends.cuda.events import HOST_FN, Events
 from accyd.backends.cuda.graphs import GraphLaunch
 from accyd.backends.cuda.kernels import FEATURES, FORMATS, CudaKernel, Kernels
 from accyd.backends.cuda.shareable import Plain, Shareable, allocate_shareable
+from accyd.backends.cuda.staging import cuda_staged_copies
 from accyd.backends.cuda.state import CURRENT, TOKENS
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
@@ -123,6 +124,9 @@ class CudaBackend(Kernels, Events):
         except BaseException:
             cu.cuDevicePrimaryCtxRelease(self._device)
             raise
+        self._staged, self._free_staging = cuda_staged_copies(
+            self, self._register, self._unregister
+        )
 
     # -- identity ----------------------------------------------------------------
 
@@ -166,8 +170,16 @@ class CudaBackend(Kernels, Events):
         return int(free), int(total)
 
     def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
-        """``cuMemHostRegister`` (portable) on ``memory``; the returned anchor keeps it exported.
-        ``fd`` is not needed in-process (ignored)."""
+        """Record ``memory`` as shared: its large copies are staged through the page-locked
+        slots until it earned locking, then it is ``cuMemHostRegister``'d in the background
+        (``accyd.backends.shared_ranges``). ``fd`` is not needed in-process (ignored)."""
+        return self._staged.ranges.add(memoryview(memory).cast("B"))
+
+    def unpin_host(self, pinned: object) -> None:
+        self._staged.ranges.remove(pinned)
+
+    def _register(self, memory: memoryview) -> object:
+        """``cuMemHostRegister`` (portable) on ``memory``; the anchor keeps it exported."""
         self._enter()
         anchor = (ctypes.c_char * memory.nbytes).from_buffer(memory)
         self._check(
@@ -181,11 +193,11 @@ class CudaBackend(Kernels, Events):
         )
         return anchor
 
-    def unpin_host(self, pinned: object) -> None:
-        if isinstance(pinned, ctypes.Array):
+    def _unregister(self, anchor: object) -> None:
+        if isinstance(anchor, ctypes.Array):
             self._enter()
             self._check(
-                self._cu.cuMemHostUnregister(ctypes.addressof(pinned)), "cuMemHostUnregister"
+                self._cu.cuMemHostUnregister(ctypes.addressof(anchor)), "cuMemHostUnregister"
             )
 
     def memory_in_use(self) -> int:
@@ -312,6 +324,8 @@ class CudaBackend(Kernels, Events):
         self._bounds(buffer, offset, size)
         if size == 0:
             return
+        if self._staged.write(buffer, offset, view, stream):
+            return
         handle = self._stream_handle(stream)
         cu = self._cu
         self._check(
@@ -343,6 +357,8 @@ class CudaBackend(Kernels, Events):
         self._live_buffer(buffer)
         self._bounds(buffer, offset, size)
         if size == 0:
+            return
+        if self._staged.read_into(buffer, offset, view.cast("B"), stream):
             return
         handle = self._stream_handle(stream)
         cu = self._cu
@@ -379,12 +395,14 @@ class CudaBackend(Kernels, Events):
             self._streams.clear()
             self._bytes_in_use = 0
         cu = self._cu
+        self._staged.close()
         # Best effort throughout: a poisoned context refuses these calls, which frees nothing
         # more but must not stop the rest of the teardown.
         cu.cuCtxSetCurrent(self._ctx)
         CURRENT.ctx = self._ctx_key
         if self._check.fault is None:
             cu.cuCtxSynchronize()
+        self._free_staging()
         for buffer in buffers:
             buffer.native.free(cu)
         for loaded in kernels:

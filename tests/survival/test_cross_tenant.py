@@ -1,0 +1,265 @@
+"""Nothing one tenant does slows, blocks or reaches another (host backend, TCP with tokens).
+
+Tenant A, within its quotas, runs every attack of ``attacker.py`` at once for
+``ACCY_ATTACK_SECONDS`` (30 s): copies waiting on long kernels, tiny untaken
+segments, as many clients and rings as it may have, refused-record floods, a
+slowloris on the handoff socket, and (in the second test) RingStream frames
+of refused and valid records. Meanwhile tenant B, over TCP, attaches, loads,
+allocates, writes, launches and reads again and again: each call must answer
+within ``PROMPT`` seconds, with checked results. The daemon's descriptors,
+resident memory and log stay within ``*_BOUND`` throughout, and descriptors and
+every tenant's usage are back to the baseline after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import pytest
+
+from accy import Client
+from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.protocol.launch.v1 import launch_pb2_grpc
+from accy.testing import RunningDaemon, running_daemon
+from tests.security.harness import TokenSpec, write_tokens
+
+SECONDS = float(os.environ.get("ACCY_ATTACK_SECONDS", "30"))
+PROMPT = 0.5
+"""Seconds within which each of tenant B's calls must answer."""
+MiB = 1 << 20
+QUOTAS = {
+    "memory_bytes": 512 * MiB,
+    "sessions": 64,
+    "buffers": 2048,
+    "launches_in_flight": 20000,
+    "clients": 48,
+    "descriptors": 400,
+    "host_memory_bytes": 128 * MiB,
+}
+"""Tenant A's quotas: it stays within them (every refusal it meets is one of them)."""
+DESCRIPTORS_BOUND = QUOTAS["descriptors"] + 128 + 200
+"""Over the baseline: A's descriptors, the handoff's waiting connections of one user, and
+connections and streams."""
+RSS_BOUND = 1024 * MiB
+LOG_BOUND = 16 * MiB
+"""How much the daemon's log may grow over the whole attack."""
+SLOW_CATALOG = Path(__file__).parents[1] / "catalogs" / "slow"
+ATTACKER = Path(__file__).with_name("attacker.py")
+SAXPY = "accy.kernel.saxpy"
+_T = TypeVar("_T")
+
+
+def daemon_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def daemon_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Watch:
+    """Samples the daemon's descriptors, memory and log size on a thread of its own."""
+
+    def __init__(self, daemon: RunningDaemon) -> None:
+        self.pid = daemon.process.pid
+        self.log = daemon.log
+        self.most = {"fds": 0, "rss": 0, "log": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            for key, value in (
+                ("fds", daemon_fds(self.pid)),
+                ("rss", daemon_rss(self.pid)),
+                ("log", self.log.stat().st_size),
+            ):
+                self.most[key] = max(self.most[key], value)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.most
+
+
+def notable(daemon: RunningDaemon) -> str:
+    """The daemon's log lines that say something went wrong (the last of them)."""
+    words = ("error", "warning", "closed", "broke", "Traceback")
+    lines = [line for line in daemon.log.read_text(errors="replace").splitlines()]
+    return "\n".join(line for line in lines if any(w in line for w in words))[-4000:]
+
+
+def tenants(target: str, token: str) -> dict[str, pb.TenantStatus]:
+    with grpc.insecure_channel(target) as channel:
+        stub = launch_pb2_grpc.LaunchServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = stub.GetStatus(
+            pb.GetStatusRequest(), metadata=(("authorization", f"Bearer {token}"),), timeout=5
+        )
+    return {tenant.name: tenant for tenant in reply.tenants}
+
+
+def held(tenant: pb.TenantStatus | None) -> tuple[int, ...]:
+    if tenant is None:
+        return (0, 0, 0, 0, 0)
+    return (
+        tenant.clients,
+        tenant.sessions,
+        tenant.buffers,
+        tenant.memory_bytes,
+        tenant.launches_in_flight,
+    )
+
+
+def timed(calls: list[tuple[str, float]], name: str, call: Callable[[], _T]) -> _T:
+    started = time.perf_counter()
+    result = call()
+    calls.append((name, time.perf_counter() - started))
+    return result
+
+
+def victim_round(target: str, token: str, rng: np.random.Generator) -> list[tuple[str, float]]:
+    """Tenant B's calls, each timed, the result checked."""
+    calls: list[tuple[str, float]] = []
+    n = 1 << 14
+    x = rng.standard_normal(n).astype(np.float32)
+    a = float(rng.uniform(-2, 2))
+    client = timed(calls, "attach", lambda: Client(target, token=token, client_name="victim"))
+    with client:
+        session = timed(calls, "load", lambda: client.load(SAXPY))
+        xs = timed(calls, "allocate", lambda: client.empty(n, np.float32))
+        ys = timed(calls, "allocate", lambda: client.empty(n, np.float32))
+        timed(calls, "write", lambda: xs.write(x))
+        timed(calls, "write", lambda: ys.write(np.ones(n, np.float32)))
+        timed(calls, "launch", lambda: session.launch(operands=[xs, ys], results=[ys], n=n, a=a))
+        got = timed(calls, "read", ys.read)
+        np.testing.assert_allclose(got, np.float32(a) * x + 1, rtol=1e-5, atol=1e-5)
+    return calls
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
+    specs = {
+        "a": TokenSpec("team-a", quotas=QUOTAS),
+        "b": TokenSpec("team-b"),
+        "ops": TokenSpec("ops", scopes=("admin",)),
+    }
+    tokens = write_tokens(tmp_path / "tokens.toml", specs)
+    extra = ["--no-supervise", "--tokens", str(tmp_path / "tokens.toml")]
+    extra += ["--catalog", str(SLOW_CATALOG)]
+    with running_daemon(backend="host", extra=extra) as daemon:
+        yield daemon, tokens
+
+
+def under_attack(
+    daemon: RunningDaemon, tokens: dict[str, str], modes: list[str]
+) -> tuple[list[tuple[str, float]], dict[str, int], list[dict[str, Any]]]:
+    """Run the attacks of ``modes`` and tenant B's rounds together; B's calls, the daemon's
+    peaks over the baseline, and each attacker's counts. Checks the return to the baseline."""
+    assert daemon.tcp_target is not None
+    unix, tcp = daemon.unix_target, daemon.tcp_target
+    pid = daemon.process.pid
+    rng = np.random.default_rng(23)
+    victim_round(tcp, tokens["b"], rng)  # warm: the pipeline compiled, the pools made
+    time.sleep(0.5)
+    baseline = {"fds": daemon_fds(pid), "rss": daemon_rss(pid), "log": daemon.log.stat().st_size}
+    before = {name: held(t) for name, t in tenants(tcp, tokens["ops"]).items()}
+    attackers = [
+        subprocess.Popen(
+            [sys.executable, str(ATTACKER), mode, unix, tcp, tokens["a"], str(SECONDS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode in modes
+    ]
+    watch = Watch(daemon)
+    calls: list[tuple[str, float]] = []
+    try:
+        time.sleep(2.0)  # every attack under way
+        stop = time.monotonic() + SECONDS - 4.0
+        while time.monotonic() < stop:
+            try:
+                calls += victim_round(tcp, tokens["b"], rng)
+            except Exception as error:
+                raise AssertionError(f"tenant B failed: {error}\n{notable(daemon)}") from error
+    finally:
+        counts = []
+        for attacker in attackers:
+            out, err = attacker.communicate(timeout=SECONDS + 60)
+            assert attacker.returncode == 0, err[-3000:]
+            counts.append(json.loads(out.strip().splitlines()[-1]))
+    most = watch.stop()
+    peaks = {key: most[key] - baseline[key] for key in most}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = tenants(tcp, tokens["ops"])
+        back = daemon_fds(pid) <= baseline["fds"] + 8 and held(now.get("team-a")) == (0,) * 5
+        if back and held(now.get("team-b")) == before.get("team-b", (0,) * 5):
+            break
+        time.sleep(0.2)
+    assert daemon_fds(pid) <= baseline["fds"] + 8, (daemon_fds(pid), baseline)
+    assert held(now.get("team-a")) == (0,) * 5, now.get("team-a")
+    assert daemon.process.poll() is None, daemon.log_text()
+    return calls, peaks, counts
+
+
+def check_bounds(peaks: dict[str, int], counts: list[dict[str, Any]]) -> None:
+    assert peaks["fds"] <= DESCRIPTORS_BOUND, peaks
+    assert peaks["rss"] <= RSS_BOUND, peaks
+    assert peaks["log"] <= LOG_BOUND, peaks
+    done = {key for count in counts for key, value in count.items() if key != "mode" and value}
+    assert any(key.startswith("refused") for key in done), counts  # A met its limits
+
+
+def slow_calls(calls: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    return [(name, round(seconds, 3)) for name, seconds in calls if seconds > PROMPT]
+
+
+@pytest.mark.slow
+def test_a_tenant_within_its_quotas_slows_no_other_tenant(
+    served: tuple[RunningDaemon, dict[str, str]],
+) -> None:
+    daemon, tokens = served
+    modes = ["copies", "segments", "clients", "flood", "slowloris"]
+    calls, peaks, counts = under_attack(daemon, tokens, modes)
+    print(
+        f"\n{len(calls)} calls of tenant B, the slowest {max(s for _, s in calls):.3f} s; "
+        f"daemon peaks over the baseline {peaks}; attackers {counts}"
+    )
+    assert len(calls) >= 8 * 10, "tenant B made too few rounds"
+    assert not slow_calls(calls), f"tenant B's calls past {PROMPT} s: {slow_calls(calls)}"
+    check_bounds(peaks, counts)
+
+
+@pytest.mark.slow
+def test_ring_stream_frames_of_a_tenant_slow_no_other_tenant(
+    served: tuple[RunningDaemon, dict[str, str]],
+) -> None:
+    """With every attack, RingStream frames of refused and valid records too."""
+    daemon, tokens = served
+    modes = ["copies", "segments", "clients", "flood", "slowloris", "streams"]
+    calls, peaks, counts = under_attack(daemon, tokens, modes)
+    print(
+        f"\n{len(calls)} calls of tenant B, the slowest {max(s for _, s in calls):.3f} s; "
+        f"daemon peaks over the baseline {peaks}; attackers {counts}"
+    )
+    check_bounds(peaks, counts)
+    if slow_calls(calls):
+        pytest.xfail(
+            "issue 23 bug 3 (RingStream frames checked on the event loop; the ring engine's "
+            f"work): tenant B's calls past {PROMPT} s: {slow_calls(calls)[:10]}"
+        )
