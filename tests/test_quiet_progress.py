@@ -22,7 +22,7 @@ def test_a_daemons_log_lines_stay_out_of_the_progress_output() -> None:
             "-p",
             "no:cacheprovider",
             "tests/service/test_rpcs.py",
-            "tests/service/test_launch_stream.py",
+            "tests/service/test_ring_stream_calls.py",
         ],
         cwd=ROOT,
         capture_output=True,

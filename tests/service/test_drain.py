@@ -55,7 +55,7 @@ def test_ring_streams_of_clients_that_come_and_go_leave_nothing_behind(tmp_path:
             with Client(running.address) as client, client.load("accy.kernel.saxpy") as saxpy:
                 x = client.buffer(np.ones(16, np.float32))
                 saxpy.launch(operands=[x, x], results=[x], n=16, a=1.0)
-                assert saxpy._ring is not None and saxpy._ring.stream is not None
+                assert saxpy._link.transport.path == "ring-stream"
         deadline = time.monotonic() + 10
         while eventfds() > baseline and time.monotonic() < deadline:
             time.sleep(0.05)
