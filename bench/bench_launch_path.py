@@ -35,12 +35,12 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.config import Config
 from accyd.core.daemon import Daemon
-from accyd.logs import configure_logging
-from accyd.metrics import Metrics
-from accyd.service.calls import CallTracker
-from accyd.service.launches import Launcher
+from accyd.doors.grpc.calls import CallTracker
+from accyd.doors.grpc.launches import Launcher
+from accyd.settings.config import Config
+from accyd.telemetry.logs import configure_logging
+from accyd.telemetry.metrics import Metrics
 
 SCAN = "accy.kernel.device_scan"
 

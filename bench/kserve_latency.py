@@ -60,7 +60,7 @@ print(statistics.median(times))
 
 
 def request_of(model: str, n: int) -> Any:
-    from accyd.kserve.protocol import open_inference_pb2 as pb
+    from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 
     request = pb.ModelInferRequest(model_name=model)
     if model == "simple":
@@ -78,7 +78,7 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, float]:
 
     from accy import Client
     from accy.testing import running_daemon
-    from accyd.kserve.protocol import open_inference_pb2_grpc
+    from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 
     echo_path = str(folder / "echo.sock")
     ready = multiprocessing.get_context("spawn").Event()

@@ -211,8 +211,8 @@ class ServerThread:
         self, folder: Path, backend_name: str, tcp: str | None = None, **settings: Any
     ) -> None:
         from accyd.catalog import load_catalog
-        from accyd.config import Config
         from accyd.server import Server
+        from accyd.settings.config import Config
 
         backend: Any
         if backend_name == "recording":
@@ -250,7 +250,8 @@ def run(
 ) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="accy-ring-cost-"))
     server = ServerThread(folder, backend, engine=engine)
-    meter = Meter(server.server.engine)
+    doors = server.server.ring_doors
+    meter = Meter(None if doors is None else doors.engine)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     settings = {
@@ -278,7 +279,7 @@ def run(
             meter.reset()
             here.send("go")
         result["daemon"] = sides
-        result["engine"] = server.server.engine.kind if server.server.engine else None
+        result["engine"] = None if doors is None else doors.engine.kind
         result.pop("trace", None)
     finally:
         child.join(60)

@@ -42,10 +42,10 @@ from collections.abc import Callable
 
 from accyd.backends.base import ArtifactRequest, Backend, LaunchRequest
 from accyd.backends.select import make_backend
+from accyd.backends.worker.front.pool import DevicePool
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, Scalar
 from accyd.catalog.model import FixedGeometry
-from accyd.workers.pool import DevicePool
-from accyd.workers.proxy import WorkerBackend
 
 HOST_SOURCE = "def noop(grid, block, buffers, scalars):\n    pass\n"
 CUDA_SOURCE = 'extern "C" __global__ void noop(float* out, unsigned int n) {}\n'

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Regenerate the Python protocol modules from protos/: accy.launch.v1 into
 # client/accy/protocol/launch/v1/, and the KServe v2 door's (package inference) into
-# server/accyd/kserve/protocol/. With --check, regenerate into a temporary folder and fail
+# server/accyd/doors/kserve/protocol/. With --check, regenerate into a temporary folder and fail
 # if the committed code differs.
 #
 # protoc names the modules after the .proto path (accy/launch/v1/, inference/, the proto
-# packages); they live under accy.protocol and accyd.kserve.protocol, so the generated
+# packages); they live under accy.protocol and accyd.doors.kserve.protocol, so the generated
 # imports between them are rewritten to match.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +41,7 @@ generate() {
 check=0
 [[ "${1:-}" == "--check" ]] && check=1
 generate accy/launch/v1 accy.protocol.launch.v1 "$root/client/accy/protocol/launch/v1"
-generate inference accyd.kserve.protocol "$root/server/accyd/kserve/protocol"
+generate inference accyd.doors.kserve.protocol "$root/server/accyd/doors/kserve/protocol"
 if [[ $check == 1 ]]; then
   echo "generated protocol code is current"
 fi

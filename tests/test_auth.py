@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from accyd.auth import TokenTable, hash_token, new_token
 from accyd.errors import CatalogError, PermissionDenied, Unauthenticated
+from accyd.tokens import TokenTable, hash_token, new_token
 
 
 def tokens_file(tmp_path: Path, body: str) -> Path:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from accyd.memtune import keep_freed_memory
+from accyd.process.malloc import keep_freed_memory
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 # how many bytes are mapped on their own (hblkhd) and how many lie free in the heap.
 _MALLINFO = """
 import ctypes, sys
-from accyd.memtune import keep_freed_memory
+from accyd.process.malloc import keep_freed_memory
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from accyd.metrics import Metrics
+from accyd.telemetry.metrics import Metrics
 
 
 def test_two_daemons_do_not_share_metrics() -> None:

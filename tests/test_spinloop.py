@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from accyd.config import CUDA_LOOP_SPIN_SECONDS, Config
-from accyd.spinloop import SpinSelector, set_loop_spin, spinning_loop
+from accyd.process.event_loop import SpinSelector, set_loop_spin, spinning_loop
+from accyd.settings.config import CUDA_LOOP_SPIN_SECONDS, Config
 
 
 def test_a_spinning_selector_returns_ready_work_at_once_and_sleeps_out_its_timeout() -> None:

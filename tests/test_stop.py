@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.lineage import EXIT_NEVER_READY, EXIT_STOPPED_BUSY
-from accyd.signals import capture_signals
+from accyd.process.exits import EXIT_NEVER_READY, EXIT_STOPPED_BUSY
+from accyd.process.signals import capture_signals
 from tests.service.harness import attach, details
 
 NEVER_ENDS = '''
@@ -163,7 +163,7 @@ def test_signals_drain_first_force_second_and_restore_the_old_handlers() -> None
 def test_the_supervisor_does_not_restart_a_server_that_never_served_or_was_stopped(
     tmp_path: Path, code: int
 ) -> None:
-    from accyd.supervisor import RestartPolicy, Supervisor
+    from accyd.process.supervisor import RestartPolicy, Supervisor
 
     starts = tmp_path / "starts"
     script = f"open({str(starts)!r}, 'a').write('x'); raise SystemExit({code})"

@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from accyd.supervisor import EXIT_DEVICE_LOST, RestartPolicy, Supervisor
+from accyd.process.supervisor import EXIT_DEVICE_LOST, RestartPolicy, Supervisor
 
 FAST = RestartPolicy(max_restarts=3, window_seconds=60, backoff_initial=0.01, backoff_max=0.02)
 

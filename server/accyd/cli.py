@@ -4,7 +4,7 @@
 ``--no-supervise``) and restarts it after a device fault or a crash of a
 server that had served; SIGTERM and SIGINT are passed on for a drain within
 the grace, a second one kills the child, SIGHUP is passed on (the server
-reloads its tokens file); ``accyd.signals`` holds the handlers.
+reloads its tokens file); ``accyd.process.signals`` holds the handlers.
 ``--no-supervise`` runs the server in this process, for service managers and
 containers that restart it themselves. ``accyd hash-token`` and
 ``accyd new-token`` help write the tokens file. SIGUSR1 makes either process
@@ -24,15 +24,15 @@ from importlib.metadata import version
 
 import structlog
 
-from accyd.auth import hash_token, new_token
-from accyd.config import QUOTAS, SETTINGS, Config
-from accyd.lineage import EXIT_DEVICE_LOST, EXIT_FORCED, EXIT_NEVER_READY, EXIT_STOPPED_BUSY
-from accyd.logs import configure_logging
+from accyd.process.event_loop import spinning_loop
+from accyd.process.exits import EXIT_DEVICE_LOST, EXIT_FORCED, EXIT_NEVER_READY, EXIT_STOPPED_BUSY
+from accyd.process.signals import capture_signals
+from accyd.process.supervisor import RestartPolicy, Supervisor
 from accyd.server import NeverReady, serve
-from accyd.settings import add_flags, flag_values
-from accyd.signals import capture_signals
-from accyd.spinloop import spinning_loop
-from accyd.supervisor import RestartPolicy, Supervisor
+from accyd.settings.config import QUOTAS, SETTINGS, Config
+from accyd.settings.fields import add_flags, flag_values
+from accyd.telemetry.logs import configure_logging
+from accyd.tokens import hash_token, new_token
 
 __all__ = ["main", "parser"]
 

@@ -15,11 +15,11 @@ import structlog
 
 from accyd.backends.base import Backend
 from accyd.backends.select import make_backend
-from accyd.config import Config
+from accyd.backends.worker.front.pool import DevicePool
 from accyd.core.daemon import Daemon
 from accyd.errors import DeviceFault
-from accyd.metrics import Metrics
-from accyd.workers.pool import DevicePool
+from accyd.settings.config import Config
+from accyd.telemetry.metrics import Metrics
 
 __all__ = ["open_backends", "replace_device"]
 

@@ -1,7 +1,7 @@
 """The domain's error hierarchy: every failure the core, catalog and backends raise.
 
 Nothing here knows gRPC. The service layer maps each class to one status code
-in one place (``accyd.service.errors``); the ``reason`` of each class is the
+in one place (``accyd.doors.grpc.status``); the ``reason`` of each class is the
 stable machine-readable string sent to clients in ``google.rpc.ErrorInfo``.
 """
 

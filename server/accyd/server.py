@@ -1,16 +1,15 @@
 """The server's lifecycle: start, serve, drain, stop; it wires config, backends, daemon and service.
 
-Shutdown is ordered: health NOT_SERVING, no new work, no new calls, the
-device work and calls in flight drained within the grace, Attach streams
-ended, every client's resources released, the backends closed. Calls still
-running when the grace ends are answered UNAVAILABLE (reason
-``SHUTTING_DOWN``); if the device is still busy then, its work not yet done
-is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device
-fault skips the release (the context is poisoned) and exits non-zero so the
-process is restarted. A failure before the server is ready is ``NeverReady``.
+Shutdown is ordered: health NOT_SERVING, no new work, no new calls, the device work and
+calls in flight drained within the grace, Attach streams ended, every client's resources
+released, the backends closed. Calls still running when the grace ends are answered
+UNAVAILABLE (reason ``SHUTTING_DOWN``); if the device is still busy then, its work not yet
+done is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device fault skips
+the release (the context is poisoned) and exits non-zero so the process is restarted. A
+failure before the server is ready is ``NeverReady``.
 
 Every call but health and reflection passes the auth interceptor
-(``accyd.service.auth``); TCP listeners serve TLS when a certificate is
+(``accyd.doors.grpc.auth``); TCP listeners serve TLS when a certificate is
 configured; metrics are served on a port of their own when asked for.
 """
 
@@ -20,44 +19,42 @@ import asyncio
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
-from accyd.auth import TokenTable
 from accyd.backends.base import Backend
+from accyd.backends.worker.front.pool import DevicePool
 from accyd.catalog import load_catalog
-from accyd.config import Config
-from accyd.core.daemon import CatalogView, Daemon, LaunchTicket
+from accyd.core.daemon import CatalogView, Daemon
 from accyd.core.limits import daemon_limits, raise_descriptor_limit
 from accyd.devices import open_backends, replace_device
-from accyd.engine.auto import RingEngine, open_engine
+from accyd.doors.grpc.auth import Admitting, Authenticator, default_principal
+from accyd.doors.grpc.calls import CallTracker
+from accyd.doors.grpc.health import Health
+from accyd.doors.grpc.servicer import SERVICE_NAME, LaunchServicer
+from accyd.doors.grpc.tls import server_credentials
+from accyd.doors.hostmem import Segments
+from accyd.doors.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
+from accyd.doors.kserve.servicer import KServeServicer
+from accyd.doors.ring import RingDoor
+from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
-from accyd.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
-from accyd.kserve.servicer import KServeServicer
-from accyd.lineage import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
-from accyd.lineage import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
-from accyd.logs import flush_left_out
-from accyd.memtune import keep_freed_memory
-from accyd.metrics import Metrics, RingLaunchCounts
-from accyd.ring import RingDoor
-from accyd.ring.charges import RingCharges
-from accyd.ring.ring import Blocking
-from accyd.service.auth import Admitting, Authenticator, default_principal
-from accyd.service.calls import CallTracker
-from accyd.service.health import Health
-from accyd.service.ring_stream import RingStreams
-from accyd.service.servicer import SERVICE_NAME, LaunchServicer
-from accyd.service.tls import server_credentials
-from accyd.shm import Segments
-from accyd.signals import capture_signals
-from accyd.spinloop import set_loop_spin
-from accyd.unixsocket import SocketClaim, umask
-from accyd.workers.pool import DevicePool
+from accyd.process.event_loop import set_loop_spin
+from accyd.process.exits import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
+from accyd.process.exits import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
+from accyd.process.malloc import keep_freed_memory
+from accyd.process.signals import capture_signals
+from accyd.process.socket_claim import SocketClaim, umask
+from accyd.process.steps import alive, on_loop, within
+from accyd.settings.config import Config
+from accyd.telemetry.logs import flush_left_out
+from accyd.telemetry.metrics import Metrics, RingLaunchCounts
+from accyd.tokens import TokenTable
 
 __all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
 
@@ -88,7 +85,7 @@ class Server:
         pid = self.lineage.supervisor_pid
         # Judged now, at start: the supervisor may die (or be a shell that exits once the
         # socket appears) before serving begins, and its pid is then no proof either way.
-        self._supervised = pid is not None and (os.getppid() == pid or not _alive(pid))
+        self._supervised = pid is not None and (os.getppid() == pid or not alive(pid))
         self.addresses: list[str] = []
         self._loop_spin = 0.0
         self._malloc_tuned = False
@@ -98,8 +95,8 @@ class Server:
         self.exit_code = 0
         self._claims: list[SocketClaim] = []
         self.rings: RingDoor | None = None
-        self.engine: RingEngine | None = None
-        """Takes every ring's records (shared rings and rings over a stream)."""
+        self.ring_doors: RingDoors | None = None
+        """The rings' engine and doors (shared rings and rings over a stream)."""
         self._pool: DevicePool | None = None
         """The device worker processes, when each device runs in one of its own."""
         self._health_grpc: grpc.aio.Server | None = None
@@ -133,7 +130,7 @@ class Server:
         def on_fault(fault: DeviceFault) -> None:  # from any thread
             if fault.isolated:  # on a thread of its own: replace that device alone
                 self._replace_device(fault)
-            elif _on_loop(loop):  # at once, before the faulting call's reply goes out
+            elif on_loop(loop):  # at once, before the faulting call's reply goes out
                 self._on_fault(fault)
             else:
                 loop.call_soon_threadsafe(self._on_fault, fault)
@@ -154,24 +151,16 @@ class Server:
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
         self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
         ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
-        blocking = self._blocking_for_rings(loop)
-        ring_streams = None
         if not config.no_rings:
-            self.engine = open_engine(
+            self.ring_doors = RingDoors(
                 self.daemon,
+                self.calls,
+                loop,
                 kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
                 threads=config.engine_threads,
-                observer=ring_counts,
-                launches_per_client=self.daemon.launches_per_client,
-            )
-            ring_streams = RingStreams(
-                self.daemon,
-                self.engine,
-                # Spinning needs the GIL the host backend's kernels (and, through the
-                # engine's callbacks, its launches) need too: on a device only.
+                # Spinning takes the GIL the host backend's kernels need: on a device only.
                 spin_seconds=0.0 if "host" in kinds_served else config.launch_spin_seconds,
                 observer=ring_counts,
-                blocking=blocking,
             )
         self.servicer = LaunchServicer(
             self.daemon,
@@ -184,25 +173,12 @@ class Server:
             quotas=config.quotas,
             metrics=metrics,
             lineage=self.lineage,
-            ring_streams=ring_streams,
+            ring_streams=None if self.ring_doors is None else self.ring_doors.streams,
             ring_counts=ring_counts,
         )
         self.kserve: KServeServicer | None = None
         if config.kserve:  # the KServe v2 door, admitted as the launch service is
-            self.kserve = KServeServicer(
-                self.daemon,
-                self.calls,
-                default_principal=default_principal(config.default_tenant, config.quotas),
-                max_message_bytes=config.max_message_bytes - 1024,
-                metrics=metrics,
-                launch_spin_seconds=config.launch_spin_seconds,
-                liveness_seconds=config.kserve_liveness_seconds,
-                cuda_gpus=(
-                    tuple(config.gpu_of(d) for d in config.devices)
-                    if config.kserve_cuda_shared_memory
-                    else None
-                ),
-            )
+            self.kserve = KServeServicer.from_config(self.daemon, self.calls, config, metrics)
         services = [SERVICE_NAME, *([KSERVE_SERVICE] if self.kserve is not None else [])]
         self.health = Health(services)
         self._authenticator = authenticator = Authenticator(
@@ -238,25 +214,14 @@ class Server:
         await self._grpc.start()
         for claim in self._claims:
             claim.bound()
-        if self._claims and self.engine is not None:
-            # Beside the first Unix socket, with its mode: who may call may take a ring.
-            self.rings = self.servicer.rings = RingDoor(
-                self.daemon,
-                self._claims[0].path,
-                self.engine,
-                observer=ring_counts,
-                blocking=blocking,
-            )
+        if self._claims and self.ring_doors is not None:
+            self.rings = self.servicer.rings = self.ring_doors.open_door(self._claims[0].path)
             self.servicer.segments = self.rings.copier.copies = Segments(
                 self.daemon, self.rings.handoff
             )
-            self.rings.charges = RingCharges(self.daemon)
-            self.daemon.extend(self.rings)  # a detached client's rings close first
-            self.rings.start()
         self.daemon.extend(self.servicer.segments)
-        if self.engine is not None:
-            self.daemon.extend(self.engine)
-            self.engine.start()
+        if self.ring_doors is not None:
+            self.ring_doors.start()
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
         await self.health.set_serving(True)
@@ -270,8 +235,8 @@ class Server:
             device=backend.device_name,
             listen=self.addresses,
             rings=None if self.rings is None else str(self.rings.path),
-            engine=None if self.engine is None else self.engine.kind,
-            engine_threads=None if self.engine is None else self.engine.threads,
+            engine=None if self.ring_doors is None else self.ring_doors.engine.kind,
+            engine_threads=None if self.ring_doors is None else self.ring_doors.engine.threads,
             instance_id=self.daemon.instance_id,
             pid=os.getpid(),
             tls=credentials is not None,
@@ -339,16 +304,6 @@ class Server:
 
     def _replace_device(self, fault: DeviceFault) -> None:
         replace_device(self._pool, self.daemon, self.metrics, fault)
-
-    def _blocking_for_rings(self, loop: asyncio.AbstractEventLoop) -> Blocking:
-        """How a ring's launch that allocates scratch of its own runs: on the device-work
-        threads, within its client's share, as a gRPC call's would (never on the engine)."""
-        calls = self.calls
-
-        def run(client_id: str, finish: Callable[[], LaunchTicket]) -> Future[LaunchTicket]:
-            return asyncio.run_coroutine_threadsafe(calls.blocking_for(client_id, finish), loop)
-
-        return run
 
     def _on_fault(self, fault: DeviceFault) -> None:
         log.error("device lost; exiting so the daemon restarts", session_id=fault.session)
@@ -422,16 +377,14 @@ class Server:
         self.servicer.close_attach_streams()
         # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
         # successor cannot start before it does), nor a drained one from stopping.
-        await _within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
+        await within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
-        await _within(self.servicer.wait_detached(), detach_within, "client detach")
+        await within(self.servicer.wait_detached(), detach_within, "client detach")
         if self.kserve is not None:  # its callers' clients, regions and buffers
-            await _within(self.kserve.close(), detach_within, "kserve client detach")
-        if self.rings is not None:
-            await asyncio.to_thread(self.rings.close)
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.close)
+            await within(self.kserve.close(), detach_within, "kserve client detach")
+        if self.ring_doors is not None:
+            await self.ring_doors.close()
         if self._health_grpc is not None:  # it said NOT_SERVING since the drain began
             await self._health_grpc.stop(0)
         await asyncio.to_thread(self.servicer.segments.close_all)
@@ -462,31 +415,6 @@ _SHUTTING_DOWN = ShuttingDown(
     "the daemon is shutting down and its grace ran out before this call finished; "
     "retry against its successor"
 )
-
-
-async def _within(step: Awaitable[object], seconds: float, what: str) -> None:
-    """Await ``step`` for at most ``seconds``; past that, log and go on (it keeps running)."""
-    try:
-        await asyncio.wait_for(asyncio.shield(step), seconds)
-    except TimeoutError:
-        log.warning("stop step overran; going on without it", step=what, seconds=seconds)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 async def serve(config: Config) -> int:

@@ -29,9 +29,9 @@ from accy.protocol import (
 )
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog.dtypes import DType
+from accyd.doors.grpc import convert
+from accyd.doors.grpc.status import to_rpc_status
 from accyd.errors import NotFound
-from accyd.service import convert
-from accyd.service.errors import to_rpc_status
 
 SERVER = Path(__file__).resolve().parents[2] / "server" / "accyd"
 

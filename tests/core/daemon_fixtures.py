@@ -1,4 +1,4 @@
-"""A catalog over the seed's test pipeline, and daemons on the recording and host backends."""
+"""A catalog over the executor's test pipeline, and daemons on the recording and host backends."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.errors import NotFound
 from accyd.testing import RecordingBackend
-from tests.core.seed_fixtures import TEST_PIPELINE, seed_registry
+from tests.core.semantics_fixtures import TEST_PIPELINE, example_registry
 
 
-class SeedCatalog:
-    """The seed's device_scan test pipeline, in the CUDA PTX format only."""
+class ExampleCatalog:
+    """The executor's device_scan test pipeline, in the CUDA PTX format only."""
 
     def __init__(self) -> None:
-        self.registry: Registry = seed_registry()
+        self.registry: Registry = example_registry()
         self.pipelines: tuple[Pipeline, ...] = (TEST_PIPELINE,)
 
     def find_pipeline(self, target: str, version: int = 0) -> Pipeline:
@@ -34,7 +34,7 @@ def recording_daemon(
     quotas: Quotas | None = None, **options: Any
 ) -> tuple[Daemon, RecordingBackend]:
     backend = RecordingBackend()
-    return Daemon(SeedCatalog(), {0: backend}, quotas=quotas, **options), backend
+    return Daemon(ExampleCatalog(), {0: backend}, quotas=quotas, **options), backend
 
 
 def host_daemon(

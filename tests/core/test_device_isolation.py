@@ -20,7 +20,7 @@ from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.errors import DeviceFault
-from accyd.metrics import Metrics
+from accyd.telemetry.metrics import Metrics
 
 FAULTY = Path(__file__).parents[1] / "catalogs" / "faulty"
 SAXPY, FAULT = "accy.kernel.saxpy", "accy.test.fault"

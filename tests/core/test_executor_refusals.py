@@ -20,7 +20,12 @@ from accyd.catalog.model import (
 from accyd.core.executor import PipelineLaunch, allocate_intermediates, launch_pipeline
 from accyd.errors import AccyError, InvalidArtifact, LaunchArgumentMismatch
 from accyd.testing import RecordingBackend
-from tests.core.seed_fixtures import TEST_ENTRIES, TEST_PIPELINE, seed_binding, seed_registry
+from tests.core.semantics_fixtures import (
+    TEST_ENTRIES,
+    TEST_PIPELINE,
+    example_binding,
+    example_registry,
+)
 
 CATALOG = load_catalog()
 HOST = ArtifactFormat.HOST_PY
@@ -29,7 +34,7 @@ SAXPY = CATALOG.find_pipeline("accy.kernel.saxpy")
 
 
 def buffers(*sizes: int) -> list:  # type: ignore[type-arg]
-    return [seed_binding(9000 + i, size) for i, size in enumerate(sizes)]
+    return [example_binding(9000 + i, size) for i, size in enumerate(sizes)]
 
 
 def refused(
@@ -101,7 +106,7 @@ def test_a_good_launch_passes_so_the_refusals_below_mean_something() -> None:
             "takes 1 runtime scalars",
         ),
         (
-            scan_launch(5000, 20000, 20000, registry=seed_registry(TEST_ENTRIES)),
+            scan_launch(5000, 20000, 20000, registry=example_registry(TEST_ENTRIES)),
             InvalidArtifact,
             r"stage 0 \(accy.kernel.scan.tile_sum v1\) has no host_py entry",
         ),
@@ -111,7 +116,7 @@ def test_a_good_launch_passes_so_the_refusals_below_mean_something() -> None:
                 20000,
                 20000,
                 format=ArtifactFormat.CUDA_CUBIN,
-                registry=seed_registry(TEST_ENTRIES),
+                registry=example_registry(TEST_ENTRIES),
             ),
             InvalidArtifact,
             "no cuda_cubin entry",
@@ -127,13 +132,13 @@ def test_bad_launches_are_refused_before_any_side_effect(
 def test_scratch_that_aliases_or_is_too_small_is_refused() -> None:
     state = RecordingBackend()
     operand, result = buffers(20000, 20000)
-    good = seed_binding(1, 4 * 2), seed_binding(2, 4 * 2)
+    good = example_binding(1, 4 * 2), example_binding(2, 4 * 2)
     base = scan_launch(5000, 20000, 20000, operands=[operand], results=[result])
     for scratch, match in [
         ((good[0], good[0]), "aliases another scratch"),
         ((operand, good[1]), "aliases another scratch, operand or result"),
         ((good[0], result), "aliases"),
-        ((seed_binding(1, 4), good[1]), "intermediate 0 holds 4 bytes; .* need 8"),
+        ((example_binding(1, 4), good[1]), "intermediate 0 holds 4 bytes; .* need 8"),
         ((good[0],), "needs 2 intermediates; got 1"),
     ]:
         refused(
@@ -158,7 +163,7 @@ def test_zero_extent_is_invalid_artifact_before_allocation() -> None:
     state = RecordingBackend()
     request = PipelineLaunch(
         TEST_PIPELINE,
-        seed_registry(),
+        example_registry(),
         ArtifactFormat.CUDA_PTX,
         buffers(4),
         buffers(4),
@@ -180,12 +185,17 @@ def test_overflowing_extent_is_invalid_artifact_before_allocation() -> None:
     args = [Scalar.u32(2**32 - 1)]
     with pytest.raises(InvalidArtifact, match="overflows"):
         allocate_intermediates(state, huge, args)
-    big = seed_binding(5, 2**40)
+    big = example_binding(5, 2**40)
     refused(
         state,
         InvalidArtifact,
         PipelineLaunch(
-            huge, seed_registry(), ArtifactFormat.CUDA_PTX, [big], [seed_binding(6, 2**40)], args
+            huge,
+            example_registry(),
+            ArtifactFormat.CUDA_PTX,
+            [big],
+            [example_binding(6, 2**40)],
+            args,
         ),
         "overflows",
     )
@@ -202,7 +212,7 @@ def test_derived_scalar_past_u32_is_invalid_artifact_before_allocation() -> None
     )
     request = PipelineLaunch(
         squared,
-        seed_registry(),
+        example_registry(),
         ArtifactFormat.CUDA_PTX,
         buffers(2**40),
         buffers(2**40),
@@ -216,7 +226,7 @@ def test_grid_past_the_device_limit_is_refused_before_allocation() -> None:
     tall = dataclasses.replace(
         TEST_ENTRIES[1], launch=DerivedGeometry((Const(1), Arg(0), Const(1)), (96, 1, 1))
     )
-    registry = seed_registry((TEST_ENTRIES[0], tall, TEST_ENTRIES[2]))
+    registry = example_registry((TEST_ENTRIES[0], tall, TEST_ENTRIES[2]))
     request = PipelineLaunch(
         TEST_PIPELINE,
         registry,
@@ -249,10 +259,10 @@ def test_pipeline_with_unknown_runtime_scalar_index_is_invalid() -> None:
         runtime_scalars=(ScalarSpec("n"),),
     )
     with pytest.raises(InvalidArtifact, match="names a runtime scalar past the 1 declared"):
-        broken.validate(seed_registry(), ArtifactFormat.CUDA_PTX)
+        broken.validate(example_registry(), ArtifactFormat.CUDA_PTX)
     stageless = dataclasses.replace(TEST_PIPELINE, stages=())
     with pytest.raises(InvalidArtifact, match="has no stages"):
-        stageless.validate(seed_registry(), ArtifactFormat.CUDA_PTX)
+        stageless.validate(example_registry(), ArtifactFormat.CUDA_PTX)
     bad_ref = dataclasses.replace(
         TEST_PIPELINE,
         stages=(
@@ -266,4 +276,4 @@ def test_pipeline_with_unknown_runtime_scalar_index_is_invalid() -> None:
         intermediates=(),
     )
     with pytest.raises(InvalidArtifact, match="names intermediate 0, but there are 0"):
-        bad_ref.validate(seed_registry(), ArtifactFormat.CUDA_PTX)
+        bad_ref.validate(example_registry(), ArtifactFormat.CUDA_PTX)

@@ -10,13 +10,13 @@ from accyd.core.executor import allocate_intermediates, load_pipeline_artifacts
 from accyd.core.sessions import Session, SessionKey, order_scalars
 from accyd.errors import FailedPrecondition, LaunchArgumentMismatch, NotFound
 from accyd.testing import RecordingBackend
-from tests.core.seed_fixtures import TEST_PIPELINE, seed_binding, seed_registry
+from tests.core.semantics_fixtures import TEST_PIPELINE, example_binding, example_registry
 
 PTX = ArtifactFormat.CUDA_PTX
 
 
 def make_session(backend: RecordingBackend) -> Session:
-    registry = seed_registry()
+    registry = example_registry()
     pool = load_pipeline_artifacts(backend, TEST_PIPELINE, registry, PTX)
     key = SessionKey(TEST_PIPELINE.target, 1, PTX, 0)
     return Session("ses_x", key, TEST_PIPELINE, registry, backend, pool, backend.create_stream())
@@ -46,7 +46,7 @@ def test_launch_ids_are_answered_after_reaping_and_foreign_ones_are_not_found() 
     session = make_session(backend)
     transient = allocate_intermediates(backend, TEST_PIPELINE, (Scalar.u32(5000),))
     record = session.enqueue(
-        [seed_binding(901)], [seed_binding(902)], (Scalar.u32(5000),), transient
+        [example_binding(901)], [example_binding(902)], (Scalar.u32(5000),), transient
     )
     launch_id = session.launch_id(record.seq)
     assert session.launch_seq(launch_id) == 1
@@ -76,7 +76,9 @@ def test_a_failed_check_frees_transient_scratch_and_leaves_no_record() -> None:
     session = make_session(backend)
     transient = allocate_intermediates(backend, TEST_PIPELINE, (Scalar.u32(5000),))
     with pytest.raises(LaunchArgumentMismatch):
-        session.enqueue([seed_binding(901, 4)], [seed_binding(902)], (Scalar.u32(5000),), transient)
+        session.enqueue(
+            [example_binding(901, 4)], [example_binding(902)], (Scalar.u32(5000),), transient
+        )
     assert transient.closed
     assert session.launches_in_flight == 0
     assert backend.launch_count == 0
@@ -87,7 +89,7 @@ def test_close_frees_pool_scratch_and_every_record() -> None:
     session = make_session(backend)
     session.scratch = allocate_intermediates(backend, TEST_PIPELINE, (Scalar.u32(5000),))
     for _ in range(3):
-        session.enqueue([seed_binding(901)], [seed_binding(902)], (Scalar.u32(5000),), None)
+        session.enqueue([example_binding(901)], [example_binding(902)], (Scalar.u32(5000),), None)
     assert set(backend.launch_streams) == {session.stream.id}
     assert session.drain().launches == 3
     session.close()

@@ -14,7 +14,7 @@ import pytest
 
 from accy import Client, errors
 from accy.testing import Certificates, running_daemon, write_certificates
-from accyd.auth import new_token
+from accyd.tokens import new_token
 from tests.e2e.flags import needs_flag
 
 SCAN = "accy.kernel.device_scan"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from accy._ring import Ring
 from accy.protocol import ring as layout
-from accyd.ring.memory import RingMemory
+from accyd.doors.ring.memory import RingMemory
 from tests.engine.fake_driver import FakeDriver
 from tests.waiting import eventually
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from accy.protocol.launch.v1 import launch_pb2, launch_pb2_grpc
 from accy.testing import RunningDaemon
-from accyd.kserve.protocol import open_inference_pb2 as pb
-from accyd.kserve.protocol import open_inference_pb2_grpc
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from tests.security.harness import TokenSpec
 
 ROOT = Path(__file__).resolve().parents[2]

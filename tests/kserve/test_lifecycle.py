@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from accy.testing import RunningDaemon, running_daemon
-from accyd.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from tests.kserve.harness import SHM, Door, descriptors, make_object, simple_request, wait_until
 
 INTS = np.arange(16, dtype=np.int32)

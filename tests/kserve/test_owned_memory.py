@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from accy.testing import RunningDaemon
-from accyd.kserve.protocol import open_inference_pb2 as pb
-from accyd.kserve.protocol import open_inference_pb2_grpc
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from tests.kserve.harness import (
     SHM,
     Door,
@@ -93,7 +93,8 @@ def test_another_process_of_another_tenant_sees_none_of_them(
     alpha.register("shared", "/kserve_t_proc", 128)
     probe = (
         "import sys, grpc\n"
-        "from accyd.kserve.protocol import open_inference_pb2 as pb, open_inference_pb2_grpc as g\n"
+        "from accyd.doors.kserve.protocol import open_inference_pb2 as pb\n"
+        "from accyd.doors.kserve.protocol import open_inference_pb2_grpc as g\n"
         "stub = g.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))\n"
         "md = (('authorization', 'Bearer ' + sys.argv[2]),)\n"
         "stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), metadata=md)\n"
@@ -300,7 +301,8 @@ def test_fifty_sigkilled_owners_leave_nothing_behind(
     fds, names = descriptors(guarded), shm_names()
     owner = (
         "import sys, time, grpc\n"
-        "from accyd.kserve.protocol import open_inference_pb2 as pb, open_inference_pb2_grpc as g\n"
+        "from accyd.doors.kserve.protocol import open_inference_pb2 as pb\n"
+        "from accyd.doors.kserve.protocol import open_inference_pb2_grpc as g\n"
         "stub = g.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))\n"
         "md = (('authorization', 'Bearer ' + sys.argv[2]),)\n"
         "stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(\n"

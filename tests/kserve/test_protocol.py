@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf import descriptor_pb2
 
-from accyd.kserve.protocol import model_config_pb2, open_inference_pb2
+from accyd.doors.kserve.protocol import model_config_pb2, open_inference_pb2
 from tests.kserve.harness import Tools
 
 _DUMP = """

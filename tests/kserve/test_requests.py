@@ -7,9 +7,13 @@ import ipaddress
 import numpy as np
 import pytest
 
-from accyd.auth import Principal
 from accyd.catalog import load_catalog
 from accyd.core.tenants import Quotas
+from accyd.doors.kserve.models import Model, find_model, parse_version
+from accyd.doors.kserve.owners import Owner
+from accyd.doors.kserve.peers import Peer, parse_peer
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.tensors import check_request
 from accyd.errors import (
     AccyError,
     InvalidRequest,
@@ -17,11 +21,7 @@ from accyd.errors import (
     NotFound,
     PermissionDenied,
 )
-from accyd.kserve.models import Model, find_model, parse_version
-from accyd.kserve.owners import Owner
-from accyd.kserve.peers import Peer, parse_peer
-from accyd.kserve.protocol import open_inference_pb2 as pb
-from accyd.kserve.tensors import check_request
+from accyd.tokens import Principal
 
 PIPELINES = load_catalog().pipelines
 LIMIT = 1 << 26

@@ -16,7 +16,7 @@ from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
 from accyd.errors import LaunchArgumentMismatch, NotFound
-from accyd.metrics import Metrics, RingLaunchCounts
+from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from tests.security.harness import Caller
 from tests.service.harness import ServerThread, make_config
 from tests.waiting import eventually

@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.auth import hash_token, new_token
+from accyd.tokens import hash_token, new_token
 from tests.security.harness import Caller
 from tests.service.harness import chunks, details
 

@@ -16,8 +16,8 @@ from accy.errors import InvalidArgument, NotFound
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
-from accyd.ring import RingDoor
-from accyd.shm import Segments
+from accyd.doors.hostmem import Segments
+from accyd.doors.ring import RingDoor
 from tests.service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"

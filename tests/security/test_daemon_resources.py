@@ -13,16 +13,16 @@ import pytest
 
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd import handoff as handoff_module
 from accyd.core.daemon import Daemon
 from accyd.core.limits import daemon_limits
 from accyd.core.tenants import Quotas, Usage
+from accyd.doors.hostmem import Segments
+from accyd.doors.hostmem import handoff as handoff_module
+from accyd.doors.hostmem.segments import SEGMENT_DESCRIPTORS
+from accyd.doors.ring import RingDoor
+from accyd.doors.ring.charges import RING_DESCRIPTORS, RingCharges
 from accyd.engine.auto import open_engine
 from accyd.errors import QuotaExceeded
-from accyd.ring import RingDoor
-from accyd.ring.charges import RING_DESCRIPTORS, RingCharges
-from accyd.shm import Segments
-from accyd.shm.segments import SEGMENT_DESCRIPTORS
 from tests.core.daemon_fixtures import host_daemon
 from tests.service.harness import ServerThread, attach, details, make_config, rpc_error
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from accyd.auth import hash_token, new_token
 from accyd.backends.host import physical_memory
 from accyd.cli import main, parser
-from accyd.config import QUOTAS, SETTINGS, Config
 from accyd.core.tenants import Quotas
-from accyd.lineage import EXIT_NEVER_READY
-from accyd.settings import flag_values
+from accyd.process.exits import EXIT_NEVER_READY
+from accyd.settings.config import QUOTAS, SETTINGS, Config
+from accyd.settings.fields import flag_values
+from accyd.tokens import hash_token, new_token
 
 
 def test_environment_and_flags_set_tokens_tls_metrics_and_quotas(tmp_path: Path) -> None:

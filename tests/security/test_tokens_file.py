@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.auth import TokenTable, hash_token, new_token
 from accyd.core.tenants import Quotas
 from accyd.errors import CatalogError
+from accyd.tokens import TokenTable, hash_token, new_token
 from tests.security.harness import Caller, serving_with_tokens
 from tests.service.harness import details, rpc_error
 

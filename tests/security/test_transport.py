@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.config import Config
+from accyd.settings.config import Config
 from tests.security.certs import Authority, Issued
 from tests.security.harness import Caller, TokenSpec, write_tokens
 from tests.service.harness import ServerThread, make_config

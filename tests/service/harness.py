@@ -18,8 +18,8 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import HostBackend
 from accyd.catalog import Catalog, load_catalog
-from accyd.config import Config
 from accyd.server import Server
+from accyd.settings.config import Config
 
 CATALOG = load_catalog()
 

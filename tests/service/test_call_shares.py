@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from accyd.service.calls import CallTracker
+from accyd.doors.grpc.calls import CallTracker
 
 
 def test_a_tenants_clients_together_hold_at_most_half_the_threads() -> None:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.service.encoded import EncodedAnswers, encode_read_chunk
+from accyd.doors.grpc.encoded import EncodedAnswers, encode_read_chunk
 
 
 @given(offset=st.integers(0, 2**64 - 1), data=st.binary(max_size=4096))

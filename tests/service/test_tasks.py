@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from accyd.service.tasks import TaskSet
+from accyd.doors.grpc.tasks import TaskSet
 
 
 def run_briefly(work: Coroutine[Any, Any, None], seconds: float = 10.0) -> None:

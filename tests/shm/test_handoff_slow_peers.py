@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from accy._handoff import take
-from accyd.handoff import HELLO_SECONDS, Handoff, Offered
+from accyd.doors.hostmem.handoff import HELLO_SECONDS, Handoff, Offered
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from accy import _handoff
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
+from accyd.doors.hostmem import Segments
+from accyd.doors.hostmem.handoff import Handoff
+from accyd.doors.hostmem.segments import MAX_SEGMENTS_PER_CLIENT
 from accyd.errors import FailedPrecondition, InvalidRequest, NotFound, QuotaExceeded
-from accyd.handoff import Handoff
-from accyd.shm import Segments
-from accyd.shm.segments import MAX_SEGMENTS_PER_CLIENT
 from tests.core.daemon_fixtures import host_daemon
 
 SAXPY = "accy.kernel.saxpy"

@@ -18,7 +18,7 @@ from accy import Client, _handoff, _shm, _transports
 from accy.errors import InvalidArgument, NotFound, ResourceExhausted
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon
-from accyd.shm.segments import MAX_SEGMENTS_PER_CLIENT
+from accyd.doors.hostmem.segments import MAX_SEGMENTS_PER_CLIENT
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 20  # 4 MiB of f32: above the shared-memory threshold

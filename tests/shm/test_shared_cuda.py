@@ -14,7 +14,7 @@ from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend
 from accyd.core.clients import Client as DaemonClient
 from accyd.core.tenants import Tenant
-from accyd.shm.segment import HostSegment
+from accyd.doors.hostmem.segment import HostSegment
 
 pytestmark = [
     pytest.mark.cuda,

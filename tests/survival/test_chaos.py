@@ -207,7 +207,7 @@ def device_workers(daemon_pid: int, device: int) -> list[int]:
                 continue
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             if (
-                b"accyd.workers.worker" in argv
+                b"accyd.backends.worker.child.main" in argv
                 and argv[argv.index(b"--device") + 1] == str(device).encode()
             ):
                 found.append((int(stat.rsplit(")", 1)[1].split()[19]), int(entry.name)))

@@ -24,9 +24,9 @@ from accyd.backends.base import (
     LoadedKernel,
     Stream,
 )
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, Scalar
 from accyd.catalog.model import FixedGeometry
-from accyd.workers.proxy import WorkerBackend
 
 ONE = FixedGeometry((1, 1, 1), (1, 1, 1))
 
@@ -109,7 +109,7 @@ def worker_children() -> set[int]:
         except OSError:
             continue
         state, parent = stat.rsplit(")", 1)[1].split()[:2]
-        if int(parent) == me and (state == "Z" or b"accyd.workers.worker" in cmdline):
+        if int(parent) == me and (state == "Z" or b"accyd.backends.worker.child.main" in cmdline):
             found.add(int(entry.name))
     return found
 

@@ -14,6 +14,8 @@ import pytest
 
 from accyd.backends.base import BackendKind
 from accyd.backends.cuda import cuda_available
+from accyd.backends.worker.front.pool import DevicePool
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.core.executor import (
     PipelineLaunch,
@@ -24,9 +26,7 @@ from accyd.core.executor import (
 )
 from accyd.core.prepared import prepare_pipeline
 from accyd.errors import DeviceFault
-from accyd.lineage import EXIT_DEVICE_LOST
-from accyd.workers.pool import DevicePool
-from accyd.workers.proxy import WorkerBackend
+from accyd.process.exits import EXIT_DEVICE_LOST
 from tests.pipeline_harness import CASES, download, run_case, upload
 from tests.workers.test_faults import eventually
 
@@ -143,8 +143,8 @@ def test_a_cuda_worker_killed_while_idle_is_reported(tmp_path: Path) -> None:
 def test_a_segment_pinned_through_a_cuda_worker_copies_with_no_bytes_on_the_channel(
     worker: WorkerBackend,
 ) -> None:
-    from accyd.workers.pins import PinnedRange
-    from accyd.workers.protocol import Op
+    from accyd.backends.worker.front.pins import PinnedRange
+    from accyd.backends.worker.protocol import Op
     from tests.workers.conftest import traffic
     from tests.workers.test_shared_memory import Segment, mapped_in
 

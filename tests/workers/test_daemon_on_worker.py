@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import Catalog, load_catalog
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
-from accyd.workers.proxy import WorkerBackend
 
 CORE_TESTS = [
     ("tests.core.test_daemon", "test_host_scan_results_and_in_order_chain"),

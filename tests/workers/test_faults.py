@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from accyd.backends.select import cuda_present
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.errors import DeviceFault, Unavailable, UnsupportedOperation
-from accyd.lineage import EXIT_DEVICE_LOST
-from accyd.workers.proxy import WorkerBackend
+from accyd.process.exits import EXIT_DEVICE_LOST
 from tests.workers.conftest import Kernels, gone, worker_children
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from accyd.backends.worker.front.pool import DevicePool
 from accyd.errors import DeviceFault
-from accyd.workers.pool import DevicePool
 
 HANG = 1.5
 

@@ -12,10 +12,10 @@ import pytest
 
 from accyd.backends.base import Backend
 from accyd.backends.select import cuda_present
+from accyd.backends.worker.front.pool import DevicePool
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, load_catalog
 from accyd.errors import DeviceFault, LaunchArgumentMismatch, Unavailable
-from accyd.workers.pool import DevicePool
-from accyd.workers.proxy import WorkerBackend
 from tests.pipeline_harness import CASES, run_case
 from tests.workers.conftest import gone, worker_children
 from tests.workers.test_faults import eventually

@@ -20,6 +20,7 @@ from accyd.backends.base import (
     ExportKind,
     LaunchRequest,
 )
+from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.errors import (
     FailedPrecondition,
@@ -29,7 +30,6 @@ from accyd.errors import (
     RuntimeUnavailable,
     UnsupportedOperation,
 )
-from accyd.workers.proxy import WorkerBackend
 from tests.pipeline_harness import CASES, run_case
 from tests.workers.conftest import ONE, Kernels
 

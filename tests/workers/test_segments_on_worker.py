@@ -20,14 +20,14 @@ import tests.shm.test_segments_core as core
 import tests.shm.test_shared_buffers as end_to_end
 from accy import Client
 from accy.testing import RunningDaemon, running_daemon
+from accyd.backends.worker.front.proxy import WorkerBackend
+from accyd.backends.worker.protocol import Op
 from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
-from accyd.handoff import Handoff
-from accyd.shm import Segments
-from accyd.workers.protocol import Op
-from accyd.workers.proxy import WorkerBackend
+from accyd.doors.hostmem import Segments
+from accyd.doors.hostmem.handoff import Handoff
 from tests.workers.conftest import traffic
 
 # The core's segment tests, collected here with this module's ``world``.
@@ -106,7 +106,7 @@ def worker_pids(daemon: RunningDaemon) -> list[int]:
     return [
         int(pid)
         for pid in children
-        if b"accyd.workers.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"accyd.backends.worker.child.main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
 
 

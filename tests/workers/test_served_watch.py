@@ -9,8 +9,8 @@ import time
 import pytest
 
 from accyd.backends.base import Event
+from accyd.backends.worker.child.watch import EventWatcher
 from accyd.errors import LaunchFailed
-from accyd.workers.served_watch import EventWatcher
 
 
 class Events:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
+from accyd.backends.worker.front.pins import PinnedRange, address_of, file_identity, maps_file
+from accyd.backends.worker.front.proxy import WorkerBackend
+from accyd.backends.worker.protocol import Op
 from accyd.errors import DeviceFault
-from accyd.workers.pins import PinnedRange, address_of, file_identity, maps_file
-from accyd.workers.protocol import Op
-from accyd.workers.proxy import WorkerBackend
 from tests.workers.conftest import Kernels, traffic
 
 SIZE = 4 << 20

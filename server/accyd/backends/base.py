@@ -351,7 +351,7 @@ class Backend(Protocol):
 
         ``fd``, when given, is a descriptor of the file ``memory`` maps whole, from offset 0
         (a shared segment's memfd): a backend in another process maps the same memory
-        through it, so copies with ``memory`` carry no bytes (``accyd.workers``). In-process
+        through it, so copies with ``memory`` carry no bytes (``accyd.backends.worker``). In-process
         backends ignore it; the caller keeps it open until ``unpin_host``."""
         ...
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from accyd.catalog.manifest import read_manifest
 from accyd.catalog.model import ArtifactFormat, KernelEntry, Pipeline, Registry
-from accyd.echo import clip
+from accyd.clipping import clip
 from accyd.errors import CatalogError, InvalidArtifact, NotFound
 
 __all__ = ["BUILTIN_CATALOG", "Catalog", "load_catalog"]

@@ -12,17 +12,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from accyd.backends.base import Backend, DeviceBuffer, Exported, Stream
 from accyd.catalog.dtypes import DType
 from accyd.core.marks import Mark
+from accyd.core.tickets import EngineUser, TicketEntry
 from accyd.core.waits import call_when_done, until_done
 from accyd.errors import InvalidRequest, NotFound
-
-if TYPE_CHECKING:
-    from accyd.core.prepared import Prepared
-    from accyd.core.sessions import Session
 
 __all__ = ["BufferRecord", "Transfer"]
 
@@ -46,9 +42,9 @@ class BufferRecord:
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     """Held by each chunk of a transfer and by the free, so a free never races a copy."""
-    ticketed: dict[Prepared, bool] = field(default_factory=dict, repr=False)
+    ticketed: dict[TicketEntry, bool] = field(default_factory=dict, repr=False)
     """Prepared launches with a live engine ticket naming it, and whether each writes it."""
-    engine: dict[Session, bool] = field(default_factory=dict, repr=False)
+    engine: dict[EngineUser, bool] = field(default_factory=dict, repr=False)
     """Sessions whose engine launches may have used it since Python last absorbed them
     (``core/tickets.py``), and whether they write it."""
 

@@ -1,15 +1,13 @@
 """The core facade: every operation a front door may call, over clients, sessions and buffers.
 
-Operations take and return plain data (ids, numbers, dataclasses). Those marked
-*blocking* may wait for the device or compile, and run off the event loop; the
-``*_async`` ones await the device's completions on the event loop and park no
-thread; the rest only enqueue and return. Tables change under one lock, which
-is never held across a device allocation or a wait.
+Operations take and return plain data (ids, numbers, dataclasses). Those marked *blocking*
+may wait for the device or compile, and run off the event loop; the ``*_async`` ones await
+the device's completions on the event loop and park no thread; the rest only enqueue and
+return. Tables change under one lock, never held across a device allocation or a wait.
 
 ``Daemon`` composes its parts (``Holdings``, ``Launching``, ``Replacing``) over one
-``Tables``; doors extend it with what they keep per client (``Extension``: rings,
-segments, exports), which the daemon closes with the client, in the order added,
-before the client's sessions and buffers go.
+``Tables``; doors extend it with what they keep per client (``Extension``: rings, segments,
+exports), closed with the client, in the order added, before its sessions and buffers go.
 """
 
 from __future__ import annotations
@@ -18,14 +16,13 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
 from accyd.backends.base import Backend
 from accyd.catalog.dtypes import Scalar
-from accyd.catalog.model import ArtifactFormat, Pipeline, ScalarSpec
+from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, EngineCounts, Ledger
 from accyd.core.arguments import Tensor
 from accyd.core.buffers import Transfer
@@ -37,12 +34,12 @@ from accyd.core.ids import CLIENT, INSTANCE, new_id
 from accyd.core.launching import Launching, LaunchTicket, WouldBlock
 from accyd.core.replacing import Replacing
 from accyd.core.run import run
-from accyd.core.sessions import order_scalars
+from accyd.core.sessions import LoadedSession, order_scalars
 from accyd.core.status import DaemonStatus, TenantStatus, status_of
-from accyd.core.tables import Tables
+from accyd.core.tables import UNKNOWN_PIPELINE, Tables
 from accyd.core.tenants import DEFAULT_TENANT, Quotas, Usage
 from accyd.core.tickets import Revoker
-from accyd.errors import AccyError, DeviceFault, NotFound
+from accyd.errors import DeviceFault, NotFound
 
 __all__ = [
     "UNKNOWN_PIPELINE",
@@ -57,19 +54,8 @@ __all__ = [
     "WouldBlock",
 ]
 
-UNKNOWN_PIPELINE = "unknown"
-"""What ``pipeline_of`` says of a session it does not know (a bounded metrics label)."""
 
 log = structlog.get_logger("accyd.core")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedSession:
-    session_id: str
-    created: bool
-    pipeline: Pipeline
-    format: ArtifactFormat
-    device: int
 
 
 class Extension(Protocol):
@@ -126,6 +112,10 @@ class Daemon:
         self.release, self.release_async = holdings.release, holdings.release_async
         self.wait_launch, self.wait_launch_async = holdings.wait_launch, holdings.wait_launch_async
         self.reap, self.allocate_buffer = holdings.reap, holdings.allocate_buffer
+        self.wait_idle = holdings.wait_idle
+        tables = self._t  # the lookups a door's records need
+        self.touch, self.pipeline_of = tables.touch, tables.pipeline_of
+        self.session_scalars, self.check_buffer = tables.session_scalars, tables.check_buffer
         self.free_buffer, self.free_buffer_async = holdings.free_buffer, holdings.free_buffer_async
         self.set_limits = holdings.set_limits  # the daemon's ceilings (accyd.core.limits)
 
@@ -231,12 +221,6 @@ class Daemon:
         """Give back what ``charge`` took."""
         self._t.ledger.refund(client, usage)
 
-    def touch(self, client_id: str) -> None:
-        """The client is alive: a ring's records count as calls for liveness."""
-        client = self._t.clients.find(client_id)
-        if client is not None:
-            client.last_seen = time.monotonic()
-
     # Catalog ----------------------------------------------------------------
 
     def pipelines(self) -> tuple[Pipeline, ...]:
@@ -247,24 +231,6 @@ class Daemon:
 
     def backend_formats(self) -> tuple[ArtifactFormat, ...]:
         return tuple(f for f in ArtifactFormat if f in self.backend.formats)
-
-    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
-        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
-        with self._t.lock:
-            return self._t.session(client_id, session_id)[1].pipeline.runtime_scalars
-
-    def check_buffer(self, client_id: str, buffer_id: str) -> None:
-        """``NotFound`` unless the client owns the buffer."""
-        with self._t.lock:
-            self._t.clients.get(client_id).buffer(buffer_id)
-
-    def pipeline_of(self, client_id: str, session_id: str) -> str:
-        """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
-        with self._t.lock:
-            try:
-                return self._t.session(client_id, session_id)[1].pipeline.target
-            except AccyError:
-                return UNKNOWN_PIPELINE
 
     # Sessions and launches -----------------------------------------------------
 
@@ -443,26 +409,6 @@ class Daemon:
             client_id,
             tenants,
         )
-
-    def wait_idle(self, timeout: float) -> bool:
-        """*Blocking*: wait up to ``timeout`` seconds for every launch so far; True if all done."""
-        with self._t.lock:
-            marks = [
-                mark
-                for client in self._t.clients
-                for session in client.sessions.values()
-                if (mark := session.pending(None)) is not None
-            ]
-        deadline = time.monotonic() + timeout
-        try:
-            while not all(mark.done() for mark in marks):
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(0.005)
-            return True
-        finally:
-            for mark in marks:
-                mark.release()
 
     def close(self) -> None:
         """*Blocking*: detach every client (after its work), then close the backends."""

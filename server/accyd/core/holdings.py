@@ -1,16 +1,16 @@
-"""What clients hold: sessions and buffers made, charged, waited for and freed (the facade's base).
+"""What clients hold: sessions and buffers made, charged, waited for and freed.
 
-Each operation that waits for the device (WaitLaunch, Release, FreeBuffer,
-detach) is built once as a ``Deferred``: the marks to wait for, and the frees
-to run after. ``op()`` runs both on the calling thread (*blocking*);
-``op_async()`` awaits the marks' notifications on the event loop and parks no
-thread. Once begun, an awaited teardown finishes even if its caller goes away.
+Each operation that waits for the device (WaitLaunch, Release, FreeBuffer, detach) is built
+once as a ``Deferred``: the marks to wait for, and the frees to run after. ``op()`` runs both
+on the calling thread (*blocking*); ``op_async()`` awaits the marks' notifications on the
+event loop, parking no thread; once begun, it finishes even if its caller goes away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Protocol
 
 import structlog
@@ -255,6 +255,22 @@ class Holdings:
             self.finish(deferred)  # the waits in it are over: it returns at once
         else:  # the device was lost with work queued: what is left may block
             await asyncio.to_thread(self.finish, deferred)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """*Blocking*: wait up to ``timeout`` seconds for every launch so far; True if all done."""
+        with self._t.lock:
+            sessions = [s for client in self._t.clients for s in client.sessions.values()]
+            marks = [mark for s in sessions if (mark := s.pending(None)) is not None]
+        deadline = time.monotonic() + timeout
+        try:
+            while not all(mark.done() for mark in marks):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+            return True
+        finally:
+            for mark in marks:
+                mark.release()
 
     # Buffers ----------------------------------------------------------------------
 

@@ -17,16 +17,12 @@ is never asked for again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from accyd.backends.base import Backend, LaunchRequest, PreparedLaunch
 from accyd.catalog.dtypes import Scalar
+from accyd.core.buffers import BufferRecord
 from accyd.core.executor import LaunchPlan, PipelineLaunch, check_intermediates, check_pool
-from accyd.core.tickets import NO_TICKETS, Revoker, revoke
-
-if TYPE_CHECKING:
-    from accyd.core.buffers import BufferRecord
-    from accyd.core.sessions import Session
+from accyd.core.tickets import NO_TICKETS, EngineUser, Revoker, revoke
 
 __all__ = ["PREPARED_PER_SESSION", "Prepared", "PreparedLaunches", "prepare_pipeline"]
 
@@ -89,7 +85,7 @@ class Prepared:
 
     def __init__(
         self,
-        session: Session,
+        session: EngineUser,
         plan: LaunchPlan,
         launch: PreparedLaunch | None,
         uses: tuple[tuple[BufferRecord, bool], ...],

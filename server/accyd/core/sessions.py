@@ -40,7 +40,15 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 
-__all__ = ["LaunchRecord", "Reaped", "Session", "SessionKey", "order_scalars", "pick_format"]
+__all__ = [
+    "LaunchRecord",
+    "LoadedSession",
+    "Reaped",
+    "Session",
+    "SessionKey",
+    "order_scalars",
+    "pick_format",
+]
 
 _CHECKS = (LaunchArgumentMismatch, InvalidArtifact, FailedPrecondition)
 """What the executor raises from its checks, before anything was launched."""
@@ -52,6 +60,17 @@ class SessionKey:
 
     target: str
     version: int
+    format: ArtifactFormat
+    device: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSession:
+    """What a load answers: the session, whether it was made now, what it runs, where."""
+
+    session_id: str
+    created: bool
+    pipeline: Pipeline
     format: ArtifactFormat
     device: int
 

@@ -8,18 +8,23 @@ buffer goes through its owner (``Client``), so another client's id is ``NotFound
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from accyd.backends.base import Backend
+from accyd.catalog.model import ScalarSpec
 from accyd.core.accounting import Ledger
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceState
 from accyd.core.placement import home_of
 from accyd.core.sessions import Session
 from accyd.core.tickets import NO_TICKETS, Revoker
-from accyd.errors import DeviceFault, NotFound
+from accyd.errors import AccyError, DeviceFault, NotFound
 
-__all__ = ["Tables"]
+__all__ = ["UNKNOWN_PIPELINE", "Tables"]
+
+UNKNOWN_PIPELINE = "unknown"
+"""What ``pipeline_of`` says of a session it does not know (a bounded metrics label)."""
 
 
 @dataclass(eq=False)
@@ -67,3 +72,27 @@ class Tables:
         """Under the lock: refuse to hand ``client`` anything once it detached."""
         if self.clients.find(client.id) is not client:
             raise NotFound(f"client {client.id!r} detached", field="client_id")
+
+    def touch(self, client_id: str) -> None:
+        """The client is alive: a ring's records count as calls for liveness."""
+        client = self.clients.find(client_id)
+        if client is not None:
+            client.last_seen = time.monotonic()
+
+    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
+        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
+        with self.lock:
+            return self.session(client_id, session_id)[1].pipeline.runtime_scalars
+
+    def check_buffer(self, client_id: str, buffer_id: str) -> None:
+        """``NotFound`` unless the client owns the buffer."""
+        with self.lock:
+            self.clients.get(client_id).buffer(buffer_id)
+
+    def pipeline_of(self, client_id: str, session_id: str) -> str:
+        """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
+        with self.lock:
+            try:
+                return self.session(client_id, session_id)[1].pipeline.target
+            except AccyError:
+                return UNKNOWN_PIPELINE

@@ -26,17 +26,67 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from accyd.backends.base import PreparedLaunch, Stream
+from accyd.backends.base import Backend, PreparedLaunch, Stream
 from accyd.core.marks import Mark
 
-if TYPE_CHECKING:
-    from accyd.core.buffers import BufferRecord
-    from accyd.core.prepared import Prepared
-    from accyd.core.sessions import Session
+__all__ = [
+    "NO_TICKETS",
+    "EngineUser",
+    "FastLaunch",
+    "Revoker",
+    "TicketEntry",
+    "UsedBuffer",
+    "absorb",
+    "claim",
+    "note_ticketed",
+    "revoke",
+]
 
-__all__ = ["NO_TICKETS", "FastLaunch", "Revoker", "absorb", "claim", "note_ticketed"]
+
+class EngineUser(Protocol):
+    """A session, as the tickets' bookkeeping sees it (``core/sessions.py``'s ``Session``)."""
+
+    engine_touched: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def stream(self) -> Stream: ...
+
+
+class UsedBuffer(Protocol):
+    """A buffer, as the tickets' bookkeeping sees it (``core/buffers.py``'s ``BufferRecord``)."""
+
+    @property
+    def ticketed(self) -> dict[TicketEntry, bool]: ...
+
+    @property
+    def engine(self) -> dict[EngineUser, bool]: ...
+
+    def note_write(self, mark: Mark) -> None: ...
+
+    def note_read(self, mark: Mark) -> None: ...
+
+
+class TicketEntry(Protocol):
+    """A prepared launch, as its tickets see it (``core/prepared.py``'s ``Prepared``)."""
+
+    holder: object | None
+
+    @property
+    def session(self) -> EngineUser: ...
+
+    @property
+    def epoch(self) -> int | None: ...
+
+    @property
+    def uses(self) -> Sequence[tuple[UsedBuffer, bool]]: ...
 
 
 class Revoker(Protocol):
@@ -96,7 +146,7 @@ class FastLaunch:
     value: int
 
 
-def note_ticketed(prepared: Prepared, session: Session) -> None:
+def note_ticketed(prepared: TicketEntry, session: EngineUser) -> None:
     """Under the lock: ``prepared``'s buffers are named by a live ticket of ``session``."""
     session.engine_touched = True
     for record, writes in prepared.uses:
@@ -105,15 +155,15 @@ def note_ticketed(prepared: Prepared, session: Session) -> None:
 
 
 def claim(
-    session: Session,
-    operands: Sequence[BufferRecord],
-    results: Sequence[BufferRecord],
+    session: EngineUser,
+    operands: Sequence[UsedBuffer],
+    results: Sequence[UsedBuffer],
     revoker: Revoker,
 ) -> None:
     """Under the lock, before a launch of ``session`` that Python enqueues: revoke the
     tickets of other sessions that conflict with it on these buffers (one writes what the
     other uses), then absorb their launches so the buffers' hazards cover them."""
-    stale: list[Prepared] = []
+    stale: list[TicketEntry] = []
     for records, writes in ((operands, False), (results, True)):
         for record in records:
             for prepared, their_writes in record.ticketed.items():
@@ -126,7 +176,7 @@ def claim(
             absorb(record, revoker, but=session)
 
 
-def revoke(entries: Collection[Prepared], revoker: Revoker) -> None:
+def revoke(entries: Collection[TicketEntry], revoker: Revoker) -> None:
     """Under the lock: make the tickets of ``entries`` stale (their graphs stay)."""
     epochs = [p.epoch for p in entries if p.epoch is not None]
     if epochs:
@@ -137,7 +187,7 @@ def revoke(entries: Collection[Prepared], revoker: Revoker) -> None:
             record.ticketed.pop(prepared, None)
 
 
-def absorb(record: BufferRecord, revoker: Revoker, *, but: Session | None = None) -> None:
+def absorb(record: UsedBuffer, revoker: Revoker, *, but: EngineUser | None = None) -> None:
     """Under the lock: note on ``record`` a fresh mark on the stream of each session whose
     engine launches may have used it (``but`` excepted: a launch on its own stream is in
     order already), so its hazards cover every launch the engine enqueued so far.

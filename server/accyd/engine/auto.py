@@ -9,9 +9,9 @@ import structlog
 
 from accyd.backends.base import Backend, BackendKind
 from accyd.core.daemon import Daemon
+from accyd.doors.ring.facade import RingObserver
+from accyd.doors.ring.ring import ServerRing
 from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
-from accyd.ring.facade import RingObserver
-from accyd.ring.ring import ServerRing
 
 __all__ = ["ENGINE_ENV", "EngineKind", "RingEngine", "open_engine"]
 

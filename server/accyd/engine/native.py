@@ -26,12 +26,12 @@ from accyd.core.clients import Client
 from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon
 from accyd.core.device import DeviceState
 from accyd.core.tenants import Tenant
+from accyd.doors.ring.facade import RingObserver
+from accyd.doors.ring.records import KEY, KEY_END
+from accyd.doors.ring.ring import Handled, Pending, ServerRing
 from accyd.engine import _native
 from accyd.engine.drivers import Driver, driver_for
 from accyd.errors import AccyError, DeviceFault, LaunchFailed
-from accyd.ring.facade import RingObserver
-from accyd.ring.records import KEY, KEY_END
-from accyd.ring.ring import Handled, Pending, ServerRing
 
 __all__ = ["HOUSEKEEPING_SECONDS", "NativeEngine"]
 

@@ -30,9 +30,9 @@ import structlog
 from accy.protocol import ring as layout
 from accyd.backends.base import Backend
 from accyd.core.marks import Mark
+from accyd.doors.ring.facade import RingCore, RingObserver
+from accyd.doors.ring.ring import Handled, Pending, ServerRing
 from accyd.errors import AccyError, DeviceFault
-from accyd.ring.facade import RingCore, RingObserver
-from accyd.ring.ring import Handled, Pending, ServerRing
 
 __all__ = ["FLIGHT_SPIN_SECONDS", "SPIN_CPUS", "PythonLoop", "may_spin"]
 

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from accyd.backends.base import LaunchRequest, Stream
+from accyd.backends.cuda.driver import ErrorCheck
 from accyd.errors import LaunchFailed
 
-if TYPE_CHECKING:
-    from accyd.backends.cuda.backend import CudaBackend
-
 __all__ = ["GraphLaunch"]
+
+
+class _Capturing(Protocol):
+    """What a graph needs of its backend (``CudaBackend``): the driver, its checks, streams."""
+
+    _cu: Any
+    _check: ErrorCheck
+    _closed: bool
+
+    def create_stream(self) -> Stream: ...
+
+    def destroy_stream(self, stream: Stream) -> None: ...
+
+    def launch(self, request: LaunchRequest) -> None: ...
+
+    def _stream_handle(self, stream: Stream | None) -> Any: ...
 
 
 class GraphLaunch:
@@ -28,7 +42,7 @@ class GraphLaunch:
     Launched on whatever stream the caller passes, in that stream's order.
     """
 
-    def __init__(self, backend: CudaBackend, requests: Sequence[LaunchRequest]) -> None:
+    def __init__(self, backend: _Capturing, requests: Sequence[LaunchRequest]) -> None:
         self._backend = backend
         cu = backend._cu
         check = backend._check

@@ -1,0 +1,1 @@
+"""The device worker process: it serves one backend over its channel."""

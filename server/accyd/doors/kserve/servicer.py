@@ -1,0 +1,409 @@
+"""The KServe v2 / Open Inference Protocol service (``inference.GRPCInferenceService``).
+
+It is registered on the daemon's own gRPC server through the same admission
+as the launch service (tokens, TLS, tenants and quotas apply to every call),
+and calls the core only through the ``Daemon`` facade. Models are the
+catalog's pipelines (``models.py``); each caller is a client of its tenant and
+connection (``owners.py``) that owns its sessions, buffers and shared-memory
+regions. Errors leave as the launch service's do (``accyd.doors.grpc.status``).
+TraceSetting and LogSettings answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import structlog
+
+import accyd
+from accyd.core.daemon import Daemon
+from accyd.doors.grpc.auth import Admitting, current_principal, default_principal
+from accyd.doors.grpc.calls import Call, CallTracker, log_failure, streaming, text_field, unary
+from accyd.doors.grpc.status import to_rpc_status
+from accyd.doors.kserve.cuda_regions import CudaRegions
+from accyd.doors.kserve.infer import Inference
+from accyd.doors.kserve.memory import SharedMemory
+from accyd.doors.kserve.models import Model, find_model, parse_version
+from accyd.doors.kserve.owners import DEFAULT_LIVENESS_SECONDS, Owner, Owners
+from accyd.doors.kserve.peers import parse_peer
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.protocol import open_inference_pb2_grpc
+from accyd.doors.kserve.sessions import ModelSessions
+from accyd.doors.kserve.stats import Phases, Statistics
+from accyd.doors.kserve.tensors import check_request
+from accyd.errors import InvalidRequest, NotFound, UnsupportedOperation
+from accyd.settings.config import Config
+from accyd.telemetry.metrics import Metrics
+from accyd.tokens import Principal
+
+__all__ = ["SERVICE_NAME", "STREAM_IN_FLIGHT", "KServeServicer"]
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+STREAM_IN_FLIGHT = 16
+"""Requests of one ModelStreamInfer stream run at once; the stream reads on as they end."""
+MAX_MODELS_KEPT = 4096
+"""Models found by (name, version text) kept for the next request (only real ones are)."""
+EXTENSIONS = ("model_configuration", "model_repository", "statistics", "system_shared_memory")
+
+log = structlog.get_logger("accyd.doors.kserve")
+
+_T = TypeVar("_T")
+
+
+class KServeServicer:
+    """The RPCs of ``inference.GRPCInferenceService`` over one ``Daemon``."""
+
+    @classmethod
+    def from_config(
+        cls, daemon: Daemon, calls: CallTracker, config: Config, metrics: Metrics
+    ) -> KServeServicer:
+        """The door as ``accyd serve`` runs it, from its flags."""
+        return cls(
+            daemon,
+            calls,
+            default_principal=default_principal(config.default_tenant, config.quotas),
+            max_message_bytes=config.max_message_bytes - 1024,
+            metrics=metrics,
+            launch_spin_seconds=config.launch_spin_seconds,
+            liveness_seconds=config.kserve_liveness_seconds,
+            cuda_gpus=(
+                tuple(config.gpu_of(d) for d in config.devices)
+                if config.kserve_cuda_shared_memory
+                else None
+            ),
+        )
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        calls: CallTracker,
+        *,
+        default_principal: Principal,
+        max_message_bytes: int,
+        metrics: Metrics | None = None,
+        launch_spin_seconds: float = 0.0,
+        liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
+        cuda_gpus: tuple[int, ...] | None = None,
+    ) -> None:
+        """``cuda_gpus``: turn CUDA shared memory on, for these GPU ordinals."""
+        self.daemon = daemon
+        self.calls = calls
+        self._default = default_principal
+        self._max_message = max_message_bytes
+        cuda = None if cuda_gpus is None else CudaRegions(cuda_gpus)
+        self.owners = Owners(
+            daemon,
+            lambda client_id: ModelSessions(daemon, calls, client_id),
+            liveness_seconds=liveness_seconds,
+            cuda=cuda,
+        )
+        self.memory = SharedMemory(self.owners, calls, cuda)
+        self.stats = Statistics()
+        self._models: dict[tuple[str, str], Model] = {}
+        self._inference = Inference(
+            daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
+        )
+
+    def register(self, server: grpc.aio.Server | Admitting) -> None:
+        """Add the handlers to ``server`` (an ``Admitting`` checks callers first)."""
+        add = open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+        add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
+
+    async def close(self) -> None:
+        """Drop every KServe client (regions, sessions, buffers): at shutdown."""
+        await self.owners.close()
+
+    # Callers --------------------------------------------------------------------
+
+    def _principal(self) -> Principal:
+        return current_principal() or self._default
+
+    async def _as_owner(
+        self, call: Call, work: Callable[[Owner], Awaitable[_T]], *, fresh: bool = False
+    ) -> _T:
+        """Run ``work`` as the caller's client; one detached under it is made again, once.
+        ``fresh``: the caller touches shared memory, so who it is is read anew."""
+        for attempt in (1, 2):
+            peer = parse_peer(call.context.peer())
+            owner = await self.owners.enter(self._principal(), peer, fresh=fresh)
+            try:
+                return await work(owner)
+            except NotFound as error:
+                if error.field != "client_id" or attempt == 2:
+                    raise
+                self.owners.drop_later(owner)
+            finally:
+                self.owners.leave(owner)
+        raise AssertionError("unreachable")
+
+    async def _found(self, call: Call) -> Owner | None:
+        return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
+
+    def _model(self, name: str, version: str) -> Model:
+        """The model asked for; found models are kept (the catalog is the daemon's for life)."""
+        key = (name, version)
+        found = self._models.get(key)
+        if found is None:
+            text_field(name, "name")
+            found = find_model(self.daemon.pipelines(), name, parse_version(version))
+            if len(self._models) < MAX_MODELS_KEPT:
+                self._models[key] = found
+        return found
+
+    # Health and metadata ------------------------------------------------------------
+
+    @unary
+    async def ServerLive(self, request: pb.ServerLiveRequest, call: Call) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @unary
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, call: Call
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.daemon.serving)
+
+    @unary
+    async def ModelReady(self, request: pb.ModelReadyRequest, call: Call) -> pb.ModelReadyResponse:
+        try:
+            model = self._model(request.name, request.version)
+        except NotFound:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.daemon.serving and self._runs(model))
+
+    def _runs(self, model: Model) -> bool:
+        """Whether this daemon's backend has a kernel format for every stage."""
+        formats = set(self.daemon.backend_formats())
+        return bool(formats.intersection(self.daemon.formats_of(model.pipeline)))
+
+    @unary
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, call: Call
+    ) -> pb.ServerMetadataResponse:
+        extensions = [*EXTENSIONS, *(["cuda_shared_memory"] if self.memory.cuda else [])]
+        return pb.ServerMetadataResponse(
+            name="accyd", version=accyd.__version__, extensions=extensions
+        )
+
+    @unary
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, call: Call
+    ) -> pb.ModelMetadataResponse:
+        return self._model(request.name, request.version).metadata()
+
+    @unary
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, call: Call
+    ) -> pb.ModelConfigResponse:
+        model = self._model(request.name, request.version)
+        gpu = self.daemon.backend.kind.value == "cuda"
+        return pb.ModelConfigResponse(config=model.config(gpu))
+
+    # Inference ----------------------------------------------------------------------
+
+    @unary
+    async def ModelInfer(self, request: pb.ModelInferRequest, call: Call) -> pb.ModelInferResponse:
+        return await self._infer(call, request)
+
+    async def _infer(self, call: Call, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        phases = Phases()
+        model = self._model(request.model_name, request.model_version)
+        checked = check_request(model, request, self._max_message)
+        tenant = self._principal().tenant
+        name, version = model.name, model.pipeline.version
+        try:
+            response = await self._as_owner(
+                call,
+                lambda owner: self._inference.run(owner, checked, request.id, phases),
+            )
+        except BaseException:
+            self.stats.failed(tenant, name, version, phases)
+            raise
+        self.stats.succeeded(tenant, name, version, phases)
+        return response
+
+    @streaming
+    async def ModelStreamInfer(
+        self, request: AsyncIterator[pb.ModelInferRequest], call: Call
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request runs as it arrives (at most ``STREAM_IN_FLIGHT`` at once); answers go
+        back as they are ready, a failed one as its ``error_message``."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(one: pb.ModelInferRequest) -> None:
+            try:
+                response = await self._infer(call, one)
+                await answers.put(pb.ModelStreamInferResponse(infer_response=response))
+            except Exception as error:
+                log_failure("stream request", error, request_id=call.request_id)
+                status = to_rpc_status(error, call.request_id)
+                reply = pb.ModelStreamInferResponse(error_message=status.message)
+                reply.infer_response.id = one.id
+                await answers.put(reply)
+            finally:
+                turns.release()
+
+        async def read() -> None:
+            try:
+                async for one in request:
+                    await turns.acquire()
+                    task = asyncio.ensure_future(answer(one))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.gather(*list(running), return_exceptions=True)
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (reply := await answers.get()) is not None:
+                yield reply
+            await reader  # its error, if reading failed
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
+
+    # Statistics and repository ----------------------------------------------------
+
+    @unary
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, call: Call
+    ) -> pb.ModelStatisticsResponse:
+        tenant = self._principal().tenant
+        pipelines = self.daemon.pipelines()
+        if request.name:
+            model = self._model(request.name, request.version)  # NotFound for an unknown one
+            wanted = [
+                p
+                for p in pipelines
+                if p.target == model.name
+                and (not request.version or p.version == model.pipeline.version)
+            ]
+        elif request.version:
+            raise InvalidRequest("a version needs a model name", field="version")
+        else:
+            wanted = list(pipelines)
+        return pb.ModelStatisticsResponse(
+            model_stats=[self.stats.proto(tenant, p.target, p.version) for p in wanted]
+        )
+
+    @unary
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, call: Call
+    ) -> pb.RepositoryIndexResponse:
+        models = []
+        for pipeline in self.daemon.pipelines():
+            runs = self._runs(
+                find_model(self.daemon.pipelines(), pipeline.target, pipeline.version)
+            )
+            if request.ready and not runs:
+                continue
+            models.append(
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=pipeline.target,
+                    version=str(pipeline.version),
+                    state="READY" if runs else "UNAVAILABLE",
+                    reason="" if runs else "no kernel for this daemon's backend",
+                )
+            )
+        return pb.RepositoryIndexResponse(models=models)
+
+    @unary
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, call: Call
+    ) -> pb.RepositoryModelLoadResponse:
+        if request.parameters:
+            raise InvalidRequest(
+                "models come from the operator's catalog: a load takes no config or files",
+                field="parameters",
+            )
+        model = self._model(request.model_name, "")
+        pipeline = model.pipeline
+
+        async def load(owner: Owner) -> None:
+            await owner.models.session(
+                pipeline.target, pipeline.version, bool(pipeline.intermediates)
+            )
+
+        await self._as_owner(call, load)
+        return pb.RepositoryModelLoadResponse()
+
+    @unary
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, call: Call
+    ) -> pb.RepositoryModelUnloadResponse:
+        model = self._model(request.model_name, "")
+        owner = await self._found(call)
+        if owner is not None:
+            await owner.models.unload(model.name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # Shared memory --------------------------------------------------------------------
+
+    @unary
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, call: Call
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        return self.memory.status(
+            await self._found(call), text_field(request.name, "name", required=False)
+        )
+
+    @unary
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, call: Call
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        await self._as_owner(call, lambda owner: self.memory.register(owner, request), fresh=True)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @unary
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, call: Call
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.memory.unregister(
+            await self._found(call), text_field(request.name, "name", required=False)
+        )
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @unary
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, call: Call
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        name = text_field(request.name, "name", required=False)
+        return self.memory.cuda_status(await self._found(call), name)
+
+    @unary
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, call: Call
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        await self._as_owner(
+            call, lambda owner: self.memory.cuda_register(owner, request), fresh=True
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @unary
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, call: Call
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        name = text_field(request.name, "name", required=False)
+        await self.memory.cuda_unregister(await self._found(call), name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # Not served -------------------------------------------------------------------------
+
+    @unary
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, call: Call
+    ) -> pb.TraceSettingResponse:
+        raise UnsupportedOperation("accyd serves no trace settings")
+
+    @unary
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, call: Call
+    ) -> pb.LogSettingsResponse:
+        raise UnsupportedOperation("accyd serves no log settings: see its --log-level")

@@ -1,0 +1,89 @@
+"""The ring doors of one server: the engine every ring shares, the ring over a stream, and the
+shared ring door once a Unix socket listens (made, started and closed here, in that order)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.doors.grpc.calls import CallTracker
+from accyd.doors.grpc.ring_stream import RingStreams
+from accyd.doors.ring import RingDoor
+from accyd.doors.ring.charges import RingCharges
+from accyd.doors.ring.facade import RingObserver
+from accyd.doors.ring.ring import Blocking
+from accyd.engine.auto import EngineKind, RingEngine, open_engine
+
+__all__ = ["RingDoors"]
+
+
+class RingDoors:
+    """Owns the engine and the shared ring door (the streams' rings end with their calls).
+
+    A ring's launch that allocates scratch of its own runs on the device-work threads
+    within its client's share, as a gRPC call's would, never on the engine (``blocking``).
+    """
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        calls: CallTracker,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        kind: EngineKind | None,
+        threads: int,
+        spin_seconds: float,
+        observer: RingObserver,
+    ) -> None:
+        self._daemon = daemon
+        self._observer = observer
+
+        def blocking(client_id: str, finish: Callable[[], LaunchTicket]) -> Future[LaunchTicket]:
+            return asyncio.run_coroutine_threadsafe(calls.blocking_for(client_id, finish), loop)
+
+        self._blocking: Blocking = blocking
+        self.engine: RingEngine = open_engine(
+            daemon,
+            kind=kind,
+            threads=threads,
+            observer=observer,
+            launches_per_client=daemon.launches_per_client,
+        )
+        self.streams = RingStreams(
+            daemon,
+            self.engine,
+            spin_seconds=spin_seconds,
+            observer=observer,
+            blocking=blocking,
+        )
+        self.door: RingDoor | None = None
+
+    def open_door(self, socket_path: Path) -> RingDoor:
+        """The shared ring door beside ``socket_path`` (its mode: who may call may take a
+        ring); a detached client's rings close first, before its other extensions."""
+        door = self.door = RingDoor(
+            self._daemon,
+            socket_path,
+            self.engine,
+            observer=self._observer,
+            blocking=self._blocking,
+        )
+        door.charges = RingCharges(self._daemon)
+        self._daemon.extend(door)
+        return door
+
+    def start(self) -> None:
+        """Start the door and the engine (after the extensions are in place)."""
+        if self.door is not None:
+            self.door.start()
+        self._daemon.extend(self.engine)
+        self.engine.start()
+
+    async def close(self) -> None:
+        """Close the door's rings, then the engine; idempotent."""
+        if self.door is not None:
+            await asyncio.to_thread(self.door.close)
+        await asyncio.to_thread(self.engine.close)

@@ -1,0 +1,1 @@
+"""The daemon process: supervisor, signals, exit codes, the event loop, malloc, the socket."""

@@ -1,0 +1,1 @@
+"""The daemon's settings: every flag with its environment variable, and the config they make."""

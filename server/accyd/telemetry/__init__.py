@@ -1,0 +1,1 @@
+"""What the daemon tells about itself: structured logs (bounded per client) and metrics."""
