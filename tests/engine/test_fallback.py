@@ -45,10 +45,12 @@ def test_a_machine_without_a_compiler_still_builds_accy(tmp_path: Path) -> None:
     """The extension is optional: with no working C compiler the wheel builds without it
     (from the tracked files alone, as a fresh checkout has them)."""
     source = tmp_path / "source"
-    listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.split(b"\0")
-    for name in filter(None, listed):
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: no list of the tracked files")
+    for name in filter(None, listed.stdout.split(b"\0")):
+        if not (ROOT / os.fsdecode(name)).is_file():
+            continue  # deleted in this working tree, or not carried here
         target = source / os.fsdecode(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes((ROOT / os.fsdecode(name)).read_bytes())

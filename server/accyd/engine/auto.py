@@ -58,9 +58,10 @@ def open_engine(
 ) -> RingEngine:
     """The engine for ``core``'s rings (``kind`` ``None``: from ``ACCYD_ENGINE``, else auto).
 
-    ``threads`` 0: two native threads on a device where this process may use
-    ``SPIN_CPUS`` CPUs or more (measured on an H200: 8 clients' short kernels, 411k/s with
-    one thread, 435k with two, 439k with four), else one.
+    ``threads`` 0: on a device, four native threads where this process may use 16 CPUs or
+    more, two where it may use ``SPIN_CPUS``, else one (measured on an H200 with 16 CPUs, 8
+    clients each waiting for every short launch: 204k/s on one thread, 241-258k on two,
+    277-295k on four); on the host backend one.
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
@@ -73,7 +74,8 @@ def open_engine(
     # once; the host backend runs them on Python threads, which need the GIL back.
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
     if threads == 0:
-        threads = 2 if not host and may_spin() else 1
+        cpus = len(os.sched_getaffinity(0))
+        threads = 1 if host or not may_spin() else 4 if cpus >= 16 else 2
     if wanted != "python":
         try:
             from accyd.engine.native import NativeEngine

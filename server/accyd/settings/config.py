@@ -179,8 +179,9 @@ class Config:
         choice("auto", "native", "python"), metavar="auto|native|python", group="tuning",
     )  # fmt: skip
     engine_threads: int = setting(
-        0, "native engine threads, each taking a share of the rings (0: two on a GPU where "
-        "this process may use 8 CPUs or more, else one)", int_text, metavar="N",
+        0, "native engine threads, each taking a share of the rings (0: on a GPU four where "
+        "this process may use 16 CPUs or more, two with 8 or more, else one)", int_text,
+        metavar="N",
         group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
     unix_trusted: bool = setting(
