@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd import server as server_module
+from accyd.process.steps import within
 from tests.service.harness import ServerThread, attach, chunks, make_config
 
 SCAN = "accy.kernel.device_scan"
@@ -179,7 +179,7 @@ def test_a_stop_step_that_hangs_is_left_behind_after_its_time() -> None:
     async def stop_with_a_hanging_step() -> tuple[float, bool]:
         never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         started = time.monotonic()
-        await server_module._within(never, 0.05, "a step that never ends")
+        await within(never, 0.05, "a step that never ends")
         return time.monotonic() - started, never.cancelled()
 
     took, cancelled = asyncio.run(stop_with_a_hanging_step())

@@ -11,7 +11,7 @@ from accyd.catalog.model import ArtifactFormat
 from accyd.core.arguments import Tensor, check_tensors
 from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.clients import Client
-from accyd.core.launching import LaunchTicket
+from accyd.core.launching import LaunchContract
 from accyd.core.sessions import LoadedSession, order_scalars
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
 from accyd.errors import NotFound
@@ -19,7 +19,7 @@ from accyd.errors import NotFound
 __all__ = ["OneCall", "run"]
 
 
-class OneCall(Protocol):
+class OneCall(LaunchContract, Protocol):
     """The facade's operations the one-call path is written over (``Daemon`` fits)."""
 
     def attach(
@@ -48,19 +48,6 @@ class OneCall(Protocol):
     def open_write(self, client_id: str, buffer_id: str) -> Transfer: ...
 
     def open_read(self, client_id: str, buffer_id: str) -> Transfer: ...
-
-    def launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-        *,
-        watch: bool = False,
-        ticket_for: object | None = None,
-        may_block: bool = False,
-    ) -> LaunchTicket: ...
 
     def wait_launch(
         self, client_id: str, session_id: str, launch_id: str | None = None, *, reap: bool = True

@@ -2,36 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from accyd.backends.base import Backend
-from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
-from accyd.core.launching import LaunchTicket
+from accyd.core.launching import LaunchContract
 from accyd.errors import AccyError, DeviceFault
 
 __all__ = ["RingCore", "RingObserver"]
 
 
-class RingCore(Protocol):
+class RingCore(LaunchContract, Protocol):
     """The operations every front door calls, and the few a ring's records need."""
 
     @property
     def backends(self) -> dict[int, Backend]: ...
-
-    def launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-        *,
-        watch: bool = False,
-        ticket_for: object | None = None,
-        may_block: bool = False,
-    ) -> LaunchTicket: ...
 
     def reap(self, client_id: str, session_id: str) -> bool: ...
 
