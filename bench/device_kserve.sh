@@ -2,7 +2,8 @@
 # One call on a GPU machine for the KServe v2 door (Ubuntu 24.04, Python 3.12, no network).
 # Needs carried: .whl/ (accy's wheels, as every device script) and .whl/kserve/ (made here
 # by `bash scripts/kserve_tools.sh --device-wheels .whl/kserve`: tritonclient and its grpc
-# and cuda extras, perf_analyzer's wheel). Steps, each logged to $OUT/NAME.log:
+# and cuda extras, perf_analyzer's wheel; numpy and cuda-bindings may be left out where the
+# machine's Python has them, to stay under the carry limit). Steps, each logged to $OUT/NAME.log:
 #   kserve_tests  tests/kserve (CUDA's simple pipeline; the door's suites on host daemons)
 #   cuda_shm      tritonclient with CUDA shared memory against device_scan, on a CUDA daemon
 #                 run with --kserve-cuda-shared-memory
@@ -38,7 +39,10 @@ TRITON=$tools/venv/bin/python
 PA=$tools/bin/perf_analyzer
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt" 2>&1
-step kserve_tests 420 $PY -m pytest -q -p no:cacheprovider tests/kserve
+# KSERVE_TESTS=0 skips the suites (CI runs them on host daemons) when device time is short.
+if [[ ${KSERVE_TESTS:-1} != 0 ]]; then
+  step kserve_tests 420 $PY -m pytest -q -p no:cacheprovider tests/kserve
+fi
 
 sock=/tmp/accy-kserve-cuda.sock port=18931
 $PY -m accyd.cli serve --backend cuda --listen "unix:$sock" --listen "127.0.0.1:$port" \
@@ -61,14 +65,16 @@ for model in simple accy.kernel.saxpy accy.kernel.device_scan accy.kernel.reduce
 done
 kill "$daemon"; wait "$daemon" 2>/dev/null
 step latency_simple 300 $PY bench/kserve_latency.py --backend cuda --model simple \
-  --tritonclient "$TRITON" --json "$OUT/latency_simple.json"
+  --tritonclient "$TRITON" --json "$OUT/latency_simple.json" ${LATENCY_ARGS:-}
 step latency_scan 300 $PY bench/kserve_latency.py --backend cuda --model accy.kernel.device_scan \
-  --n 1024 --tritonclient "$TRITON" --json "$OUT/latency_scan.json"
+  --n 1024 --tritonclient "$TRITON" --json "$OUT/latency_scan.json" ${LATENCY_ARGS:-}
 
 echo "==== env"; cat "$OUT/env.txt"
 echo "==== steps"; cat "$OUT/steps.txt"
-echo "==== kserve tests"; grep -E "passed|failed|error" "$OUT/kserve_tests.log" | tail -2
-grep -E "^(FAILED|ERROR)" "$OUT/kserve_tests.log" | head -10
+if [[ -f $OUT/kserve_tests.log ]]; then
+  echo "==== kserve tests"; grep -E "passed|failed|error" "$OUT/kserve_tests.log" | tail -2
+  grep -E "^(FAILED|ERROR)" "$OUT/kserve_tests.log" | head -10
+fi
 echo "==== cuda shared memory"; tail -2 "$OUT/cuda_shm.log"
 echo "==== perf_analyzer (infer/s, p50 us)"
 for log in "$OUT"/perf_*.log; do
