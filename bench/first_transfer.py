@@ -24,6 +24,7 @@ least 0.5 of the in-process pinned copy.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -75,15 +76,33 @@ def shared_round(target: str, nbytes: int, data: np.ndarray, warm: int) -> dict[
 
 
 def numpy_round(target: str, nbytes: int, data: np.ndarray) -> dict[str, float]:
-    """A fresh client's ``client.buffer(array)`` and ``read()``: one client-side copy more."""
+    """A fresh client's ``client.buffer(array)`` and ``read()`` (one client-side copy more,
+    through two pooled segments in pieces), the allocation timed apart; then the same
+    client's second write and read (its segments mapped and faulted, perhaps locked)."""
     with Client(target, client_name="first-transfer-numpy") as client:
-        made: list[object] = []
-        write = timed(nbytes, lambda: made.append(client.buffer(data)))
-        buffer = made[0]
+        began = time.perf_counter()
+        buffer = client.empty(data.size, np.float32)
+        allocated = time.perf_counter() - began
+        pieces: list[float] = []
+        write = timed(
+            nbytes,
+            lambda: buffer.write(data, progress=lambda *_: pieces.append(time.perf_counter())),
+        )
         got: list[np.ndarray] = []
-        read = timed(nbytes, lambda: got.append(buffer.read()))  # type: ignore[attr-defined]
+        read = timed(nbytes, lambda: got.append(buffer.read()))
         assert np.array_equal(got[0], data), "the numpy round trip changed the data"
-    return {"numpy first write": write, "numpy first read": read}
+        out = got.pop()
+        second_write = timed(nbytes, lambda: buffer.write(data))
+        second_read = timed(nbytes, lambda: buffer.read(out=out))
+        assert np.array_equal(out, data), "the second numpy round trip changed the data"
+    gaps = [round(1e3 * (b - a), 1) for a, b in itertools.pairwise(pieces)]
+    print(f"  numpy: allocate {1e3 * allocated:.1f} ms; ms between pieces written: {gaps}")
+    return {
+        "numpy first write": write,
+        "numpy first read": read,
+        "numpy second write": second_write,
+        "numpy second read (out=)": second_read,
+    }
 
 
 def main() -> None:

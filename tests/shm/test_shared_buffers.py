@@ -232,3 +232,65 @@ def test_a_write_when_segments_ran_out_takes_grpc(daemon: RunningDaemon) -> None
             np.testing.assert_array_equal(buffer.read(), data)
         assert segments_of(client) == MAX_SEGMENTS_PER_CLIENT
         arrays.clear()  # their segments go back: the next large write goes through one
+
+
+def shared_bytes_of(client: Client) -> _shm.SharedBytes:
+    transport = client._conn.current_link(None).transport
+    assert isinstance(transport, _transports.LinkTransport)
+    assert isinstance(transport.bytes, _shm.SharedBytes)
+    return transport.bytes
+
+
+@pytest.mark.parametrize("ring", ["1", "0"])
+def test_a_transfer_of_many_pieces_moves_through_two_segments_in_turn(
+    daemon: RunningDaemon, ring: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Larger than a piece: through two pooled segments in turn (COPY records, or
+    CopySegment calls), progress after each piece, every byte where it belongs."""
+    monkeypatch.setattr(_shm, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setenv("ACCY_RING", ring)
+    count = (5 << 20) // 4 + 777  # 5 full pieces and a short sixth
+    data = np.random.default_rng(11).standard_normal(count).astype(np.float32)
+    with Client(daemon.unix_target) as client:
+        buffer = client.empty(count + 1024, np.float32)
+        seen: list[tuple[int, int]] = []
+        assert buffer.write(data, offset=4096, progress=lambda *p: seen.append(p)) == data.nbytes
+        assert seen == [(min(k << 20, data.nbytes), data.nbytes) for k in range(1, 7)]
+        pool = shared_bytes_of(client).pool
+        assert len(pool._segments) == 2  # two segments of a piece each, not one of 5 MiB
+        assert all(s.byte_size == _shm.MIN_SEGMENT for s in pool._segments)
+        seen.clear()
+        got = buffer.read(count=count, offset=4096, progress=lambda *p: seen.append(p))
+        np.testing.assert_array_equal(got, data)
+        assert seen[-1] == (data.nbytes, data.nbytes) and len(seen) == 6
+        into = np.zeros(count + 1024, np.float32)
+        buffer.read(out=into)
+        np.testing.assert_array_equal(into[1024:], data)
+        assert len(pool._segments) == 2 and not any(s.busy for s in pool._segments)
+
+
+def test_a_piece_the_daemon_refuses_fails_the_transfer_and_frees_the_segments(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_shm, "CHUNK_BYTES", 1 << 20)
+    data = np.arange((6 << 20) // 4, dtype=np.float32)
+    with Client(daemon.unix_target) as client:
+        buffer = client.empty(data.size, np.float32)
+        shared = shared_bytes_of(client)
+        copier = shared._copier
+        calls: list[int] = []
+
+        def third_refused(*args: object, **kwargs: object) -> int:
+            calls.append(1)
+            if len(calls) == 3:  # a segment id the daemon never gave: it refuses the copy
+                args = ("seg_not_yours", *args[1:])
+            return copier.copy(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(shared, "_copier", type("C", (), {"copy": staticmethod(third_refused)}))
+        with pytest.raises((NotFound, InvalidArgument)):
+            buffer.write(data)
+        assert len(calls) <= 4  # nothing past the refused piece and the one beside it
+        assert not any(s.busy for s in shared.pool._segments)
+        monkeypatch.setattr(shared, "_copier", copier)
+        buffer.write(data)  # the segments are whole and free: the next transfer works
+        np.testing.assert_array_equal(buffer.read(), data)
