@@ -100,10 +100,12 @@ class Watch:
 
 
 def notable(daemon: RunningDaemon) -> str:
-    """The daemon's log lines that say something went wrong (the last of them)."""
-    words = ("error", "warning", "closed", "broke", "Traceback")
-    lines = [line for line in daemon.log.read_text(errors="replace").splitlines()]
-    return "\n".join(line for line in lines if any(w in line for w in words))[-4000:]
+    """The daemon's log lines that say something went wrong, not tenant A's refusals (which
+    are the attack), the last of them."""
+    words = ("[warning", "[error", "[critical", "closed", "broke", "Traceback")
+    lines = daemon.log.read_text(errors="replace").splitlines()
+    picked = [line for line in lines if any(w in line for w in words) and "team-a" not in line]
+    return "\n".join(picked)[-6000:]
 
 
 def tenants(target: str, token: str) -> dict[str, pb.TenantStatus]:
