@@ -311,10 +311,12 @@ class Ring:
             self._halves[layout.CLIENT_WAITS_HALF] = 1
             try:
                 if not check():
-                    readable, _, _ = select.select(
-                        [self._complete_fd], [], [], min(deadline - now, 0.05)
-                    )
-                    if readable:
+                    # poll, not select: select refuses a descriptor numbered 1024 or more,
+                    # which a process with many files open gets (one poller per wait: a
+                    # poller may not be polled by two threads at once).
+                    poller = select.poll()
+                    poller.register(self._complete_fd, select.POLLIN)
+                    if poller.poll(max(min(deadline - now, 0.05), 0.0) * 1000):
                         with contextlib.suppress(BlockingIOError):
                             os.eventfd_read(self._complete_fd)
             finally:

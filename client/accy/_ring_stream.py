@@ -85,6 +85,11 @@ class RingStreamLink:
         """Why the call ended, if the daemon ended it with an error."""
         self._opened = threading.Event()
         self._closed = False
+        self._fds_lock = threading.Lock()
+        self._reader_done = False
+        self._reader_closes_fds = False
+        """``close()`` found the reader still running: the reader closes the eventfds as it
+        ends (else each client closed under load left three open in this process)."""
         self._ended = False
         """The call ended (the reader saw its end): nothing more is sent."""
         self._call = stub.RingStream(self._frames(), metadata=tuple(metadata))
@@ -103,6 +108,9 @@ class RingStreamLink:
         yield pb.RingFrame(slots=self._slots)
         words, halves, mask = self._words, self._halves, self._slots - 1
         sent = 0
+        woken = select.poll()  # not select.select: it refuses descriptors numbered >= 1024
+        woken.register(self._submit, select.POLLIN)
+        woken.register(self._stop, select.POLLIN)
         try:
             while not (self._closed or self._ended):
                 head = int(words[_HEAD])
@@ -110,7 +118,7 @@ class RingStreamLink:
                     halves[_DAEMON_WAITS] = 1  # the ring writes ``submit`` once it sees this
                     try:
                         if int(words[_HEAD]) == sent:
-                            select.select([self._submit, self._stop], [], [])
+                            woken.poll()
                             with contextlib.suppress(BlockingIOError):
                                 os.eventfd_read(self._submit)
                     finally:
@@ -161,6 +169,11 @@ class RingStreamLink:
                 os.eventfd_write(self._stop, 1)
             self._wake()
             self._opened.set()
+            with self._fds_lock:
+                self._reader_done = True
+                closes = self._reader_closes_fds
+            if closes:
+                self._close_fds()
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -182,8 +195,13 @@ class RingStreamLink:
         self._call.cancel()
         if threading.current_thread() is not self._reader:
             self._reader.join(1.0)
-        if self._reader.is_alive():
-            return  # it may still write them: leave the eventfds to the process
+        with self._fds_lock:
+            if not self._reader_done:  # it may still write them: it closes them as it ends
+                self._reader_closes_fds = True
+                return
+        self._close_fds()
+
+    def _close_fds(self) -> None:
         for fd in (self._submit, self._complete, self._stop):
             with contextlib.suppress(OSError):
                 os.close(fd)
