@@ -28,8 +28,10 @@ from tests.service.harness import CATALOG, ServerThread, make_config
 
 SCAN_N = 4096 * 64
 LAUNCHES = 100
-FLOOR_S = 0.005
-"""A p99 below this counts as this (a loaded 2-core machine's scheduling noise)."""
+FLOOR_S = 0.025
+"""A p99 below this counts as this: a loaded 2-core machine's scheduling noise (the server
+shares this process's GIL with both clients; 14 ms was seen), an eighth of the 200 ms a
+launch held up behind A's allocation would wait."""
 
 
 class SlowAllocations(HostBackend):
