@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
 
 from accy.protocol import ring as layout
 from accyd.doors.hostmem.memfd import sealed_memfd
@@ -29,6 +30,11 @@ class RingMemory:
 
     An engine that takes the ring holds an export of ``map`` until it lets the
     ring go: close it only after (``close`` raises ``BufferError`` before).
+
+    The eventfds are read and written under ``_fd_lock``, and never once closed: a
+    descriptor number closed here is soon another's (a new client's TCP socket), and an
+    8-byte eventfd write into it reads as an HTTP/2 frame header there (a copy thread's
+    ``wake_client`` after the ring closed broke another client's connection that way).
     """
 
     def __init__(self, slot_count: int, *, shared: bool = True) -> None:
@@ -56,6 +62,7 @@ class RingMemory:
         self._words = memoryview(self.map).cast("Q")
         self._halves = memoryview(self.map).cast("I")
         self._closed = False
+        self._fd_lock = threading.Lock()
 
     def fds(self) -> list[int]:
         """What the client receives, in this order: the memory, ``submit``, ``complete``."""
@@ -136,23 +143,26 @@ class RingMemory:
         self.map[start : start + len(data)] = data
 
     def drain_submit(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.eventfd_read(self.submit_fd)
+        with self._fd_lock, contextlib.suppress(BlockingIOError, OSError):
+            if not self._closed:
+                os.eventfd_read(self.submit_fd)
 
     def kick(self) -> None:
         """Wake whoever takes the ring, if it said it sleeps (a ring filled by the daemon)."""
-        if self.u32(layout.DAEMON_WAITS):
-            with contextlib.suppress(BlockingIOError, OSError):
+        with self._fd_lock, contextlib.suppress(BlockingIOError, OSError):
+            if not self._closed and self.u32(layout.DAEMON_WAITS):
                 os.eventfd_write(self.submit_fd, 1)
 
     def drain_complete(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.eventfd_read(self.complete_fd)
+        with self._fd_lock, contextlib.suppress(BlockingIOError, OSError):
+            if not self._closed:
+                os.eventfd_read(self.complete_fd)
 
     def wake_client(self) -> None:
         # A hostile client can fill the counter; a full eventfd is not our problem.
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.eventfd_write(self.complete_fd, 1)
+        with self._fd_lock, contextlib.suppress(BlockingIOError, OSError):
+            if not self._closed:
+                os.eventfd_write(self.complete_fd, 1)
 
     def close(self) -> None:
         """Mark the ring closed, wake its client, close the descriptors and unmap; idempotent.
@@ -168,11 +178,12 @@ class RingMemory:
             self._words = memoryview(self.map).cast("Q")
             self._halves = memoryview(self.map).cast("I")
             raise
-        self._closed = True
-        for fd in (self.fd, self.submit_fd, self.complete_fd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        with self._fd_lock:
+            self._closed = True
+            for fd in (self.fd, self.submit_fd, self.complete_fd):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def mark_closed(self) -> None:
         """Tell the client the ring is closed (before the engine lets it go)."""
