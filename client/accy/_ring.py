@@ -15,6 +15,7 @@ import mmap
 import os
 import select
 import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ class Ring:
         self.abandoned: Callable[[], bool] | None = None
         """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
         self._closed = False
+        self._fd_lock = threading.Lock()
+        """Held to read ``complete`` and to close the descriptors: a waiter never reads a
+        number that another thread's ``close()`` freed, and that may be a socket now."""
 
     @classmethod
     def connect(cls, handoff: Path, ring_id: str, ticket: bytes, timeout: float = 5.0) -> Ring:
@@ -317,8 +321,9 @@ class Ring:
                     poller = select.poll()
                     poller.register(self._complete_fd, select.POLLIN)
                     if poller.poll(max(min(deadline - now, 0.05), 0.0) * 1000):
-                        with contextlib.suppress(BlockingIOError):
-                            os.eventfd_read(self._complete_fd)
+                        with self._fd_lock, contextlib.suppress(BlockingIOError):
+                            if not self._closed:
+                                os.eventfd_read(self._complete_fd)
             finally:
                 self._halves[layout.CLIENT_WAITS_HALF] = 0
 
@@ -367,10 +372,11 @@ class Ring:
             self._unmap()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._unmap()
+        with self._fd_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._unmap()
 
     def _unmap(self) -> None:
         for fd in (self._submit_fd, self._complete_fd):
