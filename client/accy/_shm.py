@@ -21,9 +21,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +31,7 @@ import numpy as np
 from accy import _handoff
 from accy._chunks import Progress
 from accy._connection import Connection
+from accy._copying import CopyThreads
 from accy._link import Link
 from accy._target import unix_socket_of
 from accy._unary import StreamedBytes
@@ -55,12 +55,6 @@ through two pooled segments in turn: this side copies a piece into one (or out o
 the daemon copies the other, so a fresh client maps and faults 128 MiB, not the whole
 transfer, and the two sides' copies overlap. (A 1 GiB ``client.buffer(array)`` through one
 fresh 1 GiB segment ran at 1.2 GB/s on the H200, its page faults and two serial copies.)"""
-COPY_THREADS = 4
-"""Threads (the caller's among them) that copy a piece between the caller's array and a
-segment, in parts: one thread copied about 5 GB/s on the H200's host, less than the daemon's
-side of the same piece (its staging copies with four)."""
-_PART_BYTES = 4 << 20
-"""The least one of those threads is given: smaller parts cost more in hand-offs."""
 
 
 _NOT_SHARED = (FailedPrecondition, Unimplemented, OSError, _handoff.HandoffRefused)
@@ -193,12 +187,7 @@ class SharedBytes:
         self.pool = pool
         self._copier = copier
         self._fallback = fallback
-        self._threads_lock = threading.Lock()
-        self._helper: ThreadPoolExecutor | None = None
-        """One thread, made at the first large transfer, that has the daemon copy the pieces
-        (one at a time, in order) while the caller's thread copies on this side."""
-        self._parts: ThreadPoolExecutor | None = None
-        """``COPY_THREADS - 1`` threads that copy parts of a piece beside the caller's."""
+        self._threads = CopyThreads()
 
     def write(
         self,
@@ -271,12 +260,12 @@ class SharedBytes:
                 return self._in_pieces(raw, buffer_id, device, offset, timeout, to_buffer, progress)
             with pool.lease(size, device, timeout) as segment:
                 if to_buffer:
-                    self._copy(segment.data[:size], raw)
+                    self._threads.copy(segment.data[:size], raw)
                 moved = copier.copy(
                     segment.id, 0, buffer_id, offset, size, to_buffer=to_buffer, timeout=timeout
                 )
                 if not to_buffer:
-                    self._copy(raw, segment.data[:size])
+                    self._threads.copy(raw, segment.data[:size])
                 return moved
         except ResourceExhausted:  # no segment to be had (the daemon's per-client limit, or
             return None  # the tenant's memory): this transfer needs none
@@ -302,15 +291,14 @@ class SharedBytes:
         size = raw.nbytes
         deadline = None if timeout is None else time.monotonic() + timeout
         pieces = [(at, min(CHUNK_BYTES, size - at)) for at in range(0, size, CHUNK_BYTES)]
-        copier, helper = self._copier, self._helper_thread()
+        copier, threads = self._copier, self._threads
 
         def left() -> float | None:
             return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
         def daemon_copies(segment: Segment, piece: tuple[int, int]) -> Future[int]:
             at, length = piece
-            return _submitted(
-                helper,
+            return threads.daemon_copies(
                 lambda: copier.copy(
                     segment.id,
                     0,
@@ -335,14 +323,14 @@ class SharedBytes:
                     if to_buffer:
                         if index >= ways:  # the daemon is done with this segment's last piece
                             _reported(copies[index - ways], progress, pieces[index - ways], size)
-                        self._copy(segment.data[:length], raw[at : at + length])
+                        self._threads.copy(segment.data[:length], raw[at : at + length])
                         copies.append(daemon_copies(segment, piece))
                         continue
                     while len(copies) < min(index + ways, len(pieces)):  # keep both busy
                         ahead = len(copies)
                         copies.append(daemon_copies(segments[ahead % ways], pieces[ahead]))
                     _reported(copies[index], progress, piece, size)
-                    self._copy(raw[at : at + length], segment.data[:length])
+                    self._threads.copy(raw[at : at + length], segment.data[:length])
                 if to_buffer:
                     for index in range(max(len(pieces) - ways, 0), len(pieces)):
                         _reported(copies[index], progress, pieces[index], size)
@@ -353,41 +341,6 @@ class SharedBytes:
                     with contextlib.suppress(BaseException):
                         copy.exception()
         return size
-
-    def _helper_thread(self) -> ThreadPoolExecutor:
-        with self._threads_lock:
-            if self._helper is None:
-                self._helper = ThreadPoolExecutor(1, thread_name_prefix="accy-shm-daemon")
-            return self._helper
-
-    def _copy(self, into: np.ndarray[Any, Any], source: np.ndarray[Any, Any]) -> None:
-        """``into[:] = source`` (bytes of one size), in parts on up to ``COPY_THREADS``
-        threads (numpy lets go of the GIL while it copies)."""
-        size = source.nbytes
-        parts = min(COPY_THREADS, size // _PART_BYTES, len(os.sched_getaffinity(0)))
-        if parts <= 1:
-            into[:] = source
-            return
-        step = (-(-size // parts) + 4095) // 4096 * 4096  # whole pages, rounded up
-        with self._threads_lock:
-            if self._parts is None:
-                self._parts = ThreadPoolExecutor(COPY_THREADS - 1, thread_name_prefix="accy-shm")
-            threads = self._parts
-
-        def part(at: int) -> None:
-            into[at : at + step] = source[at : at + step]
-
-        try:
-            others = [threads.submit(part, at) for at in range(step, size, step)]
-        except RuntimeError:  # closed by another thread meanwhile: its copier says so next
-            into[:] = source
-            return
-        try:
-            part(0)
-        finally:
-            futures.wait(others)  # none may still write ``into`` once this returns
-        for other in others:
-            other.result()
 
     def shared_array(
         self, shape: tuple[int, ...], dtype: np.dtype[Any], device: int, timeout: float | None
@@ -406,26 +359,7 @@ class SharedBytes:
 
     def close(self) -> None:
         """Let the copying thread go (the daemon frees the segments when the client detaches)."""
-        with self._threads_lock:
-            threads = (self._helper, self._parts)
-            self._helper = self._parts = None
-        for pool in threads:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _submitted(pool: ThreadPoolExecutor, work: Callable[[], int]) -> Future[int]:
-    """``work`` on ``pool``; where the client was closed meanwhile (the pool shut down), done
-    on this thread instead, where the copier raises ``ClientClosed``."""
-    try:
-        return pool.submit(work)
-    except RuntimeError:
-        done: Future[int] = Future()
-        try:
-            done.set_result(work())
-        except BaseException as error:  # handed to the waiter, who raises it
-            done.set_exception(error)
-        return done
+        self._threads.close()
 
 
 def _reported(
