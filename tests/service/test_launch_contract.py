@@ -28,10 +28,12 @@ from tests.service.harness import CATALOG, ServerThread, make_config
 
 SCAN_N = 4096 * 64
 LAUNCHES = 100
-FLOOR_S = 0.025
+FLOOR_S = 0.05
 """A p99 below this counts as this: a loaded 2-core machine's scheduling noise (the server
-shares this process's GIL with both clients; 14 ms was seen), an eighth of the 200 ms a
-launch held up behind A's allocation would wait."""
+shares this process's GIL with both clients and the heavy client's host scan; 14 ms and,
+on CI, 69 ms were seen). The bound, twice this, is half the 200 ms that a launch held up
+behind A's allocation waits at most: held up, nearly every launch waits on one, so the p99
+would come near 200 ms."""
 
 
 class SlowAllocations(HostBackend):
