@@ -371,9 +371,22 @@ class Server:
             # Not on the device-work threads: waiting calls may hold every one of them.
             idle = await asyncio.to_thread(self.daemon.wait_idle, grace)
             calls_done = await self.calls.wait_idle(deadline - loop.time())
+            # Each ring's last launches reach it (their ends written where the client
+            # waits) before the Attach streams end: a client that sees its stream end
+            # first counts what it still waits for as lost.
+            rings_settled = self.ring_doors is None or (
+                idle
+                and await self.ring_doors.wait_settled(max(deadline - loop.time(), ABANDON_SECONDS))
+            )
             busy = not idle
             ended = 0 if calls_done else self._admitting.in_flight.end_all(_SHUTTING_DOWN)
-            log.info("drained", device_idle=idle, calls_done=calls_done, calls_ended=ended)
+            log.info(
+                "drained",
+                device_idle=idle,
+                calls_done=calls_done,
+                calls_ended=ended,
+                rings_settled=rings_settled,
+            )
         self.servicer.close_attach_streams()
         # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
         # successor cannot start before it does), nor a drained one from stopping.

@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 
 from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from accyd.engine import pyloop
 from tests.service.harness import ServerThread, attach, make_config
 
 GRACE = 8.0
@@ -62,3 +66,44 @@ def test_ring_streams_of_clients_that_come_and_go_leave_nothing_behind(tmp_path:
         assert eventfds() <= baseline, f"{eventfds() - baseline} descriptors left behind"
     finally:
         running.stop()
+
+
+def test_a_launch_that_ends_as_the_drain_begins_reaches_its_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device going idle is not the end of a ring's launch: its end is written to the
+    ring a moment after (here half a second, as on a loaded machine). A drain that detached
+    the client first had it count the launch "lost when the daemon detached this client"."""
+    monkeypatch.setenv("ACCY_RING", "1")
+    monkeypatch.setenv("ACCYD_ENGINE", "python")
+    seen: dict[int, float] = {}
+    real_over = pyloop._over
+
+    def late_over(mark: Any) -> bool:
+        if not real_over(mark):
+            return False
+        return time.monotonic() - seen.setdefault(id(mark), time.monotonic()) >= SETTLE_LAG_S
+
+    monkeypatch.setattr(pyloop, "_over", late_over)
+    running = ServerThread(make_config(tmp_path, "unix", grace_seconds=GRACE))
+    stopping = None
+    try:
+        with Client(running.address) as client:
+            saxpy = client.load("accy.kernel.saxpy")
+            x = client.buffer(np.ones(16, np.float32))
+            y = client.empty(16, np.float32)
+            saxpy.launch(operands=[x, x], results=[y], n=16, a=1.0)  # the ring is open
+            launched = saxpy.launch(operands=[x, x], results=[y], n=16, a=2.0, wait=False)
+            assert saxpy._link.transport.path == "ring"
+            time.sleep(0.1)  # taken, and run: the device is idle before the stop begins
+            stopping = threading.Thread(target=running.stop)
+            stopping.start()
+            launched.wait()  # finished, not lost (a read now would be: the daemon is going)
+    finally:
+        if stopping is None:
+            running.stop()
+        else:
+            stopping.join(GRACE + 10)
+
+
+SETTLE_LAG_S = 0.5

@@ -19,6 +19,8 @@ from accyd.engine.auto import EngineKind, RingEngine, open_engine
 
 __all__ = ["RingDoors"]
 
+SETTLE_POLL_SECONDS = 0.005
+
 
 class RingDoors:
     """Owns the engine and the shared ring door (the streams' rings end with their calls).
@@ -81,6 +83,18 @@ class RingDoors:
             self.door.start()
         self._daemon.extend(self.engine)
         self.engine.start()
+
+    async def wait_settled(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every ring to finish or refuse each record
+        published on it (while draining, the engine refuses new ones); True if they did.
+        The device going idle is not enough: a launch's end reaches its ring a moment after."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.engine.settled():
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(SETTLE_POLL_SECONDS)
+        return True
 
     async def close(self) -> None:
         """Close the door's rings, then the engine; idempotent."""

@@ -45,6 +45,11 @@ class RingEngine(Protocol):
 
     def stats(self) -> dict[str, int]: ...
 
+    def settled(self) -> bool:
+        """Whether every ring it holds has finished or refused each record published on it
+        (``ServerRing.settled``): a drain waits for this before it detaches the clients."""
+        ...
+
     def close(self) -> None: ...
 
 

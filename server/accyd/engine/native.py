@@ -131,6 +131,11 @@ class NativeEngine:
     def stats(self) -> dict[str, int]:
         return self._engine.stats()
 
+    def settled(self) -> bool:
+        with self._lock:
+            rings = [entry.ring for entry in self._rings.values()]
+        return all(ring.settled() for ring in rings)
+
     # Rings ------------------------------------------------------------------------------
 
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None:

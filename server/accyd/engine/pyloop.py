@@ -111,6 +111,10 @@ class PythonLoop:
     def stats(self) -> dict[str, int]:
         return {"slow_records": self.taken, "rings": len(self._rings), "threads": 1}
 
+    def settled(self) -> bool:
+        # The loop's thread changes the table; a copy of its values is taken at once.
+        return all(taken.ring.settled() for taken in list(self._rings.values()))
+
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None:
         taken = _Taken(ring, notify_always)
         self._change(lambda: self._add(taken))

@@ -342,6 +342,18 @@ class ServerRing:
         self.broken = True
         self.memory.mark_closed()
 
+    def settled(self) -> bool:
+        """Whether every record published so far has finished or been refused (``done``
+        reached ``head``), or none can be any more: the ring broken, closed, or its head
+        beyond one ring of ``done`` (a client that broke the rules; the engine breaks it)."""
+        if self.broken:
+            return True
+        try:
+            head, done = self.memory.u64(layout.HEAD), self.memory.u64(layout.DONE)
+        except ValueError:  # closed
+            return True
+        return done >= head or head - done > self.memory.slot_count
+
     def close(self) -> None:
         """Unmap (once the engine let the ring go); the client's own mapping stays valid."""
         self.memory.close()
