@@ -151,7 +151,10 @@ def configure_logging(
         logger_factory=(
             structlog.stdlib.LoggerFactory()
             if stdlib
-            else structlog.PrintLoggerFactory(stream or sys.stderr)
+            # one write per line, newline included: a supervisor and its server share
+            # one stderr, which PYTHONUNBUFFERED (the image sets it) leaves unbuffered,
+            # and print's two writes let another process's line land between them
+            else structlog.WriteLoggerFactory(stream or sys.stderr)
         ),
         cache_logger_on_first_use=True,  # a proxy re-binding per call costs every RPC
     )
