@@ -4,11 +4,11 @@ in CUDA shared memory (the daemon must run with --kserve-cuda-shared-memory)."""
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.cuda_shared_memory as cudashm
-from _common import arguments, fail
+from _common import arguments, closed_at_exit, fail
 from tritonclient import utils
 
 args, headers = arguments([("--n", {"type": int, "default": 1 << 20})])
-triton_client = grpcclient.InferenceServerClient(url=args.url)
+triton_client = closed_at_exit(grpcclient.InferenceServerClient(url=args.url))
 triton_client.unregister_system_shared_memory(headers=headers)
 triton_client.unregister_cuda_shared_memory(headers=headers)
 

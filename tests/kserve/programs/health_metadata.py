@@ -1,10 +1,10 @@
 """Health and metadata, as tritonclient's simple_grpc_health_metadata example asks them."""
 
 import tritonclient.grpc as grpcclient
-from _common import arguments, fail
+from _common import arguments, closed_at_exit, fail
 
 args, headers = arguments()
-client = grpcclient.InferenceServerClient(url=args.url)
+client = closed_at_exit(grpcclient.InferenceServerClient(url=args.url))
 model_name = "simple"
 
 if not client.is_server_live(headers=headers):

@@ -2,10 +2,10 @@
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from _common import arguments, fail
+from _common import arguments, closed_at_exit, fail
 
 args, headers = arguments()
-client = grpcclient.InferenceServerClient(url=args.url)
+client = closed_at_exit(grpcclient.InferenceServerClient(url=args.url))
 x = np.random.default_rng(7).random(1000, dtype=np.float32)
 y = np.random.default_rng(8).random(1000, dtype=np.float32)
 inputs = [grpcclient.InferInput("x", [1000], "FP32"), grpcclient.InferInput("y", [1000], "FP32")]

@@ -4,11 +4,11 @@ both outputs, each tensor at its own offset, every region of this client unregis
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
-from _common import arguments, fail
+from _common import arguments, closed_at_exit, fail
 from tritonclient import utils
 
 args, headers = arguments()
-triton_client = grpcclient.InferenceServerClient(url=args.url)
+triton_client = closed_at_exit(grpcclient.InferenceServerClient(url=args.url))
 
 # Unregister every system region of this client's first.
 triton_client.unregister_system_shared_memory(headers=headers)

@@ -2,10 +2,10 @@
 
 import numpy as np
 import tritonclient.grpc as grpcclient
-from _common import arguments, fail
+from _common import arguments, closed_at_exit, fail
 
 args, headers = arguments()
-client = grpcclient.InferenceServerClient(url=args.url)
+client = closed_at_exit(grpcclient.InferenceServerClient(url=args.url))
 
 
 def count():
