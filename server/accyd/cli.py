@@ -26,9 +26,9 @@ import structlog
 
 from accyd.process.event_loop import spinning_loop
 from accyd.process.exits import EXIT_DEVICE_LOST, EXIT_FORCED, EXIT_NEVER_READY, EXIT_STOPPED_BUSY
+from accyd.process.serving import NeverReady, serve
 from accyd.process.signals import capture_signals
 from accyd.process.supervisor import RestartPolicy, Supervisor
-from accyd.server import NeverReady, serve
 from accyd.settings.config import QUOTAS, SETTINGS, Config
 from accyd.settings.fields import add_flags, flag_values
 from accyd.telemetry.logs import configure_logging

@@ -5,8 +5,8 @@ calls in flight drained within the grace, Attach streams ended, every client's r
 released, the backends closed. Calls still running when the grace ends are answered
 UNAVAILABLE (reason ``SHUTTING_DOWN``); if the device is still busy then, its work not yet
 done is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device fault skips
-the release (the context is poisoned) and exits non-zero so the process is restarted. A
-failure before the server is ready is ``NeverReady``.
+the release (the context is poisoned) and exits non-zero so the process is restarted.
+``accyd.process.serving`` runs one as the ``accyd serve`` process, under its signals.
 
 Every call but health and reflection passes the auth interceptor
 (``accyd.doors.grpc.auth``); TCP listeners serve TLS when a certificate is
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -46,9 +45,8 @@ from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
 from accyd.process.event_loop import set_loop_spin
 from accyd.process.exits import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
-from accyd.process.exits import EXIT_FORCED, EXIT_STOPPED_BUSY, Lineage
+from accyd.process.exits import EXIT_STOPPED_BUSY, Lineage
 from accyd.process.malloc import keep_freed_memory
-from accyd.process.signals import capture_signals
 from accyd.process.socket_claim import SocketClaim, umask
 from accyd.process.steps import alive, on_loop, within
 from accyd.settings.config import Config
@@ -56,15 +54,11 @@ from accyd.telemetry.logs import flush_left_out
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
 
-__all__ = ["EXIT_DEVICE_FAULT", "NeverReady", "Server", "serve"]
+__all__ = ["EXIT_DEVICE_FAULT", "Server"]
 
 SUPERVISOR_POLL_SECONDS = 0.5
 
 log = structlog.get_logger("accyd.server")
-
-
-class NeverReady(Exception):
-    """The server failed before it served: its message says what to fix."""
 
 
 class Server:
@@ -428,36 +422,3 @@ _SHUTTING_DOWN = ShuttingDown(
     "the daemon is shutting down and its grace ran out before this call finished; "
     "retry against its successor"
 )
-
-
-async def serve(config: Config) -> int:
-    """Run a server until SIGTERM or SIGINT (a second one forces exit); returns the exit status.
-
-    SIGHUP reloads the tokens file. A failure before the server is ready is ``NeverReady``.
-    """
-    server = Server(config)
-    loop = asyncio.get_running_loop()
-
-    def force(signum: signal.Signals) -> None:
-        os._exit(EXIT_FORCED)
-
-    # Under the supervisor a terminal's Ctrl-C or a service manager's SIGTERM reaches this
-    # process twice (directly and passed on); the supervisor forces on a second signal itself.
-    with capture_signals(
-        drain=lambda signum: server.request_stop(signum.name),
-        force=None if server.supervised else force,
-        reload=lambda signum: server.reload_tokens(),
-        loop=loop,
-    ):
-        try:
-            await server.start()
-        except Exception as error:
-            raise NeverReady(_why(error)) from error
-        return await server.wait()
-
-
-def _why(error: Exception) -> str:
-    """What a failure at start says to the operator (without a traceback)."""
-    if isinstance(error, AccyError | OSError | ValueError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
