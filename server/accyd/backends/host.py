@@ -38,7 +38,6 @@ from accyd.backends.host_staging import host_staged_copies
 from accyd.backends.host_streams import Fence, Worker, call_quietly
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
-from accyd.doors.hostmem.memfd import sealed_memfd
 from accyd.errors import (
     DeviceFault,
     FailedPrecondition,
@@ -48,6 +47,7 @@ from accyd.errors import (
     RuntimeUnavailable,
     UnsupportedOperation,
 )
+from accyd.memfd import sealed_memfd
 
 __all__ = ["DEFAULT_MEMORY_SHARE", "HostBackend", "physical_memory"]
 

@@ -8,7 +8,7 @@ import threading
 
 from accyd.backends.base import Backend
 from accyd.core.clients import Client
-from accyd.doors.hostmem.memfd import sealed_memfd
+from accyd.memfd import sealed_memfd
 
 __all__ = ["HostSegment"]
 

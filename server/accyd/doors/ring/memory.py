@@ -8,7 +8,7 @@ import os
 import threading
 
 from accy.protocol import ring as layout
-from accyd.doors.hostmem.memfd import sealed_memfd
+from accyd.memfd import sealed_memfd
 
 __all__ = ["RingMemory"]
 
