@@ -98,8 +98,8 @@ class Ring:
         """Asked while a wait sleeps: true once the daemon is known gone (its link lost)."""
         self._closed = False
         self._fd_lock = threading.Lock()
-        """Held to read ``complete`` and to close the descriptors: a waiter never reads a
-        number that another thread's ``close()`` freed, and that may be a socket now."""
+        """Held to read ``complete``, to write ``submit`` and to close the descriptors: no
+        thread reads or writes a number another thread's ``close()`` freed (a socket now)."""
 
     @classmethod
     def connect(cls, handoff: Path, ring_id: str, ticket: bytes, timeout: float = 5.0) -> Ring:
@@ -237,8 +237,7 @@ class Ring:
         self._head = head + 1
         words[_HEAD] = head + 1
         if self._halves[_DAEMON_WAITS]:
-            with contextlib.suppress(BlockingIOError):
-                os.eventfd_write(self._submit_fd, 1)
+            self._kick()
         return head
 
     def _write(self, slot: int, fixed: bytes, notify: bool) -> None:
@@ -264,9 +263,15 @@ class Ring:
         self._head = seq + 1
         self._words[_HEAD] = seq + 1
         if self._halves[_DAEMON_WAITS]:
-            with contextlib.suppress(BlockingIOError):
-                os.eventfd_write(self._submit_fd, 1)
+            self._kick()
         return seq
+
+    def _kick(self) -> None:
+        """Wake the daemon's side, which said it sleeps: under the lock ``close()`` takes, so
+        never into a number another thread closed (the publisher may race a ``close()``)."""
+        with self._fd_lock, contextlib.suppress(BlockingIOError):
+            if not self._closed:
+                os.eventfd_write(self._submit_fd, 1)
 
     # Waiting ------------------------------------------------------------------------
 

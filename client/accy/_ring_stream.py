@@ -47,6 +47,75 @@ _CLIENT_WAITS, _DAEMON_WAITS, _CLOSED = (
 )
 
 
+class _EventFds:
+    """The stream's three eventfds (``submit``, ``complete``, ``stop``), closed by the last
+    thread that uses them.
+
+    The sender (in gRPC's request thread, which may sit in ``poll`` as the call ends), the
+    reader and ``close()`` touch them only inside ``using()``; ``close()`` marks them
+    closing, and they close as the last user leaves. A number closed while another thread
+    still held it is soon another descriptor (the next Client's TCP socket): an 8-byte
+    eventfd read there took the daemon's first HTTP/2 frame header from that connection,
+    and a write would have put one in.
+    """
+
+    def __init__(self) -> None:
+        self.submit = self.complete = self.stop = -1
+        try:
+            self.submit = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.complete = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            self.stop = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except BaseException:
+            self._close_now()
+            raise
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[bool]:
+        """Whether they are still open; they stay open until the block ends."""
+        with self._lock:
+            entered = not self._closing
+            self._users += entered
+        try:
+            yield entered
+        finally:
+            if entered:
+                with self._lock:
+                    self._users -= 1
+                    last = self._closing and self._users == 0
+                if last:
+                    self._close_now()
+
+    def signal(self, fd: int) -> None:
+        """Add one to eventfd ``fd`` (one of these), unless they are closing."""
+        with self.using() as open_, contextlib.suppress(BlockingIOError, OSError):
+            if open_:
+                os.eventfd_write(fd, 1)
+
+    def close(self) -> None:
+        """Close them now, or as soon as the last thread using them is done (idempotent)."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            now = self._users == 0
+        if now:
+            self._close_now()
+
+    def close_in_child(self) -> None:
+        """In a forked child, where the threads that used them do not exist: close now."""
+        self._closing = True
+        self._close_now()
+
+    def _close_now(self) -> None:
+        for fd in (self.submit, self.complete, self.stop):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
 class RingStreamLink:
     """One ``RingStream`` call and the ring it carries (``ring``).
 
@@ -69,10 +138,8 @@ class RingStreamLink:
             os.ftruncate(memory, size)
             self._map = mmap.mmap(memory, size)
             layout.pack_header(self._map, slots)
-            self._submit = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._complete = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self._stop = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
-            self.ring = Ring(os.dup(memory), os.dup(self._submit), os.dup(self._complete))
+            self._fds = fds = _EventFds()
+            self.ring = Ring(os.dup(memory), os.dup(fds.submit), os.dup(fds.complete))
         finally:
             os.close(memory)
         # A waiter must not spin: the reader thread that moves the counters needs the GIL.
@@ -85,11 +152,6 @@ class RingStreamLink:
         """Why the call ended, if the daemon ended it with an error."""
         self._opened = threading.Event()
         self._closed = False
-        self._fds_lock = threading.Lock()
-        self._reader_done = False
-        self._reader_closes_fds = False
-        """``close()`` found the reader still running: the reader closes the eventfds as it
-        ends (else each client closed under load left three open in this process)."""
         self._ended = False
         """The call ended (the reader saw its end): nothing more is sent."""
         self._call = stub.RingStream(self._frames(), metadata=tuple(metadata))
@@ -108,19 +170,23 @@ class RingStreamLink:
         yield pb.RingFrame(slots=self._slots)
         words, halves, mask = self._words, self._halves, self._slots - 1
         sent = 0
+        fds = self._fds
         woken = select.poll()  # not select.select: it refuses descriptors numbered >= 1024
-        woken.register(self._submit, select.POLLIN)
-        woken.register(self._stop, select.POLLIN)
+        woken.register(fds.submit, select.POLLIN)
+        woken.register(fds.stop, select.POLLIN)
         try:
             while not (self._closed or self._ended):
                 head = int(words[_HEAD])
                 if head == sent:
                     halves[_DAEMON_WAITS] = 1  # the ring writes ``submit`` once it sees this
                     try:
-                        if int(words[_HEAD]) == sent:
-                            woken.poll()
-                            with contextlib.suppress(BlockingIOError):
-                                os.eventfd_read(self._submit)
+                        with fds.using() as open_:
+                            if not open_:
+                                return
+                            if int(words[_HEAD]) == sent:  # close() writes stop, then waits
+                                woken.poll()
+                                with contextlib.suppress(BlockingIOError):
+                                    os.eventfd_read(fds.submit)
                     finally:
                         halves[_DAEMON_WAITS] = 0
                     continue
@@ -165,19 +231,12 @@ class RingStreamLink:
             with contextlib.suppress(ValueError):
                 halves[_CLOSED] = 1
             self._ended = True
-            with contextlib.suppress(OSError):  # the sender may sleep: nothing more to send
-                os.eventfd_write(self._stop, 1)
+            self._fds.signal(self._fds.stop)  # the sender may sleep: nothing more to send
             self._wake()
             self._opened.set()
-            with self._fds_lock:
-                self._reader_done = True
-                closes = self._reader_closes_fds
-            if closes:
-                self._close_fds()
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.eventfd_write(self._complete, 1)
+        self._fds.signal(self._fds.complete)
 
     # Closing ---------------------------------------------------------------------------
 
@@ -190,21 +249,11 @@ class RingStreamLink:
             with contextlib.suppress(RingClosed, DeadlineExceeded, ValueError):
                 self.ring.flush(drain)  # woken by the reader as the daemon takes them
         self._closed = True
-        with contextlib.suppress(OSError):
-            os.eventfd_write(self._stop, 1)
+        self._fds.signal(self._fds.stop)  # a sender asleep in poll wakes, and leaves them
         self._call.cancel()
         if threading.current_thread() is not self._reader:
             self._reader.join(1.0)
-        with self._fds_lock:
-            if not self._reader_done:  # it may still write them: it closes them as it ends
-                self._reader_closes_fds = True
-                return
-        self._close_fds()
-
-    def _close_fds(self) -> None:
-        for fd in (self._submit, self._complete, self._stop):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._fds.close()  # now, or as the reader or the sender lets go of them
 
     def close_in_child(self) -> None:
         """In a forked child: the call and its threads are the parent's; never write to the
@@ -217,6 +266,4 @@ class RingStreamLink:
             self._words.release()
             self._halves.release()
             self._map.close()
-        for fd in (self._submit, self._complete, self._stop):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._fds.close_in_child()
