@@ -19,7 +19,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from accy.errors import (
     InvalidArgument,
     Unavailable,
     error_class,
+    from_rpc_error,
 )
 from accy.protocol import DEVICE_SCOPE
 from accy.protocol import ring as layout
@@ -77,7 +78,7 @@ def open_ring(
         ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
     except (AccyError, OSError, RingClosed):
         return None
-    ring.abandoned = lambda: link.lost is not None  # no wait outlives the daemon
+    ring.abandoned = _lost(link)  # no wait outlives the daemon
     return ring
 
 
@@ -87,12 +88,33 @@ def open_stream_ring(conn: Connection, link: Link, timeout: float | None) -> Rin
     daemon refuses one (``--no-rings``, or a daemon that predates it)."""
     window = conn.launch_window
     slots = 1 << max(4, min(12, (window - 1).bit_length()))
-    stream = RingStreamLink(conn.stub, link.metadata, conn.translate, slots)
+    translate = weakref.WeakMethod(conn.translate)
+
+    def translated(error: grpc.RpcError) -> AccyError:
+        held = translate()
+        return held(error) if held is not None else from_rpc_error(error)
+
+    stream = RingStreamLink(conn.stub, link.metadata, translated, slots)
     if not stream.opened(10.0 if timeout is None else timeout):
         stream.close()
         return None
-    stream.ring.abandoned = lambda: link.lost is not None
+    stream.ring.abandoned = _lost(link)
     return stream
+
+
+def _lost(link: Link) -> Callable[[], bool]:
+    """Whether ``link`` is lost (or gone), holding it weakly. The ring and its stream are
+    closed by finalizers of the ``RingLaunches`` that owns them, and what a finalizer's
+    callback holds must not lead back to its object: a lambda over ``link`` (which owns
+    the transport, which owns the ``RingLaunches``) kept every closed client's objects,
+    its stream's memory descriptor included, for the life of the process."""
+    held = weakref.ref(link)
+
+    def lost() -> bool:
+        now = held()
+        return now is None or now.lost is not None
+
+    return lost
 
 
 class _Record:
@@ -120,10 +142,12 @@ class RingLaunches:
         self.stream = stream
         self._conn = conn
         self._link = link
-        # A lost link's ring is kept (its error entries) until nothing holds its link.
-        weakref.finalize(self, ring.close)
+        # A lost link's ring is kept (its error entries) until nothing holds its link. The
+        # finalizers are a net for a link never closed; close() detaches them, or the
+        # registry would keep their callbacks (and what those hold) for good.
+        self._finalizers = [weakref.finalize(self, ring.close)]
         if stream is not None:
-            weakref.finalize(self, stream.close)
+            self._finalizers.append(weakref.finalize(self, stream.close))
         self.lock = threading.Lock()
         """Held while a record is written (one writer at a time)."""
         self._sessions: dict[str, tuple[int, RecordScalars]] = {}
@@ -394,6 +418,8 @@ class RingLaunches:
             self.stream.close(drain)
         with self.lock, contextlib.suppress(Exception):
             self.ring.close()
+        for finalizer in self._finalizers:
+            finalizer.detach()
 
     def abandon(self) -> None:
         """In a forked child: let go of the ring without writing to it or taking a lock (a
