@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accy._attach import AttachStream
@@ -11,7 +12,7 @@ from accy._transport import Transport
 from accy.errors import AccyError, NotFound, Unavailable
 from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST, DEVICE_SCOPE
 
-__all__ = ["DEVICE_LOST", "Link", "device_lost", "device_replaced", "names_client"]
+__all__ = ["DEVICE_LOST", "Link", "device_lost", "device_replaced", "lost_of", "names_client"]
 
 
 def device_lost(error: AccyError) -> bool:
@@ -99,3 +100,18 @@ class Link:
             reason=self.reason,
             metadata={"session": self.fault_session} if self.fault_session else {},
         )
+
+
+def lost_of(link: Link) -> Callable[[], bool]:
+    """A check of whether ``link`` is lost (or gone) that holds it weakly. A ring and stream are
+    closed by finalizers of the ``RingLaunches`` that owns them, and what a finalizer's
+    callback holds must not lead back to its object: a lambda over ``link`` (which owns
+    the transport, which owns the ``RingLaunches``) kept every closed client's objects,
+    its stream's memory descriptor included, for the life of the process."""
+    held = weakref.ref(link)
+
+    def lost() -> bool:
+        now = held()
+        return now is None or now.lost is not None
+
+    return lost

@@ -19,14 +19,14 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from accy._connection import UNSET, Connection
-from accy._link import Link
+from accy._link import Link, lost_of
 from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy._ring_stream import RingStreamLink
 from accy._scalars import RecordScalars
@@ -78,7 +78,7 @@ def open_ring(
         ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
     except (AccyError, OSError, RingClosed):
         return None
-    ring.abandoned = _lost(link)  # no wait outlives the daemon
+    ring.abandoned = lost_of(link)  # no wait outlives the daemon
     return ring
 
 
@@ -98,23 +98,8 @@ def open_stream_ring(conn: Connection, link: Link, timeout: float | None) -> Rin
     if not stream.opened(10.0 if timeout is None else timeout):
         stream.close()
         return None
-    stream.ring.abandoned = _lost(link)
+    stream.ring.abandoned = lost_of(link)
     return stream
-
-
-def _lost(link: Link) -> Callable[[], bool]:
-    """Whether ``link`` is lost (or gone), holding it weakly. The ring and its stream are
-    closed by finalizers of the ``RingLaunches`` that owns them, and what a finalizer's
-    callback holds must not lead back to its object: a lambda over ``link`` (which owns
-    the transport, which owns the ``RingLaunches``) kept every closed client's objects,
-    its stream's memory descriptor included, for the life of the process."""
-    held = weakref.ref(link)
-
-    def lost() -> bool:
-        now = held()
-        return now is None or now.lost is not None
-
-    return lost
 
 
 class _Record:
