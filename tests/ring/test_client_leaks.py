@@ -57,6 +57,7 @@ def test_closed_clients_leave_no_descriptor_or_object(
         one_client(target)
     after = held()
     assert after[0] <= fds + 2, f"descriptors {fds} before 20 clients, {after[0]} after"
-    assert after[1:] == (connections, rings), (
+    # At most as many as before: other tests' clients may still die meanwhile, ours not.
+    assert after[1] <= connections and after[2] <= rings, (
         f"connections and ring transports alive: {(connections, rings)} before, {after[1:]} after"
     )
