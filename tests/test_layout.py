@@ -27,7 +27,8 @@ def modules(package: str) -> dict[str, Path]:
 
 
 def imported(name: str, path: Path) -> set[str]:
-    """What ``name`` imports when it is imported: module level, not under TYPE_CHECKING."""
+    """Everything ``name`` may import, a function's own imports too (a circle broken by a
+    late import is still a circle); not what is only under TYPE_CHECKING."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     names: set[str] = set()
@@ -35,8 +36,6 @@ def imported(name: str, path: Path) -> set[str]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
         for inner in ast.walk(node):
-            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-                continue
             if isinstance(inner, ast.Import):
                 names.update(alias.name for alias in inner.names)
             elif isinstance(inner, ast.ImportFrom):
