@@ -12,8 +12,7 @@ input's element count. Requested outputs are results, each at most once.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.errors import AccyError, InvalidRequest, LaunchArgumentMismatch
 
 __all__ = [
+    "MAX_DIMS",
     "REGION",
     "RESERVED_PARAMETERS",
     "Checked",
@@ -48,6 +48,9 @@ RESERVED_PREFIX = "triton_"
 """So are those named so (perf_analyzer sends ``triton_enable_empty_final_response``)."""
 MAX_TENSOR_BYTES = 1 << 40
 """No tensor is larger, whatever its shape says (the daemon's largest buffer)."""
+MAX_DIMS = 64
+"""The most dims a shape may have (Triton's practical bound too): checked before the dims
+are multiplied out, so a shape of many dims costs the event loop nothing."""
 
 _CONTENTS = {
     DType.F32: "fp32_contents",
@@ -125,8 +128,7 @@ def check_request(model: Model, request: pb.ModelInferRequest, max_message_bytes
                 f"input {spec.name!r} is {datatype_of(spec.dtype)}, not {clip(tensor.datatype)}",
                 field=f"{field}.datatype",
             )
-        shape = tuple(tensor.shape)
-        byte_size = _byte_size(spec, shape, f"{field}.shape")
+        shape, byte_size = _byte_size(spec, tensor.shape, f"{field}.shape")
         region = _region(tensor.parameters, field)
         data: bytes | None = None
         if region is not None:
@@ -212,20 +214,33 @@ def _inputs_by_operand(
     return [found[i] for i in range(len(pipeline.operands))]
 
 
-def _byte_size(spec: BufferSpec, shape: tuple[int, ...], field: str) -> int:
-    if not shape or any(d < 0 for d in shape):
+def _byte_size(spec: BufferSpec, dims: Sequence[int], field: str) -> tuple[tuple[int, ...], int]:
+    """An input's shape and byte size. The dims are counted, then each is checked, before
+    any arithmetic: no shape costs more than ``MAX_DIMS`` products of bounded numbers."""
+    if not 1 <= len(dims) <= MAX_DIMS:
         raise InvalidRequest(
-            f"input {spec.name!r}: shape {list(shape)} needs at least one dim, none negative",
+            f"input {spec.name!r}: its shape has {len(dims)} dims; a shape has at least 1 "
+            f"and at most {MAX_DIMS} dims",
             field=field,
         )
-    size = math.prod(shape) * spec.dtype.itemsize
-    if size == 0 or size > MAX_TENSOR_BYTES:
+    shape = tuple(dims)
+    if any(d < 0 for d in shape):
         raise InvalidRequest(
-            f"input {spec.name!r}: shape {list(shape)} is {size} bytes; a tensor is 1 to "
+            f"input {spec.name!r}: shape {list(shape)} has a negative dim", field=field
+        )
+    size = spec.dtype.itemsize
+    for dim in shape:
+        size *= dim
+        if size > MAX_TENSOR_BYTES:  # past the bound already (a later 0 is refused as well)
+            break
+    if size == 0 or size > MAX_TENSOR_BYTES:
+        said = size if size <= MAX_TENSOR_BYTES else f"more than {MAX_TENSOR_BYTES}"
+        raise InvalidRequest(
+            f"input {spec.name!r}: shape {list(shape)} is {said} bytes; a tensor is 1 to "
             f"{MAX_TENSOR_BYTES} bytes",
             field=field,
         )
-    return size
+    return shape, size
 
 
 def _typed(spec: BufferSpec, contents: pb.InferTensorContents, size: int, field: str) -> bytes:
