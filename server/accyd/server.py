@@ -353,6 +353,8 @@ class Server:
         deadline = loop.time() + grace
         await self.health.set_serving(False)
         self.daemon.begin_drain()
+        if self.kserve is not None:  # its idle streams end now, busy ones once answered
+            self.kserve.begin_drain()
         # gRPC cancels what still runs a moment after the grace: by then this stop has
         # answered those calls itself, saying why (SHUTTING_DOWN). A faulted one does not wait.
         stopping = asyncio.create_task(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.protocol import open_inference_pb2_grpc
+from accyd.doors.kserve.streams import STREAM_IN_FLIGHT
 from accyd.doors.kserve.tensors import MAX_DIMS
 from tests.kserve.harness import Door, simple_request
 from tests.service.harness import ServerThread, make_config
@@ -85,3 +88,54 @@ def test_shapes_out_of_bounds_are_invalid_argument(
     error = Door(server.address).refusal("ModelInfer", request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     assert says in error.details()
+
+
+def scan_request(count: int, ident: str) -> pb.ModelInferRequest:
+    """A device_scan request of ``count`` floats (its answer is as large)."""
+    request = pb.ModelInferRequest(model_name="accy.kernel.device_scan", id=ident)
+    request.inputs.add(name="x", datatype="FP32", shape=[count])
+    request.raw_input_contents.append(np.ones(count, np.float32).tobytes())
+    return request
+
+
+def inferences(door: Door, model: str) -> int:
+    stats = door("ModelStatistics", pb.ModelStatisticsRequest(name=model))
+    return int(stats.model_stats[0].inference_count)
+
+
+def settled(read: Callable[[], int], quiet: float = 1.0, timeout: float = 20) -> int:
+    """``read()`` once it has not changed for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError(f"still moving after {timeout} s: {last}")
+
+
+def test_a_stream_that_is_never_read_stops_being_served(tmp_path: Path) -> None:
+    """Answers queued without bound and each request's turn came back once its answer was
+    queued: a caller that never read grew the daemon's memory by every answer."""
+    running = ServerThread(make_config(tmp_path, "tcp"))
+    model, total, count = "accy.kernel.device_scan", 80, 1 << 18  # 1 MiB answers
+    door = Door(running.address)
+    door.channel = grpc.insecure_channel(
+        running.address, options=[("grpc.max_receive_message_length", 1 << 25)]
+    )
+    door.stub = open_inference_pb2_grpc.GRPCInferenceServiceStub(door.channel)
+    stream = door.stub.ModelStreamInfer(scan_request(count, str(i)) for i in range(total))
+    try:
+        served = settled(lambda: inferences(door, model))
+        # Every request holds a turn until its answer is written, and gRPC writes no more
+        # than the caller's flow-control window takes (a few answers).
+        assert served <= STREAM_IN_FLIGHT + 8, f"{served} of {total} served, none read"
+        answered = {reply.infer_response.id for reply in itertools.islice(stream, total)}
+        assert answered == {str(i) for i in range(total)}  # read now: every one comes
+    finally:
+        stream.cancel()
+        door.close()
+        running.stop()

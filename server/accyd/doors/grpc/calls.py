@@ -40,9 +40,9 @@ __all__ = [
 ]
 
 MAX_ID_LENGTH = 256
-LONG_LIVED = frozenset({"Attach", "RingStream"})
-"""Calls that last as long as their client: not counted as in flight (a stream's launches are);
-the drain ends them by detaching their clients."""
+LONG_LIVED = frozenset({"Attach", "RingStream", "ModelStreamInfer"})
+"""Calls that last as long as their client: not counted as in flight (a stream's launches and
+requests are); the drain ends them (detaching their clients, ending the KServe streams)."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _P = ParamSpec("_P")

@@ -11,7 +11,7 @@ TraceSetting and LogSettings answer UNIMPLEMENTED.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -21,8 +21,7 @@ import structlog
 import accyd
 from accyd.core.daemon import Daemon
 from accyd.doors.grpc.auth import Admitting, current_principal, default_principal
-from accyd.doors.grpc.calls import Call, CallTracker, log_failure, streaming, text_field, unary
-from accyd.doors.grpc.status import to_rpc_status
+from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.infer import Inference
 from accyd.doors.kserve.memory import SharedMemory
@@ -33,8 +32,9 @@ from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.sessions import ModelSessions
 from accyd.doors.kserve.stats import Phases, Statistics
+from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, Streams
 from accyd.doors.kserve.tensors import check_request
-from accyd.errors import InvalidRequest, NotFound, UnsupportedOperation
+from accyd.errors import InvalidRequest, NotFound, ShuttingDown, UnsupportedOperation
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics
 from accyd.tokens import Principal
@@ -42,8 +42,6 @@ from accyd.tokens import Principal
 __all__ = ["SERVICE_NAME", "STREAM_IN_FLIGHT", "KServeServicer"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-STREAM_IN_FLIGHT = 16
-"""Requests of one ModelStreamInfer stream run at once; the stream reads on as they end."""
 MAX_MODELS_KEPT = 4096
 """Models found by (name, version text) kept for the next request (only real ones are)."""
 EXTENSIONS = ("model_configuration", "model_repository", "statistics", "system_shared_memory")
@@ -102,6 +100,7 @@ class KServeServicer:
         )
         self.memory = SharedMemory(self.owners, calls, cuda)
         self.stats = Statistics()
+        self.streams = Streams(calls)
         self._models: dict[tuple[str, str], Model] = {}
         self._inference = Inference(
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
@@ -111,6 +110,13 @@ class KServeServicer:
         """Add the handlers to ``server`` (an ``Admitting`` checks callers first)."""
         add = open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
+
+    def begin_drain(self) -> None:
+        """The daemon stops: each ModelStreamInfer stream sends the answers it runs, then ends
+        (an idle one at once), saying so."""
+        ended = self.streams.end(_STREAMS_END)
+        if ended:
+            log.info("kserve streams ended", streams=ended)
 
     async def close(self) -> None:
         """Drop every KServe client (regions, sessions, buffers): at shutdown."""
@@ -228,46 +234,11 @@ class KServeServicer:
     async def ModelStreamInfer(
         self, request: AsyncIterator[pb.ModelInferRequest], call: Call
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request runs as it arrives (at most ``STREAM_IN_FLIGHT`` at once); answers go
-        back as they are ready, a failed one as its ``error_message``."""
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
-        running: set[asyncio.Task[None]] = set()
-
-        async def answer(one: pb.ModelInferRequest) -> None:
-            try:
-                response = await self._infer(call, one)
-                await answers.put(pb.ModelStreamInferResponse(infer_response=response))
-            except Exception as error:
-                log_failure("stream request", error, request_id=call.request_id)
-                status = to_rpc_status(error, call.request_id)
-                reply = pb.ModelStreamInferResponse(error_message=status.message)
-                reply.infer_response.id = one.id
-                await answers.put(reply)
-            finally:
-                turns.release()
-
-        async def read() -> None:
-            try:
-                async for one in request:
-                    await turns.acquire()
-                    task = asyncio.ensure_future(answer(one))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                while running:
-                    await asyncio.gather(*list(running), return_exceptions=True)
-            finally:
-                await answers.put(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while (reply := await answers.get()) is not None:
-                yield reply
-            await reader  # its error, if reading failed
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+        """Each request runs as it arrives; answers go back as they are ready, a failed one
+        as its ``error_message`` (``streams.py``: how many wait, and how ends come)."""
+        infer = functools.partial(self._infer, call)
+        async for reply in self.streams.serve(request, call, self._principal(), infer):
+            yield reply
 
     # Statistics and repository ----------------------------------------------------
 
@@ -407,3 +378,9 @@ class KServeServicer:
         self, request: pb.LogSettingsRequest, call: Call
     ) -> pb.LogSettingsResponse:
         raise UnsupportedOperation("accyd serves no log settings: see its --log-level")
+
+
+_STREAMS_END = ShuttingDown(
+    "the daemon is shutting down: this stream takes no more requests (those it took were "
+    "answered); open one on its successor"
+)

@@ -1,0 +1,186 @@
+"""ModelStreamInfer streams: requests run at once, answers sent in order of readiness, bounded.
+
+Each request of a stream holds one of the stream's ``STREAM_IN_FLIGHT`` turns from
+the moment it is read until its answer is *written* (handed to gRPC, which holds
+it no longer than the caller's flow-control window lets it), not merely queued:
+so a caller that never reads stops being served once that many answers wait, and
+while ``STREAM_UNSENT_BYTES`` of answers wait no further request is read. The
+stream's requests are counted as calls in flight while they run or wait to be
+sent, the stream itself is not: an idle stream holds no drain. ``Streams.end``
+ends the requests of every open stream (the drain) or of some (their token
+revoked): each stream's answers still running are sent, then it ends with the
+error given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+
+from accyd.doors.grpc.calls import Call, CallTracker, log_failure
+from accyd.doors.grpc.ending import until_ended
+from accyd.doors.grpc.status import to_rpc_status
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.errors import AccyError
+from accyd.tokens import Principal
+
+__all__ = ["REQUEST_CALL", "STREAM_IN_FLIGHT", "STREAM_UNSENT_BYTES", "Streams"]
+
+STREAM_IN_FLIGHT = 16
+"""Requests of one stream running or waiting to be sent at once; the stream reads on as
+their answers are written."""
+STREAM_UNSENT_BYTES = 64 << 20
+"""While this many bytes of a stream's answers wait to be written, it reads no request."""
+REQUEST_CALL = "ModelStreamInfer.request"
+"""What one request of a stream counts as among the calls in flight."""
+
+log = structlog.get_logger("accyd.doors.kserve")
+
+_Reply = pb.ModelStreamInferResponse
+Infer = Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]]
+
+
+class _Open:
+    """One open stream: whose it is, and why it was ended (set once)."""
+
+    __slots__ = ("ended", "principal", "why")
+
+    def __init__(self, principal: Principal) -> None:
+        self.principal = principal
+        self.ended = asyncio.Event()
+        self.why: AccyError | None = None
+
+
+class Streams:
+    """The door's open ModelStreamInfer streams."""
+
+    def __init__(self, calls: CallTracker) -> None:
+        self._calls = calls
+        self._open: set[_Open] = set()
+        self._ending: AccyError | None = None
+        """Set by ``end(every=True)``: a stream opened since ends at once."""
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def end(self, why: AccyError, which: Callable[[Principal], bool] | None = None) -> int:
+        """End the requests of the open streams ``which`` picks (all: and of those opened
+        from now on); each ends with ``why`` once its answers are sent. How many."""
+        if which is None:
+            self._ending = why
+        count = 0
+        for stream in self._open:
+            if (which is None or which(stream.principal)) and stream.why is None:
+                stream.why = why
+                stream.ended.set()
+                count += 1
+        return count
+
+    async def serve(
+        self,
+        requests: AsyncIterator[pb.ModelInferRequest],
+        call: Call,
+        principal: Principal,
+        infer: Infer,
+    ) -> AsyncIterator[_Reply]:
+        """Run each request as it arrives; answer each (a failed one as its
+        ``error_message``) as it is ready."""
+        stream = _Open(principal)
+        if self._ending is not None:
+            raise self._ending
+        self._open.add(stream)
+        try:
+            async for reply in _Answers(self._calls, call, infer).serve(
+                until_ended(requests, stream.ended)
+            ):
+                yield reply
+        finally:
+            self._open.discard(stream)
+        if stream.why is not None:
+            raise stream.why
+
+
+class _Answers:
+    """One stream's requests running and its answers not yet written."""
+
+    def __init__(self, calls: CallTracker, call: Call, infer: Infer) -> None:
+        self._calls = calls
+        self._call = call
+        self._infer = infer
+        self._turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        self._ready: collections.deque[tuple[_Reply, int]] = collections.deque()
+        self._unsent = 0
+        """Bytes of the answers in ``_ready``."""
+        self._moved = asyncio.Event()
+        """An answer is ready, one was written, or the reading ended."""
+        self._running: set[asyncio.Task[None]] = set()
+        self._reading_done = False
+
+    async def serve(self, requests: AsyncIterator[pb.ModelInferRequest]) -> AsyncIterator[_Reply]:
+        reader = asyncio.ensure_future(self._read(requests))
+        try:
+            while True:
+                while self._ready:
+                    reply, size = self._ready.popleft()
+                    try:
+                        yield reply  # resumed once it is written
+                    finally:
+                        self._sent(size)
+                if self._reading_done and not self._running:
+                    break
+                self._moved.clear()
+                if not self._ready:
+                    await self._moved.wait()
+            await reader  # its error, if reading failed
+        finally:
+            reader.cancel()
+            for task in list(self._running):
+                task.cancel()
+            for _ in self._ready:  # not written: the stream ended under them
+                self._calls.leave(REQUEST_CALL)
+            self._ready.clear()
+
+    def _sent(self, size: int) -> None:
+        self._unsent -= size
+        self._calls.leave(REQUEST_CALL)
+        self._turns.release()
+        self._moved.set()
+
+    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+        try:
+            async for one in requests:
+                await self._turns.acquire()
+                while self._unsent >= STREAM_UNSENT_BYTES:
+                    self._moved.clear()
+                    await self._moved.wait()
+                self._calls.enter(REQUEST_CALL)
+                task = asyncio.ensure_future(self._answer(one))
+                self._running.add(task)
+                task.add_done_callback(self._finished)
+        finally:
+            self._reading_done = True
+            self._moved.set()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A request's task is over: its answer is ready, or it was cancelled (it may not
+        have begun: its own code cannot count it out)."""
+        self._running.discard(task)
+        if task.cancelled():
+            self._calls.leave(REQUEST_CALL)
+        self._moved.set()
+
+    async def _answer(self, one: pb.ModelInferRequest) -> None:
+        try:
+            reply = _Reply(infer_response=await self._infer(one))
+        except Exception as error:
+            log_failure("stream request", error, request_id=self._call.request_id)
+            status = to_rpc_status(error, self._call.request_id)
+            reply = _Reply(error_message=status.message)
+            reply.infer_response.id = one.id
+        size = reply.ByteSize()
+        self._unsent += size
+        self._ready.append((reply, size))
+        self._moved.set()
