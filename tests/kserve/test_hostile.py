@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -12,12 +13,13 @@ import grpc
 import numpy as np
 import pytest
 
+from accyd.catalog import Catalog
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.streams import STREAM_IN_FLIGHT
 from accyd.doors.kserve.tensors import MAX_DIMS
 from tests.kserve.harness import Door, simple_request
-from tests.service.harness import ServerThread, make_config
+from tests.service.harness import CATALOG, ServerThread, make_config
 
 INTS = np.arange(16, dtype=np.int32)
 
@@ -137,5 +139,35 @@ def test_a_stream_that_is_never_read_stops_being_served(tmp_path: Path) -> None:
         assert answered == {str(i) for i in range(total)}  # read now: every one comes
     finally:
         stream.cancel()
+        door.close()
+        running.stop()
+
+
+def test_a_large_catalog_is_listed_and_searched_in_linear_time(tmp_path: Path) -> None:
+    """RepositoryIndex found each pipeline's model among all of them (quadratic, on the event
+    loop): 20,000 pipelines took past the 20 s deadline and stalled every other call."""
+    simple = next(p for p in CATALOG.pipelines if p.target == "simple")
+    many = [dataclasses.replace(simple, target=f"m{i:05}") for i in range(20_000)]
+    catalog = Catalog(CATALOG.registry, [*CATALOG.pipelines, *many])
+    running = ServerThread(make_config(tmp_path, "tcp"), catalog=catalog)
+    door = Door(running.address)
+    try:
+        for ready in (False, True, False):
+            started = time.monotonic()
+            listed = door("RepositoryIndex", pb.RepositoryIndexRequest(ready=ready))
+            took = time.monotonic() - started
+            assert len(listed.models) == len(catalog.pipelines)
+            assert took < 2.0, f"RepositoryIndex of 20,000 pipelines took {took:.1f} s"
+        assert listed.models[-1].name == "simple" and listed.models[-1].state == "READY"
+        found = simple_request(INTS, INTS)
+        found.model_name = "m19999"
+        door("ModelInfer", found)
+        started = time.monotonic()
+        for attempt in range(100):  # unknown names are not kept: each is looked up anew
+            found.model_name = f"nope{attempt}"
+            assert door.refusal("ModelInfer", found).code() == grpc.StatusCode.NOT_FOUND
+        took = time.monotonic() - started
+        assert took < 2.0, f"100 unknown models took {took:.1f} s"
+    finally:
         door.close()
         running.stop()

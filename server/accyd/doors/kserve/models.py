@@ -25,6 +25,7 @@ __all__ = [
     "DATATYPES",
     "PLATFORM",
     "Model",
+    "Models",
     "datatype_of",
     "dims_of",
     "dtype_of",
@@ -169,16 +170,42 @@ class Model:
         return "; ".join(parts)
 
 
+class Models:
+    """The catalog's pipelines as models, indexed once: a lookup costs the same whatever the
+    catalog's size (the catalog is the daemon's for life: the door keeps one per catalog)."""
+
+    def __init__(self, pipelines: Sequence[Pipeline]) -> None:
+        self.pipelines = tuple(pipelines)
+        by_name: dict[str, dict[int, Pipeline]] = {}
+        for pipeline in self.pipelines:
+            by_name.setdefault(pipeline.target, {})[pipeline.version] = pipeline
+        self._by_name = {
+            name: (tuple(sorted(versions)), versions) for name, versions in by_name.items()
+        }
+
+    def versions(self, name: str) -> tuple[Pipeline, ...]:
+        """Every version of model ``name``, oldest first (none for an unknown name)."""
+        found = self._by_name.get(name)
+        return () if found is None else tuple(found[1][v] for v in found[0])
+
+    def find(self, name: str, version: int) -> Model:
+        """The model ``name`` at ``version`` (0: the newest)."""
+        found = self._by_name.get(name)
+        if found is None:
+            raise NotFound(
+                f"no model {clip(name)!r}: RepositoryIndex lists the models", field="name"
+            )
+        versions, pipelines = found
+        pipeline = pipelines.get(version or versions[-1])
+        if pipeline is None:
+            raise NotFound(
+                f"model {clip(name)!r} has no version {version}; it has "
+                f"{', '.join(map(str, versions))}",
+                field="version",
+            )
+        return Model(pipeline, versions)
+
+
 def find_model(pipelines: Sequence[Pipeline], name: str, version: int) -> Model:
     """The model ``name`` at ``version`` (0: the newest), from the daemon's pipelines."""
-    versions = sorted(p.version for p in pipelines if p.target == name)
-    if not versions:
-        raise NotFound(f"no model {clip(name)!r}: RepositoryIndex lists the models", field="name")
-    wanted = version or versions[-1]
-    for pipeline in pipelines:
-        if pipeline.target == name and pipeline.version == wanted:
-            return Model(pipeline, tuple(versions))
-    raise NotFound(
-        f"model {clip(name)!r} has no version {version}; it has {', '.join(map(str, versions))}",
-        field="version",
-    )
+    return Models(pipelines).find(name, version)

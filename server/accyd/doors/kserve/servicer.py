@@ -19,13 +19,14 @@ import grpc
 import structlog
 
 import accyd
+from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.daemon import Daemon
 from accyd.doors.grpc.auth import Admitting, current_principal, default_principal
 from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.infer import Inference
 from accyd.doors.kserve.memory import SharedMemory
-from accyd.doors.kserve.models import Model, find_model, parse_version
+from accyd.doors.kserve.models import Model, Models, parse_version
 from accyd.doors.kserve.owners import DEFAULT_LIVENESS_SECONDS, Owner, Owners
 from accyd.doors.kserve.peers import parse_peer
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
@@ -102,6 +103,11 @@ class KServeServicer:
         self.stats = Statistics()
         self.streams = Streams(calls)
         self._models: dict[tuple[str, str], Model] = {}
+        self._indexed: object = None
+        """The catalog ``_index`` and what is kept below were made from."""
+        self._index_of = Models(())
+        self._listings: dict[bool, pb.RepositoryIndexResponse] = {}
+        """RepositoryIndex's answer, by its ``ready`` flag."""
         self._inference = Inference(
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
         )
@@ -148,13 +154,25 @@ class KServeServicer:
     async def _found(self, call: Call) -> Owner | None:
         return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
 
+    def _index(self) -> Models:
+        """The catalog's models, indexed once (the catalog is the daemon's for life; what is
+        kept of one is dropped with it)."""
+        catalog = self.daemon.catalog
+        if self._indexed is not catalog:
+            self._index_of = Models(self.daemon.pipelines())
+            self._indexed = catalog
+            self._models.clear()
+            self._listings.clear()
+        return self._index_of
+
     def _model(self, name: str, version: str) -> Model:
-        """The model asked for; found models are kept (the catalog is the daemon's for life)."""
+        """The model asked for; found models are kept."""
         key = (name, version)
+        index = self._index()
         found = self._models.get(key)
         if found is None:
             text_field(name, "name")
-            found = find_model(self.daemon.pipelines(), name, parse_version(version))
+            found = index.find(name, parse_version(version))
             if len(self._models) < MAX_MODELS_KEPT:
                 self._models[key] = found
         return found
@@ -177,12 +195,12 @@ class KServeServicer:
             model = self._model(request.name, request.version)
         except NotFound:
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self.daemon.serving and self._runs(model))
+        runs = self._runs(model.pipeline, set(self.daemon.backend_formats()))
+        return pb.ModelReadyResponse(ready=self.daemon.serving and runs)
 
-    def _runs(self, model: Model) -> bool:
-        """Whether this daemon's backend has a kernel format for every stage."""
-        formats = set(self.daemon.backend_formats())
-        return bool(formats.intersection(self.daemon.formats_of(model.pipeline)))
+    def _runs(self, pipeline: Pipeline, formats: set[ArtifactFormat]) -> bool:
+        """Whether the backend's ``formats`` have a kernel for every stage of ``pipeline``."""
+        return bool(formats.intersection(self.daemon.formats_of(pipeline)))
 
     @unary
     async def ServerMetadata(
@@ -247,19 +265,14 @@ class KServeServicer:
         self, request: pb.ModelStatisticsRequest, call: Call
     ) -> pb.ModelStatisticsResponse:
         tenant = self._principal().tenant
-        pipelines = self.daemon.pipelines()
+        index = self._index()
         if request.name:
             model = self._model(request.name, request.version)  # NotFound for an unknown one
-            wanted = [
-                p
-                for p in pipelines
-                if p.target == model.name
-                and (not request.version or p.version == model.pipeline.version)
-            ]
+            wanted = [model.pipeline] if request.version else list(index.versions(model.name))
         elif request.version:
             raise InvalidRequest("a version needs a model name", field="version")
         else:
-            wanted = list(pipelines)
+            wanted = list(index.pipelines)
         return pb.ModelStatisticsResponse(
             model_stats=[self.stats.proto(tenant, p.target, p.version) for p in wanted]
         )
@@ -268,12 +281,19 @@ class KServeServicer:
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, call: Call
     ) -> pb.RepositoryIndexResponse:
+        """Every model (made once per catalog and kept: it is the same for every caller)."""
+        index = self._index()
+        listing = self._listings.get(request.ready)
+        if listing is None:
+            listing = self._listings[request.ready] = self._listing(index, request.ready)
+        return listing
+
+    def _listing(self, index: Models, ready: bool) -> pb.RepositoryIndexResponse:
+        formats = set(self.daemon.backend_formats())
         models = []
-        for pipeline in self.daemon.pipelines():
-            runs = self._runs(
-                find_model(self.daemon.pipelines(), pipeline.target, pipeline.version)
-            )
-            if request.ready and not runs:
+        for pipeline in index.pipelines:
+            runs = self._runs(pipeline, formats)
+            if ready and not runs:
                 continue
             models.append(
                 pb.RepositoryIndexResponse.ModelIndex(
