@@ -99,6 +99,7 @@ class Server:
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self._stopped = False
+        self._calls_ended: int | None = None  # by the stop itself, once it ended them
 
     async def start(self) -> None:
         config = self.config
@@ -324,6 +325,20 @@ class Server:
         self._authenticator.replace_tokens(tokens)
         log.info("tokens file reloaded", tokens=len(tokens), path=str(path))
 
+    def _end_calls(self) -> None:
+        """Answer every admitted call still running: the daemon is shutting down (once)."""
+        if self._calls_ended is None:
+            self._calls_ended = self._admitting.in_flight.end_all(_SHUTTING_DOWN)
+            if self._calls_ended:
+                log.info("calls ended at the deadline", calls=self._calls_ended)
+
+    async def _cancel_rest(self, deadline: float) -> None:
+        """Past the deadline, once the calls ended then are answered (or a moment more),
+        have gRPC cancel the calls it still runs: those it does not admit."""
+        await asyncio.sleep(deadline + ABANDON_SECONDS - asyncio.get_running_loop().time())
+        await self._admitting.in_flight.wait_none(ANSWER_SECONDS)
+        await self._grpc.stop(None)
+
     def request_stop(self, reason: str) -> None:
         """Begin the ordered shutdown (from the event loop's thread)."""
         log.info("stop requested", reason=reason)
@@ -355,11 +370,13 @@ class Server:
         self.daemon.begin_drain()
         if self.kserve is not None:  # its idle streams end now, busy ones once answered
             self.kserve.begin_drain()
-        # gRPC cancels what still runs a moment after the grace: by then this stop has
-        # answered those calls itself, saying why (SHUTTING_DOWN). A faulted one does not wait.
+        # Calls running at the deadline are answered then (SHUTTING_DOWN); gRPC cancels the
+        # rest (health, reflection) once they are, however late a loaded loop runs them.
         stopping = asyncio.create_task(
-            self._grpc.stop(grace if faulted else grace + ABANDON_SECONDS)
+            self._grpc.stop(grace if faulted else grace + STOP_SLACK_SECONDS)
         )
+        ending = loop.call_at(deadline, self._end_calls)
+        cancelling = None if faulted else asyncio.create_task(self._cancel_rest(deadline))
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
@@ -375,18 +392,22 @@ class Server:
                 and await self.ring_doors.wait_settled(max(deadline - loop.time(), ABANDON_SECONDS))
             )
             busy = not idle
-            ended = 0 if calls_done else self._admitting.in_flight.end_all(_SHUTTING_DOWN)
+            if not calls_done:
+                self._end_calls()
             log.info(
                 "drained",
                 device_idle=idle,
                 calls_done=calls_done,
-                calls_ended=ended,
+                calls_ended=self._calls_ended,
                 rings_settled=rings_settled,
             )
         self.servicer.close_attach_streams()
         # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
         # successor cannot start before it does), nor a drained one from stopping.
         await within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
+        ending.cancel()
+        if cancelling is not None:
+            cancelling.cancel()
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await within(self.servicer.wait_detached(), detach_within, "client detach")
@@ -419,7 +440,10 @@ class Server:
 STOP_SLACK_SECONDS = 5.0
 """How long past its grace a stop step may take before the server goes on without it."""
 ABANDON_SECONDS = 0.5
-"""How long a stop that drops the device's work gives the detaches (they wait for it)."""
+"""How long a stop that drops the device's work gives the detaches (they wait for it), and
+how long past the grace gRPC lets the calls it does not admit run."""
+ANSWER_SECONDS = 2.0
+"""How long the calls a stop ended may take to be answered before gRPC cancels them."""
 _SHUTTING_DOWN = ShuttingDown(
     "the daemon is shutting down and its grace ran out before this call finished; "
     "retry against its successor"

@@ -111,3 +111,46 @@ def test_request_id_and_one_line_field() -> None:
     error = errors.from_status(grpc.StatusCode.INVALID_ARGUMENT, "m", status)
     assert error.request_id == "req-9"
     assert str(error) == "INVALID_ARGUMENT: m (field n)"
+
+
+class _Ended(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """A call that failed CANCELLED, cancelled here or not."""
+
+    def __init__(self, details: str, here: bool) -> None:
+        self._details, self._here = details, here
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.CANCELLED
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+    def initial_metadata(self) -> tuple[()]:
+        return ()
+
+    def cancelled(self) -> bool:
+        return self._here
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> None:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_callback(self, callback: object) -> bool:
+        return False
+
+
+def test_a_call_the_daemons_side_cancelled_is_unavailable_not_cancelled() -> None:
+    """A call gRPC cancelled as the daemon stopped read as if the user had cancelled it."""
+    there = errors.from_rpc_error(_Ended("CANCELLED", here=False))
+    assert isinstance(there, errors.Unavailable) and not isinstance(there, errors.Cancelled)
+    assert there.reason == errors.CANCELLED_THERE and "retry" in there.message
+    here = errors.from_rpc_error(_Ended("Locally cancelled by application!", here=True))
+    assert isinstance(here, errors.Cancelled)

@@ -218,6 +218,8 @@ class InFlight:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._none = asyncio.Event()
+        self._none.set()
         self.ending: AccyError | None = None
 
     def __len__(self) -> int:
@@ -228,17 +230,31 @@ class InFlight:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        self._none.clear()
         return task
 
     def leave(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        if not self._tasks:
+            self._none.set()
 
     def end_all(self, error: AccyError) -> int:
-        """Answer every call in flight with ``error``; returns how many there were."""
+        """Answer every call in flight with ``error`` (once: a second cancel would cut the
+        first one's answer short); returns how many there were."""
+        if self.ending is not None:
+            return 0
         self.ending = error
         for task in self._tasks:
             task.cancel()
         return len(self._tasks)
+
+    async def wait_none(self, timeout: float) -> bool:
+        """Wait until no call is in flight (those ended answered), for at most ``timeout``."""
+        try:
+            await asyncio.wait_for(self._none.wait(), max(timeout, 0.0))
+        except TimeoutError:
+            return False
+        return True
 
     async def ended(self, context: Context) -> None:
         """Abort a cancelled call with the stop's error; re-raise a plain cancellation."""
