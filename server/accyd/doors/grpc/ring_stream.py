@@ -27,6 +27,7 @@ import structlog
 
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from accyd.clipping import clip
 from accyd.core.daemon import Daemon
 from accyd.core.ids import new_id
 from accyd.doors.grpc.calls import Context
@@ -206,10 +207,14 @@ class _StreamRing:
         self._flushing = self._loop.create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
+        """Answer the engine's wake (a task of its own: its error is logged here, since
+        nobody awaits it; the stream itself ends on its own as its call does)."""
         try:
             while self._again:
                 self._again = False
                 await self.flush()
+        except Exception as error:
+            log.info("ring stream state not sent: its call is over", error=clip(repr(error)))
         finally:
             self._flushing = None
 

@@ -425,10 +425,9 @@ class LaunchServicer(SegmentHandlers):
                 self.daemon.refund(client, usage)
 
         streams = self._ring_streams
-        serving = self._serving.start(serve())
         # Shielded: a call cancelled as its client goes must not cut the stream's cleanup
         # short (the engine letting its ring go); its requests end with the call anyway.
-        await asyncio.shield(serving)
+        await self._serving.shielded(serve(), "ring stream")
 
     @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:

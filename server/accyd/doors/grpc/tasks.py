@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Coroutine
 from typing import Any
 
+import structlog
+
+from accyd.clipping import clip
+
 __all__ = ["TaskSet"]
+
+log = structlog.get_logger("accyd.doors.grpc")
 
 
 class TaskSet:
@@ -34,6 +41,17 @@ class TaskSet:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def shielded(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``work`` as a task of this set and await it, shielded from the caller's
+        cancellation; the error it ends with after its caller was cancelled (nobody awaits
+        it then) is a line of the log, not asyncio's stray traceback on stderr."""
+        task = self.start(work)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(functools.partial(_log_unheard, what))
+            raise
+
     async def settle(self) -> None:
         """Return once every task (those started meanwhile too) is done; errors stay theirs."""
         while pending := [task for task in self._tasks if not task.done()]:
@@ -43,3 +61,8 @@ class TaskSet:
         """Cancel every task not yet done."""
         for task in self._tasks:
             task.cancel()
+
+
+def _log_unheard(what: str, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.info(f"{what} ended after its call", error=clip(repr(error)))
