@@ -183,7 +183,7 @@ class RingLaunches:
                         raise self._full(left, what) from full
                     break
             if wait:
-                self._wait_for(seq, left)
+                self._wait_for(seq, left, own=True)
         except (AccyError, RingClosed) as error:
             raise self._judged(error, f"a launch of session {owner.id}")  # noqa: B904
         return Ticket(self, record.session_id, wait, seq)
@@ -316,7 +316,7 @@ class RingLaunches:
         try:
             if ticket is not None:
                 assert ticket.record is not None
-                self._wait_for(ticket.record, left)
+                self._wait_for(ticket.record, left, own=True)
             else:
                 with self.lock:
                     last = self.ring.head - 1
@@ -325,8 +325,10 @@ class RingLaunches:
             what = ticket.name if ticket is not None else f"work enqueued on session {session_id}"
             raise self._judged(error, what)  # noqa: B904
 
-    def _wait_for(self, seq: int, timeout: float) -> None:
-        """Wait for record ``seq`` (and those before it); raise what failed."""
+    def _wait_for(self, seq: int, timeout: float, *, own: bool = False) -> None:
+        """Wait for record ``seq`` (and those before it); raise what failed (``own``: the
+        waiter is record ``seq``'s launch, whose own error reads as such)."""
+        mine = seq if own else None
         try:
             if seq >= 0:
                 self.ring.wait(seq, timeout)
@@ -336,14 +338,14 @@ class RingLaunches:
             deadline = time.monotonic() + ENTRY_GRACE_SECONDS
             while time.monotonic() < deadline and not self.ring.closed:
                 with self.lock:
-                    self._raise_failed()
+                    self._raise_failed(mine)
                     if seq < self.ring.done:
                         return
                 time.sleep(0.01)
             raise
         if self._failed or self.ring.has_errors():
             with self.lock:
-                self._raise_failed()
+                self._raise_failed(mine)
 
     def _settle(self, timeout: float | None) -> None:
         """Before a call over gRPC: every record published is checked and enqueued, so the
@@ -356,12 +358,14 @@ class RingLaunches:
         with contextlib.suppress(RingClosed, DeadlineExceeded, ValueError):
             self.ring.flush(10.0 if timeout is None else timeout)
 
-    def _raise_failed(self) -> None:
-        """(Under the lock.) Raise the oldest failure the daemon wrote and nobody raised yet."""
+    def _raise_failed(self, mine: int | None = None) -> None:
+        """(Under the lock.) Raise the oldest failure the daemon wrote and nobody raised yet
+        (``mine``: the record of the launch that raises it)."""
         for error in self.ring.errors():
             self._failed[error.seq] = error
         if self._failed:
-            raise _error(self._failed.pop(min(self._failed)))
+            oldest = self._failed.pop(min(self._failed))
+            raise _error(oldest, own=oldest.seq == mine)
 
     # Errors and closing ------------------------------------------------------------------
 
@@ -422,9 +426,14 @@ def _unpacked(record: _Record, values: tuple[object, ...], error: Exception) -> 
     )
 
 
-def _error(error: RingError) -> AccyError:
-    """The typed error for a refused record, as a gRPC call would have raised it."""
-    message = f"ring record {error.seq} was refused: {error.message}"
+def _error(error: RingError, *, own: bool = False) -> AccyError:
+    """The typed error for a refused record, as a gRPC call would have raised it: the
+    launch's own error for the launch that waits on it (``own``), the record named first
+    for any other."""
+    if own:
+        message = f"{error.message} (ring record {error.seq})"
+    else:
+        message = f"ring record {error.seq} was refused: {error.message}"
     cls = error_class(_CODES.get(error.reason, grpc.StatusCode.UNKNOWN))
     violations = [FieldViolation(error.field, error.message)] if error.field else []
     session, device = layout.parse_fault_origin(error.session)
