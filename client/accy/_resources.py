@@ -31,7 +31,7 @@ from accy.errors import (
 )
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Buffer", "Resource", "allocate", "new_buffer"]
+__all__ = ["Buffer", "Resource", "allocate", "new_buffer", "not_an_array"]
 
 
 class Resource:
@@ -351,3 +351,17 @@ def _check_out(out: np.ndarray[Any, Any], kind: np.dtype[Any], count: int | None
     if why:
         raise InvalidArgument(f"out {why}", field_violations=[FieldViolation("out", why)])
     return _dtypes.to_numpy(out.dtype)
+
+
+def not_an_array(value: object, target: str) -> str:
+    """Why ``value`` is no operand of ``Client.run``, and what to pass instead."""
+    if isinstance(value, Buffer):
+        return (
+            f"is a Buffer ({value.id}): run takes arrays and sends their data in the call; "
+            f"pass an array (buffer.read()), or launch on the buffer with "
+            f"client.load({target!r}).launch(operands=[...], results=[...])"
+        )
+    return (
+        f"is a {type(value).__name__}, not an array of numbers: run takes one numpy array "
+        "(or list of numbers) per operand, in order, and scalars by name (n=..., a=...)"
+    )

@@ -27,7 +27,7 @@ from accy._dtypes import DTypeLike
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
-from accy._resources import Buffer, allocate
+from accy._resources import Buffer, allocate, not_an_array
 from accy._rpc import open_channel
 from accy._scalars import pack_scalars
 from accy._sessions import Launch, Session, new_session
@@ -414,9 +414,12 @@ class Client:
         tensors = []
         values: dict[str, float] = dict(scalars)
         for index, (spec, array) in enumerate(zip(info.operands, arrays, strict=True)):
-            kind = spec.dtype or _dtypes.to_numpy(array.dtype)
-            if array.dtype.newbyteorder("<") != kind:
+            if array.dtype == object:  # no numbers: a Buffer, a mapping
+                kind, why = array.dtype, not_an_array(operands[index], target)
+            else:
+                kind = spec.dtype or _dtypes.to_numpy(array.dtype)
                 why = f"is {array.dtype}, the pipeline takes {_dtypes.name_of(kind)}"
+            if array.dtype.newbyteorder("<") != kind or array.dtype == object:
                 raise InvalidArgument(
                     f"operand {spec.name!r} {why}",
                     field_violations=[FieldViolation(f"operands[{index}]", why)],

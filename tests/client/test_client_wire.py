@@ -193,6 +193,11 @@ def test_run_one_call_infers_n(client: Client) -> None:
         client.run("accy.kernel.device_scan", x.astype(np.float64))
     with pytest.raises(errors.InvalidArgument, match="operands"):
         client.run("accy.kernel.device_scan")
+    buffer = client.buffer(x)
+    with pytest.raises(errors.InvalidArgument, match=r"is a Buffer .*buffer.read\(\)"):
+        client.run("accy.kernel.device_scan", buffer)  # not 'operand x is object'
+    with pytest.raises(errors.InvalidArgument, match="is a dict, not an array of numbers"):
+        client.run("accy.kernel.device_scan", {"x": x})
 
 
 def test_pipelines_and_status(client: Client) -> None:
