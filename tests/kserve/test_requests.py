@@ -149,6 +149,11 @@ def test_typed_contents_are_taken_and_checked() -> None:
     del made.inputs[1].contents.int_contents[3:]
     with pytest.raises(InvalidRequest):
         check_request(simple, made, LIMIT)
+    del made.inputs[1].contents.int_contents[:]
+    made.inputs[1].contents.fp32_contents.extend([1.0] * 16)  # the wrong list: says which
+    wrong = r"go in contents\.int_contents; they came in contents\.fp32"
+    with pytest.raises(InvalidRequest, match=wrong):
+        check_request(simple, made, LIMIT)
 
 
 def test_outputs_past_the_largest_message_are_refused() -> None:

@@ -246,6 +246,13 @@ def _byte_size(spec: BufferSpec, dims: Sequence[int], field: str) -> tuple[tuple
 def _typed(spec: BufferSpec, contents: pb.InferTensorContents, size: int, field: str) -> bytes:
     values = getattr(contents, _CONTENTS[spec.dtype])
     count = size // spec.dtype.itemsize
+    elsewhere = [f.name for f, _ in contents.ListFields() if f.name != _CONTENTS[spec.dtype]]
+    if elsewhere and not values:
+        raise InvalidRequest(
+            f"input {spec.name!r} is {datatype_of(spec.dtype)}: its {count} values go in "
+            f"contents.{_CONTENTS[spec.dtype]}; they came in contents.{elsewhere[0]}",
+            field=f"{field}.contents.{elsewhere[0]}",
+        )
     if len(values) != count:
         raise InvalidRequest(
             f"input {spec.name!r} needs {count} values in contents.{_CONTENTS[spec.dtype]}; "
