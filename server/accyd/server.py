@@ -218,7 +218,9 @@ class Server:
         if self.ring_doors is not None:
             self.ring_doors.start()
         if config.health_listen:
-            self.health_address = await self._serve_health(config.health_listen)
+            self._health_grpc, self.health_address = await self.health.serve_alone(
+                config.health_listen
+            )
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -283,16 +285,6 @@ class Server:
         host = address.rsplit(":", 1)[0]
         return f"{host}:{port}"
 
-    async def _serve_health(self, address: str) -> str:
-        """A second listener with the health service alone, plaintext: a probe's door."""
-        server = self._health_grpc = grpc.aio.server()
-        self.health.register(server)
-        port = server.add_insecure_port(address)
-        if port == 0:
-            raise Unavailable(f"cannot listen on {address} for health probes")
-        await server.start()
-        return f"{address.rsplit(':', 1)[0]}:{port}"
-
     def _release_sockets(self) -> None:
         for claim in self._claims:
             claim.release()
@@ -308,11 +300,10 @@ class Server:
         self.request_stop("device fault")
 
     def reload_tokens(self) -> None:
-        """Read the tokens file again (SIGHUP); a file that does not load changes nothing.
-
-        Attached clients stay attached; each call is checked against the new
-        tokens, and a tenant's new quotas apply from its next Attach.
-        """
+        """Read the tokens file again (SIGHUP; one that does not load changes nothing): the
+        calls in flight it no longer admits end at once (streams too; an Attach's end detaches
+        its client), as do the KServe clients of tenants it no longer names; a tenant's new
+        quotas apply from its next Attach."""
         path = self.config.tokens_file
         if path is None:
             log.info("no tokens file to reload")
@@ -322,8 +313,17 @@ class Server:
         except AccyError as error:
             log.error("tokens file not reloaded; the old tokens stay", error=str(error))
             return
+        named = set(tokens.tenant_quotas)
         self._authenticator.replace_tokens(tokens)
-        log.info("tokens file reloaded", tokens=len(tokens), path=str(path))
+        ended = self._admitting.revoke()
+        dropped = 0 if self.kserve is None else self.kserve.drop_tenants_but(named)
+        log.info(
+            "tokens file reloaded",
+            tokens=len(tokens),
+            path=str(path),
+            calls_ended=ended,
+            kserve_clients_dropped=dropped,
+        )
 
     def _end_calls(self) -> None:
         """Answer every admitted call still running: the daemon is shutting down (once)."""

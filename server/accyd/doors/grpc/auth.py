@@ -41,8 +41,9 @@ from accy.protocol import AUTHORIZATION_METADATA as AUTHORIZATION_HEADER
 from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
 from accyd.doors.grpc.calls import CLIENT_ID_HEADER, Context, log_failure, remember_metadata
+from accyd.doors.grpc.in_flight import Admitted, InFlight
 from accyd.doors.grpc.status import to_status
-from accyd.errors import AccyError, NotFound, Unauthenticated
+from accyd.errors import AccyError, NotFound, PermissionDenied, Unauthenticated
 from accyd.telemetry.logs import Fields, bind_lazily
 from accyd.tokens import Principal, TokenTable
 
@@ -54,7 +55,6 @@ __all__ = [
     "STATUS_SCOPE",
     "Admitting",
     "Authenticator",
-    "InFlight",
     "current_principal",
     "default_principal",
     "scopes_of",
@@ -190,6 +190,23 @@ class _Admission:
         """What admits a call of ``method`` (``/package.Service/Name``): its scopes found once."""
         return functools.partial(self._admit, method, scopes_of(method))
 
+    def refusal(self, call: Admitted) -> AccyError | None:
+        """Why the tokens now in force no longer admit ``call`` (in flight) as they did."""
+        context = call.context
+        try:
+            metadata = tuple(context.invocation_metadata() or ())
+            now = self.authenticator.check(metadata, context.peer, *call.scopes)
+        except AccyError as error:
+            kind = Unauthenticated if isinstance(error, Unauthenticated) else PermissionDenied
+            why = f"the daemon's tokens were reloaded and do not admit this call: {error.message}"
+            return kind(why)
+        if call.principal is not None and now.tenant != call.principal.tenant:
+            return PermissionDenied(
+                f"the daemon's tokens were reloaded: this call's token is tenant {now.tenant!r}'s "
+                f"now, not {call.principal.tenant!r}'s"
+            )
+        return None
+
     async def _admit(self, method: str, scopes: tuple[str, ...], context: Context) -> None:
         metadata = tuple(context.invocation_metadata() or ())
         try:
@@ -208,66 +225,8 @@ class _Admission:
         bind_lazily(tenant)
 
 
-class InFlight:
-    """The admitted calls running now (Attach streams aside), so a stop can end them.
-
-    ``end_all`` cancels each; its wrapper then answers the caller with the
-    given error (UNAVAILABLE, reason ``SHUTTING_DOWN``) instead of a bare
-    cancellation.
-    """
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._none = asyncio.Event()
-        self._none.set()
-        self.ending: AccyError | None = None
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-    def enter(self) -> asyncio.Task[Any]:
-        """Count the running call in; give what it returns to ``leave`` once it is over."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._none.clear()
-        return task
-
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not self._tasks:
-            self._none.set()
-
-    def end_all(self, error: AccyError) -> int:
-        """Answer every call in flight with ``error`` (once: a second cancel would cut the
-        first one's answer short); returns how many there were."""
-        if self.ending is not None:
-            return 0
-        self.ending = error
-        for task in self._tasks:
-            task.cancel()
-        return len(self._tasks)
-
-    async def wait_none(self, timeout: float) -> bool:
-        """Wait until no call is in flight (those ended answered), for at most ``timeout``."""
-        try:
-            await asyncio.wait_for(self._none.wait(), max(timeout, 0.0))
-        except TimeoutError:
-            return False
-        return True
-
-    async def ended(self, context: Context) -> None:
-        """Abort a cancelled call with the stop's error; re-raise a plain cancellation."""
-        if self.ending is None:
-            raise asyncio.CancelledError
-        request_id = new_request_id()
-        log_failure("call", self.ending, request_id=request_id)
-        status = to_status(self.ending, request_id)
-        await context.abort(status.code, status.details, status.trailing_metadata)
-
-
-UNTRACKED = frozenset({"Attach"})
-"""Calls a stop ends by itself (``close_attach_streams``), not through ``InFlight``."""
+UNDRAINED = frozenset({"Attach"})
+"""Calls a stop ends by itself (``close_attach_streams``), not through ``InFlight.end_all``."""
 
 
 class Admitting:
@@ -275,13 +234,19 @@ class Admitting:
 
     It stands in for the server in a generated ``add_*Servicer_to_server`` call.
     Services registered on the server directly (health, reflection) stay open.
-    Every call it admits is in ``in_flight`` while it runs.
+    Every call it admits is in ``in_flight`` while it runs; ``revoke`` ends those that
+    new tokens no longer admit.
     """
 
     def __init__(self, server: grpc.aio.Server, authenticator: Authenticator) -> None:
         self._server = server
         self._interceptor = _Admission(authenticator)
         self.in_flight = InFlight()
+
+    def revoke(self) -> int:
+        """After the tokens were replaced: end each call in flight (streams included) that
+        they no longer admit as they did, saying why; how many."""
+        return self.in_flight.end_where(self._interceptor.refusal)
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         """Ignored: the same handlers come again, by name, to the call below."""
@@ -294,7 +259,12 @@ class Admitting:
             name: _wrap(
                 handler,
                 interceptor.admitter(f"/{service}/{name}"),
-                None if name in UNTRACKED else self.in_flight,
+                functools.partial(
+                    self.in_flight.enter,
+                    scopes=scopes_of(name),
+                    drained=name not in UNDRAINED,
+                ),
+                self.in_flight,
             )
             for name, handler in handlers.items()
         }
@@ -304,10 +274,15 @@ class Admitting:
         self._server.add_registered_method_handlers(service, wrapped)
 
 
+_Enter = Callable[..., asyncio.Task[Any]]
+"""``InFlight.enter`` with the method's scopes and drain given: (context, principal)."""
+
+
 def _wrap(
     handler: _Handler[_Req, _Resp],
     admit: Callable[[Context], Awaitable[None]],
-    in_flight: InFlight | None = None,
+    enter: _Enter,
+    in_flight: InFlight,
 ) -> _Handler[_Req, _Resp]:
     """The same handler, with ``admit`` awaited before its behavior."""
     kinds = (
@@ -320,7 +295,7 @@ def _wrap(
         inner: _Behavior | None = getattr(handler, name)
         if inner is not None:
             return make(
-                _admitted(inner, admit, in_flight),
+                _admitted(inner, admit, enter, in_flight),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -328,7 +303,10 @@ def _wrap(
 
 
 def _admitted(
-    inner: _Behavior, admit: Callable[[Context], Awaitable[None]], in_flight: InFlight | None
+    inner: _Behavior,
+    admit: Callable[[Context], Awaitable[None]],
+    enter: _Enter,
+    in_flight: InFlight,
 ) -> _Behavior:
     """A coroutine behavior that admits the call, then runs ``inner`` (in ``in_flight``).
 
@@ -341,36 +319,25 @@ def _admitted(
 
         async def streaming(request: Any, context: Context) -> None:
             await admit(context)
-            task = None if in_flight is None else in_flight.enter()
+            task = enter(context, principal=_principal.get())
             try:
                 async with contextlib.aclosing(inner(request, context)) as items:
                     async for item in items:
                         await context.write(item)
             except asyncio.CancelledError:
-                if in_flight is None:
-                    raise
-                await in_flight.ended(context)
+                await in_flight.ended(context, task)
             finally:
-                if task is not None and in_flight is not None:
-                    in_flight.leave(task)
+                in_flight.leave(task)
 
         return streaming
 
-    if in_flight is None:
-
-        async def untracked(request: Any, context: Context) -> Any:
-            await admit(context)
-            return await inner(request, context)
-
-        return untracked
-
     async def unary(request: Any, context: Context) -> Any:
         await admit(context)
-        task = in_flight.enter()  # inline, not a context manager: a few µs a call less
+        task = enter(context, principal=_principal.get())  # inline: a few µs a call less
         try:
             return await inner(request, context)
         except asyncio.CancelledError:
-            await in_flight.ended(context)
+            await in_flight.ended(context, task)
         finally:
             in_flight.leave(task)
 

@@ -55,6 +55,7 @@ async def until_ended(requests: AsyncIterator[_T], ended: asyncio.Event) -> Asyn
     """``requests`` until they end or ``ended`` is set (a read pending then is let go)."""
     iterator = aiter(requests)
     waiting = asyncio.ensure_future(ended.wait())
+    reading: asyncio.Future[_T] | None = None
     try:
         while not ended.is_set():
             reading = asyncio.ensure_future(anext(iterator))
@@ -71,3 +72,12 @@ async def until_ended(requests: AsyncIterator[_T], ended: asyncio.Event) -> Asyn
             yield request
     finally:
         waiting.cancel()
+        if reading is not None:  # a read under way as this was closed: its end is nobody's
+            reading.cancel()
+            reading.add_done_callback(_settled)
+
+
+def _settled(reading: asyncio.Future[_T]) -> None:
+    """Take a let-go read's error (the stream's end), so asyncio reports none."""
+    if not reading.cancelled():
+        reading.exception()

@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 
 import structlog
@@ -112,6 +112,15 @@ class Owners:
 
     def of_tenant(self, tenant: str) -> list[Owner]:
         return [o for o in self._owners.values() if o.tenant == tenant]
+
+    def drop_tenants_but(self, kept: Collection[str]) -> int:
+        """Drop the clients of every tenant but those ``kept`` (a tokens reload named no
+        others); how many."""
+        gone = [o for o in self._owners.values() if o.tenant not in kept]
+        for owner in gone:
+            log.info("kserve client dropped", client_id=owner.client_id, why="tenant revoked")
+            self.drop_later(owner)
+        return len(gone)
 
     async def find(self, principal: Principal, peer: Peer) -> Owner | None:
         """The caller's client if it has one (marked seen); nothing is made."""

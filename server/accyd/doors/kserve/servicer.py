@@ -12,7 +12,7 @@ TraceSetting and LogSettings answer UNIMPLEMENTED.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TypeVar
 
 import grpc
@@ -123,6 +123,11 @@ class KServeServicer:
         ended = self.streams.end(_STREAMS_END)
         if ended:
             log.info("kserve streams ended", streams=ended)
+
+    def drop_tenants_but(self, named: Collection[str]) -> int:
+        """The tokens were reloaded: drop the clients of tenants they no longer name (the
+        default tenant's stay); how many."""
+        return self.owners.drop_tenants_but({*named, self._default.tenant})
 
     async def close(self) -> None:
         """Drop every KServe client (regions, sessions, buffers): at shutdown."""
