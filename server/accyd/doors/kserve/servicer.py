@@ -260,7 +260,7 @@ class KServeServicer:
         """Each request runs as it arrives; answers go back as they are ready, a failed one
         as its ``error_message`` (``streams.py``: how many wait, and how ends come)."""
         infer = functools.partial(self._infer, call)
-        async for reply in self.streams.serve(request, call, self._principal(), infer):
+        async for reply in self.streams.serve(request, call, infer):
             yield reply
 
     # Statistics and repository ----------------------------------------------------

@@ -7,9 +7,9 @@ so a caller that never reads stops being served once that many answers wait, and
 while ``STREAM_UNSENT_BYTES`` of answers wait no further request is read. The
 stream's requests are counted as calls in flight while they run or wait to be
 sent, the stream itself is not: an idle stream holds no drain. ``Streams.end``
-ends the requests of every open stream (the drain) or of some (their token
-revoked): each stream's answers still running are sent, then it ends with the
-error given.
+(the drain) ends the requests of every open stream: each sends the answers it
+still runs, then ends with the error given. (A tokens reload ends a stream whose
+token it removed as it ends any call: ``accyd.doors.grpc.in_flight``.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.status import to_rpc_status
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.errors import AccyError
-from accyd.tokens import Principal
 
 __all__ = ["REQUEST_CALL", "STREAM_IN_FLIGHT", "STREAM_UNSENT_BYTES", "Streams"]
 
@@ -44,12 +43,11 @@ Infer = Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]]
 
 
 class _Open:
-    """One open stream: whose it is, and why it was ended (set once)."""
+    """One open stream, and why it was ended (set once)."""
 
-    __slots__ = ("ended", "principal", "why")
+    __slots__ = ("ended", "why")
 
-    def __init__(self, principal: Principal) -> None:
-        self.principal = principal
+    def __init__(self) -> None:
         self.ended = asyncio.Event()
         self.why: AccyError | None = None
 
@@ -66,14 +64,13 @@ class Streams:
     def __len__(self) -> int:
         return len(self._open)
 
-    def end(self, why: AccyError, which: Callable[[Principal], bool] | None = None) -> int:
-        """End the requests of the open streams ``which`` picks (all: and of those opened
-        from now on); each ends with ``why`` once its answers are sent. How many."""
-        if which is None:
-            self._ending = why
+    def end(self, why: AccyError) -> int:
+        """End the requests of every open stream, and of those opened from now on: each ends
+        with ``why`` once its answers are sent. How many were open."""
+        self._ending = why
         count = 0
         for stream in self._open:
-            if (which is None or which(stream.principal)) and stream.why is None:
+            if stream.why is None:
                 stream.why = why
                 stream.ended.set()
                 count += 1
@@ -83,12 +80,11 @@ class Streams:
         self,
         requests: AsyncIterator[pb.ModelInferRequest],
         call: Call,
-        principal: Principal,
         infer: Infer,
     ) -> AsyncIterator[_Reply]:
         """Run each request as it arrives; answer each (a failed one as its
         ``error_message``) as it is ready."""
-        stream = _Open(principal)
+        stream = _Open()
         if self._ending is not None:
             raise self._ending
         self._open.add(stream)
