@@ -16,7 +16,7 @@ import pytest
 from accyd.catalog import Catalog
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
-from accyd.doors.kserve.streams import STREAM_IN_FLIGHT
+from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, STREAM_UNSENT_BYTES
 from accyd.doors.kserve.tensors import MAX_DIMS
 from tests.kserve.harness import Door, simple_request
 from tests.service.harness import CATALOG, ServerThread, make_config
@@ -119,11 +119,20 @@ def settled(read: Callable[[], int], quiet: float = 1.0, timeout: float = 20) ->
     raise AssertionError(f"still moving after {timeout} s: {last}")
 
 
-def test_a_stream_that_is_never_read_stops_being_served(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("answer_bytes", "total", "held"),
+    [
+        (1 << 20, 80, STREAM_IN_FLIGHT),  # small answers: the count bounds them
+        (8 << 20, 24, STREAM_UNSENT_BYTES // (8 << 20)),  # large ones: the bytes do
+    ],
+)
+def test_a_stream_that_is_never_read_stops_being_served(
+    tmp_path: Path, answer_bytes: int, total: int, held: int
+) -> None:
     """Answers queued without bound and each request's turn came back once its answer was
     queued: a caller that never read grew the daemon's memory by every answer."""
     running = ServerThread(make_config(tmp_path, "tcp"))
-    model, total, count = "accy.kernel.device_scan", 80, 1 << 18  # 1 MiB answers
+    model, count = "accy.kernel.device_scan", answer_bytes // 4
     door = Door(running.address)
     door.channel = grpc.insecure_channel(
         running.address, options=[("grpc.max_receive_message_length", 1 << 25)]
@@ -132,9 +141,10 @@ def test_a_stream_that_is_never_read_stops_being_served(tmp_path: Path) -> None:
     stream = door.stub.ModelStreamInfer(scan_request(count, str(i)) for i in range(total))
     try:
         served = settled(lambda: inferences(door, model))
-        # Every request holds a turn until its answer is written, and gRPC writes no more
-        # than the caller's flow-control window takes (a few answers).
-        assert served <= STREAM_IN_FLIGHT + 8, f"{served} of {total} served, none read"
+        # Answers not yet written are held (at most ``held``), and gRPC writes no more than
+        # the caller's flow-control window takes (a few MiB).
+        written = max(1, (4 << 20) // answer_bytes)
+        assert served <= held + written, f"{served} of {total} served, none read"
         answered = {reply.infer_response.id for reply in itertools.islice(stream, total)}
         assert answered == {str(i) for i in range(total)}  # read now: every one comes
     finally:

@@ -33,7 +33,7 @@ from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.sessions import ModelSessions
 from accyd.doors.kserve.stats import Phases, Statistics
-from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, Streams
+from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, Reserve, Streams
 from accyd.doors.kserve.tensors import check_request
 from accyd.errors import InvalidRequest, NotFound, ShuttingDown, UnsupportedOperation
 from accyd.settings.config import Config
@@ -236,10 +236,15 @@ class KServeServicer:
     async def ModelInfer(self, request: pb.ModelInferRequest, call: Call) -> pb.ModelInferResponse:
         return await self._infer(call, request)
 
-    async def _infer(self, call: Call, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(
+        self, call: Call, request: pb.ModelInferRequest, reserve: Reserve | None = None
+    ) -> pb.ModelInferResponse:
+        """Check and run ``request``; ``reserve``: awaited with its answer's size first."""
         phases = Phases()
         model = self._model(request.model_name, request.model_version)
         checked = check_request(model, request, self._max_message)
+        if reserve is not None:
+            await reserve(sum(o.byte_size for o in checked.outputs if o.region is None))
         tenant = self._principal().tenant
         name, version = model.name, model.pipeline.version
         try:

@@ -3,8 +3,11 @@
 Each request of a stream holds one of the stream's ``STREAM_IN_FLIGHT`` turns from
 the moment it is read until its answer is *written* (handed to gRPC, which holds
 it no longer than the caller's flow-control window lets it), not merely queued:
-so a caller that never reads stops being served once that many answers wait, and
-while ``STREAM_UNSENT_BYTES`` of answers wait no further request is read. The
+so a caller that never reads stops being served once that many answers wait. Bytes
+are bounded too: a request, once checked, runs only when the answers not yet
+written leave room for its own within ``STREAM_UNSENT_BYTES`` (one answer alone
+always runs), and no request is read while that many bytes of requests and
+answers are held. The
 stream's requests are counted as calls in flight while they run or wait to be
 sent, the stream itself is not: an idle stream holds no drain. ``Streams.end``
 (the drain) ends the requests of every open stream: each sends the answers it
@@ -26,20 +29,23 @@ from accyd.doors.grpc.status import to_rpc_status
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.errors import AccyError
 
-__all__ = ["REQUEST_CALL", "STREAM_IN_FLIGHT", "STREAM_UNSENT_BYTES", "Streams"]
+__all__ = ["REQUEST_CALL", "STREAM_IN_FLIGHT", "STREAM_UNSENT_BYTES", "Reserve", "Streams"]
 
 STREAM_IN_FLIGHT = 16
 """Requests of one stream running or waiting to be sent at once; the stream reads on as
 their answers are written."""
 STREAM_UNSENT_BYTES = 64 << 20
-"""While this many bytes of a stream's answers wait to be written, it reads no request."""
+"""The bytes of a stream's answers made and not yet written (one larger answer alone
+aside); while its requests and answers held reach it, it reads no request."""
 REQUEST_CALL = "ModelStreamInfer.request"
 """What one request of a stream counts as among the calls in flight."""
 
 log = structlog.get_logger("accyd.doors.kserve")
 
 _Reply = pb.ModelStreamInferResponse
-Infer = Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]]
+Reserve = Callable[[int], Awaitable[None]]
+"""Called by a request once checked, with its answer's size: returns once there is room."""
+Infer = Callable[[pb.ModelInferRequest, Reserve], Awaitable[pb.ModelInferResponse]]
 
 
 class _Open:
@@ -108,8 +114,10 @@ class _Answers:
         self._infer = infer
         self._turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self._ready: collections.deque[tuple[_Reply, int]] = collections.deque()
-        self._unsent = 0
-        """Bytes of the answers in ``_ready``."""
+        self._requests = 0
+        """Bytes of the requests taken whose answers are not made yet."""
+        self._answers = 0
+        """Bytes of the answers made or being made (reserved), not yet written."""
         self._moved = asyncio.Event()
         """An answer is ready, one was written, or the reading ended."""
         self._running: set[asyncio.Task[None]] = set()
@@ -140,25 +148,34 @@ class _Answers:
             self._ready.clear()
 
     def _sent(self, size: int) -> None:
-        self._unsent -= size
+        self._answers -= size
         self._calls.leave(REQUEST_CALL)
         self._turns.release()
         self._moved.set()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            self._moved.clear()
+            await self._moved.wait()
 
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         try:
             async for one in requests:
                 await self._turns.acquire()
-                while self._unsent >= STREAM_UNSENT_BYTES:
-                    self._moved.clear()
-                    await self._moved.wait()
+                await self._until(self._has_room)
+                size = one.ByteSize()
+                self._requests += size
                 self._calls.enter(REQUEST_CALL)
-                task = asyncio.ensure_future(self._answer(one))
+                task = asyncio.ensure_future(self._answer(one, size))
                 self._running.add(task)
                 task.add_done_callback(self._finished)
         finally:
             self._reading_done = True
             self._moved.set()
+
+    def _has_room(self) -> bool:
+        held = self._requests + self._answers
+        return not held or held < STREAM_UNSENT_BYTES
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         """A request's task is over: its answer is ready, or it was cancelled (it may not
@@ -168,15 +185,26 @@ class _Answers:
             self._calls.leave(REQUEST_CALL)
         self._moved.set()
 
-    async def _answer(self, one: pb.ModelInferRequest) -> None:
+    async def _answer(self, one: pb.ModelInferRequest, size: int) -> None:
+        reserved = 0
+
+        async def reserve(answer: int) -> None:
+            """The request is checked: its answer will be ``answer`` bytes. Wait until the
+            answers not yet written leave room for it (one alone always fits)."""
+            nonlocal reserved
+            await self._until(
+                lambda: not self._answers or self._answers + answer <= STREAM_UNSENT_BYTES
+            )
+            self._answers += answer
+            reserved = answer
+
         try:
-            reply = _Reply(infer_response=await self._infer(one))
+            reply = _Reply(infer_response=await self._infer(one, reserve))
         except Exception as error:
             log_failure("stream request", error, request_id=self._call.request_id)
             status = to_rpc_status(error, self._call.request_id)
             reply = _Reply(error_message=status.message)
             reply.infer_response.id = one.id
-        size = reply.ByteSize()
-        self._unsent += size
-        self._ready.append((reply, size))
+        self._requests -= size
+        self._ready.append((reply, reserved))
         self._moved.set()
