@@ -398,7 +398,7 @@ class Server:
                 "drained",
                 device_idle=idle,
                 calls_done=calls_done,
-                calls_ended=self._calls_ended,
+                calls_ended=self._calls_ended or 0,
                 rings_settled=rings_settled,
             )
         self.servicer.close_attach_streams()

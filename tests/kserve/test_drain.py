@@ -84,3 +84,33 @@ def test_calls_running_past_the_grace_hear_why_on_a_loaded_loop(tmp_path: Path) 
         assert answer.code() == grpc.StatusCode.UNAVAILABLE, (answer.code(), answer.details())
         assert "shutting down" in str(answer.details()), answer.details()
         assert details(answer)["ErrorInfo"].reason == "SHUTTING_DOWN"
+
+
+def test_a_busy_stream_sends_what_it_runs_then_ends(tmp_path: Path) -> None:
+    """The drain ends a stream's requests, not its answers: one running as the stop begins
+    reaches its caller before the stream ends UNAVAILABLE."""
+    catalog = load_catalog([SLOW_CATALOG])
+    running = ServerThread(make_config(tmp_path, "tcp", grace_seconds=GRACE), catalog=catalog)
+    door = Door(running.address)
+    outbox: queue.SimpleQueue[pb.ModelInferRequest | None] = queue.SimpleQueue()
+    try:
+        stream = door.stub.ModelStreamInfer(iter(outbox.get, None))
+        request = pb.ModelInferRequest(model_name="accy.test.slow", id="slow")
+        request.inputs.add(name="x", datatype="FP32", shape=[4])
+        request.raw_input_contents.append(bytes(16))
+        request.parameters["ms"].int64_param = 1000
+        outbox.put(request)
+        time.sleep(0.3)  # it runs
+        started = time.monotonic()
+        running.stop()
+        assert time.monotonic() - started < GRACE / 2
+        answer = next(stream)
+        assert answer.infer_response.id == "slow" and not answer.error_message
+        try:
+            next(stream)
+            raise AssertionError("the stream went on")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+    finally:
+        outbox.put(None)
+        door.close()
