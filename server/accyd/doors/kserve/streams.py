@@ -7,12 +7,12 @@ so a caller that never reads stops being served once that many answers wait. Byt
 are bounded too: a request, once checked, runs only when the answers not yet
 written leave room for its own within ``STREAM_UNSENT_BYTES`` (one answer alone
 always runs), and no request is read while that many bytes of requests and
-answers are held. The
-stream's requests are counted as calls in flight while they run or wait to be
-sent, the stream itself is not: an idle stream holds no drain. ``Streams.end``
-(the drain) ends the requests of every open stream: each sends the answers it
-still runs, then ends with the error given. (A tokens reload ends a stream whose
-token it removed as it ends any call: ``accyd.doors.grpc.in_flight``.)
+answers are held. The stream's requests are counted as calls in flight while
+they run or wait to be sent, the stream itself is not: an idle stream holds no
+drain. ``Streams.end`` (the drain) ends the requests of every open stream: each
+sends the answers it still runs, then ends with the error given. (A tokens
+reload ends a stream whose token it removed as it ends any call:
+``accyd.doors.grpc.in_flight``.)
 """
 
 from __future__ import annotations
@@ -48,24 +48,15 @@ Reserve = Callable[[int], Awaitable[None]]
 Infer = Callable[[pb.ModelInferRequest, Reserve], Awaitable[pb.ModelInferResponse]]
 
 
-class _Open:
-    """One open stream, and why it was ended (set once)."""
-
-    __slots__ = ("ended", "why")
-
-    def __init__(self) -> None:
-        self.ended = asyncio.Event()
-        self.why: AccyError | None = None
-
-
 class Streams:
     """The door's open ModelStreamInfer streams."""
 
     def __init__(self, calls: CallTracker) -> None:
         self._calls = calls
-        self._open: set[_Open] = set()
+        self._open: set[asyncio.Event] = set()
+        """Each open stream's requests' end."""
         self._ending: AccyError | None = None
-        """Set by ``end(every=True)``: a stream opened since ends at once."""
+        """Set by ``end``: a stream opened since ends at once."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -74,13 +65,9 @@ class Streams:
         """End the requests of every open stream, and of those opened from now on: each ends
         with ``why`` once its answers are sent. How many were open."""
         self._ending = why
-        count = 0
-        for stream in self._open:
-            if stream.why is None:
-                stream.why = why
-                stream.ended.set()
-                count += 1
-        return count
+        for ended in self._open:
+            ended.set()
+        return len(self._open)
 
     async def serve(
         self,
@@ -90,19 +77,19 @@ class Streams:
     ) -> AsyncIterator[_Reply]:
         """Run each request as it arrives; answer each (a failed one as its
         ``error_message``) as it is ready."""
-        stream = _Open()
         if self._ending is not None:
             raise self._ending
-        self._open.add(stream)
+        ended = asyncio.Event()
+        self._open.add(ended)
         try:
             async for reply in _Answers(self._calls, call, infer).serve(
-                until_ended(requests, stream.ended)
+                until_ended(requests, ended)
             ):
                 yield reply
         finally:
-            self._open.discard(stream)
-        if stream.why is not None:
-            raise stream.why
+            self._open.discard(ended)
+        if self._ending is not None and ended.is_set():
+            raise self._ending
 
 
 class _Answers:
