@@ -6,8 +6,9 @@ it no longer than the caller's flow-control window lets it), not merely queued:
 so a caller that never reads stops being served once that many answers wait. Bytes
 are bounded too: a request, once checked, runs only when the answers not yet
 written leave room for its own within ``STREAM_UNSENT_BYTES`` (one answer alone
-always runs), and no request is read while that many bytes of requests and
-answers are held. The stream's requests are counted as calls in flight while
+always runs), and no request is read while they fill it. (A request's own size is
+not taken: protobuf would copy the whole message to say it; gRPC's largest message
+bounds each of the ``STREAM_IN_FLIGHT``.) The stream's requests are counted as calls in flight while
 they run or wait to be sent, the stream itself is not: an idle stream holds no
 drain. ``Streams.end`` (the drain) ends the requests of every open stream: each
 sends the answers it still runs, then ends with the error given. (A tokens
@@ -35,8 +36,8 @@ STREAM_IN_FLIGHT = 16
 """Requests of one stream running or waiting to be sent at once; the stream reads on as
 their answers are written."""
 STREAM_UNSENT_BYTES = 64 << 20
-"""The bytes of a stream's answers made and not yet written (one larger answer alone
-aside); while its requests and answers held reach it, it reads no request."""
+"""The bytes of a stream's answers made or being made, not yet written (one larger answer
+alone aside); while they reach it, the stream reads no request."""
 REQUEST_CALL = "ModelStreamInfer.request"
 """What one request of a stream counts as among the calls in flight."""
 
@@ -101,10 +102,11 @@ class _Answers:
         self._infer = infer
         self._turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self._ready: collections.deque[tuple[_Reply, int]] = collections.deque()
-        self._requests = 0
-        """Bytes of the requests taken whose answers are not made yet."""
         self._answers = 0
         """Bytes of the answers made or being made (reserved), not yet written."""
+        self._waiting = 0
+        """Requests waiting for room for their answers: none is read meanwhile (a large
+        answer is not passed over for good by small ones read after it)."""
         self._moved = asyncio.Event()
         """An answer is ready, one was written, or the reading ended."""
         self._running: set[asyncio.Task[None]] = set()
@@ -149,20 +151,14 @@ class _Answers:
         try:
             async for one in requests:
                 await self._turns.acquire()
-                await self._until(self._has_room)
-                size = one.ByteSize()
-                self._requests += size
+                await self._until(lambda: self._answers < STREAM_UNSENT_BYTES and not self._waiting)
                 self._calls.enter(REQUEST_CALL)
-                task = asyncio.ensure_future(self._answer(one, size))
+                task = asyncio.ensure_future(self._answer(one))
                 self._running.add(task)
                 task.add_done_callback(self._finished)
         finally:
             self._reading_done = True
             self._moved.set()
-
-    def _has_room(self) -> bool:
-        held = self._requests + self._answers
-        return not held or held < STREAM_UNSENT_BYTES
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         """A request's task is over: its answer is ready, or it was cancelled (it may not
@@ -172,16 +168,21 @@ class _Answers:
             self._calls.leave(REQUEST_CALL)
         self._moved.set()
 
-    async def _answer(self, one: pb.ModelInferRequest, size: int) -> None:
+    async def _answer(self, one: pb.ModelInferRequest) -> None:
         reserved = 0
 
         async def reserve(answer: int) -> None:
             """The request is checked: its answer will be ``answer`` bytes. Wait until the
             answers not yet written leave room for it (one alone always fits)."""
             nonlocal reserved
-            await self._until(
-                lambda: not self._answers or self._answers + answer <= STREAM_UNSENT_BYTES
-            )
+            self._waiting += 1
+            try:
+                await self._until(
+                    lambda: not self._answers or self._answers + answer <= STREAM_UNSENT_BYTES
+                )
+            finally:
+                self._waiting -= 1
+                self._moved.set()
             self._answers += answer
             reserved = answer
 
@@ -192,6 +193,5 @@ class _Answers:
             status = to_rpc_status(error, self._call.request_id)
             reply = _Reply(error_message=status.message)
             reply.infer_response.id = one.id
-        self._requests -= size
         self._ready.append((reply, reserved))
         self._moved.set()
