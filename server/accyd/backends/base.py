@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.model import ArtifactFormat, FixedGeometry
+from accyd.catalog.model import ArtifactFormat, FixedGeometry, Param
 
 __all__ = [
     "ArtifactRequest",
@@ -125,6 +125,12 @@ class ArtifactRequest:
     required_features: tuple[str, ...] = ()
     origin: str = "<memory>"
     diagnostic_id: str | None = None
+    params: tuple[Param, ...] = ()
+    """The kernel's parameters in its own order; empty: buffers, then scalars."""
+    compile_options: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    images: tuple[tuple[int, bytes], ...] = ()
+    arch: int | None = None
 
 
 class CompiledArtifact:

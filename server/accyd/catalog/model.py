@@ -8,13 +8,12 @@ or launched.
 from __future__ import annotations
 
 import enum
-import re
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.expr import Expr, extent_of
+from accyd.catalog.expr import Arg, Binary, Expr, extent_of, render
 from accyd.errors import InvalidArtifact, LaunchArgumentMismatch
 
 __all__ = [
@@ -28,11 +27,14 @@ __all__ = [
     "Geometry",
     "IntermediateSpec",
     "KernelEntry",
+    "Param",
+    "ParamKind",
     "Pipeline",
     "Registry",
     "ScalarBound",
     "ScalarSpec",
     "Stage",
+    "StageGeometry",
 ]
 
 MAX_BYTE_SIZE = 2**63 - 1
@@ -50,7 +52,9 @@ class ArtifactFormat(enum.Enum):
     CUDA_PTX = "cuda_ptx"
     """PTX text, JIT-compiled by the driver at load."""
     CUDA_CUBIN = "cuda_cubin"
-    """A cubin (or fatbin) built for the device."""
+    """A cubin (or fatbin) built for the device, or one cubin per architecture."""
+    TRITON = "triton"
+    """A Triton-lang kernel as Triton's compiler writes it: a cubin and its metadata."""
     HOST_PY = "host_py"
     """A Python function over whole grids, run by the host backend on numpy."""
     METAL_MSL = "metal_msl"
@@ -69,6 +73,41 @@ class FixedGeometry:
 
     def resolve(self, scalars: Sequence[Scalar]) -> FixedGeometry:
         return self
+
+
+class ParamKind(enum.Enum):
+    """What one kernel parameter is, in the kernel's own order."""
+
+    BUFFER = "buffer"
+    """A device pointer to a buffer the stage binds."""
+    SCALAR = "scalar"
+    """A value of the stage's scalars, at its dtype's size."""
+    NULL = "null"
+    """A pointer the daemon passes as 0 (Triton's unused scratch pointers)."""
+
+
+POINTER_SIZE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter of a kernel: its kind, its name (for messages) and a scalar's dtype."""
+
+    kind: ParamKind
+    name: str = ""
+    dtype: DType | None = None
+
+    @property
+    def size(self) -> int:
+        """The bytes the kernel reads for it: a pointer, or the scalar's own size."""
+        if self.kind is ParamKind.SCALAR:
+            assert self.dtype is not None
+            return self.dtype.itemsize
+        return POINTER_SIZE
+
+    def describe(self, index: int) -> str:
+        what = self.kind.value if self.dtype is None else f"{self.dtype.value} scalar"
+        return f"parameter {index}" + (f" ({self.name!r}, {what})" if self.name else f" ({what})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +143,10 @@ def check_geometry(geometry: FixedGeometry) -> None:
 class KernelEntry:
     """One compiled-or-compilable kernel in the registry (a registry entry: docs/executor.md).
 
-    Its arguments are ``argument_count - runtime_scalar_argument_count`` buffers
-    followed by the scalars, in the order a stage binds them.
+    Its arguments are ``argument_count - runtime_scalar_argument_count`` buffers and
+    the scalars, bound by a stage in that order; ``params`` lays them out in the
+    kernel's own order (with pointers the daemon supplies), and is buffers then
+    scalars when empty.
     """
 
     target: str
@@ -121,6 +162,23 @@ class KernelEntry:
     required_dtypes: tuple[DType, ...] = ()
     required_features: tuple[str, ...] = ()
     origin: str = "<memory>"
+    params: tuple[Param, ...] = ()
+    compile_options: tuple[str, ...] = ()
+    """NVRTC options from the manifest's allow-listed ``options`` (cuda_cpp)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """(include name, text) of each header the source includes from beside its manifest."""
+    images: tuple[tuple[int, bytes], ...] = ()
+    """(compute capability as 90, cubin) per architecture; the device's own is loaded."""
+    arch: int | None = None
+    """The one architecture the payload was built for, where known (Triton's target)."""
+
+    def layout(self) -> tuple[Param, ...]:
+        """Every parameter in the kernel's order (buffers then scalars unless declared)."""
+        if self.params:
+            return self.params
+        dtypes = self.expected_scalar_dtypes()
+        buffers = (Param(ParamKind.BUFFER),) * self.buffer_argument_count()
+        return buffers + tuple(Param(ParamKind.SCALAR, dtype=d) for d in dtypes)
 
     def scalar_argument_count(self) -> int:
         if not 0 <= self.runtime_scalar_argument_count <= self.argument_count:
@@ -193,8 +251,13 @@ class BufferRef:
         return cls(BufferRole.INTERMEDIATE, index)
 
 
-_ARG = re.compile(r"\barg(\d+)\b")
-"""How an extent prints a runtime scalar (``arg0``): replaced by its name in messages."""
+def _arg_indices(expr: Expr) -> list[int]:
+    """The runtime scalars an expression names, each once, in order of appearance."""
+    if isinstance(expr, Arg):
+        return [expr.index]
+    if isinstance(expr, Binary):
+        return list(dict.fromkeys(_arg_indices(expr.left) + _arg_indices(expr.right)))
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +267,16 @@ class BufferSpec:
     name: str
     dtype: DType
     extent: Expr
+    shape: tuple[Expr, ...] = ()
+    """The tensor's dims over the runtime scalars (``extent`` is their product); empty for a
+    flat buffer."""
 
     def byte_size(self, args: Sequence[Scalar]) -> int:
         return _byte_size(self.extent, self.dtype, args, f"{self.name}")
+
+    def dims(self, args: Sequence[Scalar]) -> tuple[int, ...]:
+        """The tensor's dims for these runtime scalars (``(extent,)`` when flat)."""
+        return tuple(extent_of(dim, args) for dim in self.shape or (self.extent,))
 
     def check_holds(
         self,
@@ -225,15 +295,9 @@ class BufferSpec:
         if have >= needed:
             return
         names = [spec.name for spec in pipeline.runtime_scalars] if pipeline is not None else []
-        known = min(len(names), len(args))
-
-        def named(found: re.Match[str]) -> str:
-            index = int(found[1])
-            return names[index] if index < len(names) else found[0]
-
-        extent = _ARG.sub(named, str(self.extent))
-        used = dict.fromkeys(int(index) for index in _ARG.findall(str(self.extent)))
-        values = "".join(f", {names[i]} = {args[i].value}" for i in used if i < known)
+        extent = render(self.extent, names)
+        used = _arg_indices(self.extent)
+        values = "".join(f", {names[i]} = {args[i].value}" for i in used if i < len(args))
         raise LaunchArgumentMismatch(
             f"{role} {self.name!r} holds {have} bytes; these runtime scalars need {needed} "
             f"({extent} x {self.dtype.value}{values})",
@@ -284,6 +348,21 @@ class ScalarBound:
 
 
 @dataclass(frozen=True, slots=True)
+class StageGeometry:
+    """A stage's own grid, block and dynamic shared memory, over the pipeline's runtime
+    scalars (a row softmax's grid is its rows, which its kernel never takes); each part
+    left ``None`` keeps the kernel's."""
+
+    grid: tuple[Expr, Expr, Expr] | None = None
+    block: tuple[Expr, Expr, Expr] | None = None
+    shared_memory_bytes: Expr | None = None
+
+    def exprs(self) -> list[Expr]:
+        found: list[Expr] = [*(self.grid or ()), *(self.block or ())]
+        return found + ([self.shared_memory_bytes] if self.shared_memory_bytes else [])
+
+
+@dataclass(frozen=True, slots=True)
 class Stage:
     """One kernel launch of a pipeline: which entry, which buffers, which scalars."""
 
@@ -291,6 +370,42 @@ class Stage:
     version: int
     buffers: tuple[BufferRef, ...]
     scalars: tuple[Expr, ...]
+    geometry: StageGeometry | None = None
+
+    def launch_geometry(
+        self, entry: KernelEntry, scalars: Sequence[Scalar], args: Sequence[Scalar]
+    ) -> tuple[FixedGeometry, int]:
+        """The grid, block and dynamic shared memory of one launch: the kernel's rule over
+        the stage's ``scalars``, with this stage's own parts over the runtime ``args``."""
+        geometry = entry.launch.resolve(scalars)
+        shared = entry.shared_memory_bytes
+        own = self.geometry
+        if own is not None:
+            grid, block = geometry.grid, geometry.block
+            if own.grid is not None:
+                grid = _dim3(own.grid, args)
+            if own.block is not None:
+                block = _dim3(own.block, args)
+            geometry = FixedGeometry(grid, block)
+            if own.shared_memory_bytes is not None:
+                shared = extent_of(own.shared_memory_bytes, args)
+        check_geometry(geometry)
+        if shared > MAX_SHARED_MEMORY:
+            raise LaunchArgumentMismatch(
+                f"{self.target}: {shared} bytes of dynamic shared memory; at most "
+                f"{MAX_SHARED_MEMORY}",
+                field="runtime_scalars",
+            )
+        return geometry, shared
+
+
+MAX_SHARED_MEMORY = 2**20
+"""Dynamic shared memory past any device's (the driver then refuses the exact amount)."""
+
+
+def _dim3(exprs: tuple[Expr, Expr, Expr], args: Sequence[Scalar]) -> Dim3:
+    x, y, z = (extent_of(e, args) for e in exprs)
+    return (x, y, z)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +471,9 @@ class Pipeline:
                     f"{where} passes {len(stage.scalars)} scalars; "
                     f"the kernel takes {entry.scalar_argument_count()}"
                 )
+            for own in stage.geometry.exprs() if stage.geometry is not None else ():
+                if not own.result_dtype(arg_dtypes).is_integer:
+                    raise InvalidArtifact(f"{where}: geometry {own} needs integer scalars")
             derived = tuple(expr.result_dtype(arg_dtypes) for expr in stage.scalars)
             if derived != entry.expected_scalar_dtypes():
                 raise InvalidArtifact(
@@ -384,6 +502,8 @@ class Pipeline:
                         f"but there are {counts[ref.role]}"
                     )
             exprs += stage.scalars
+            if stage.geometry is not None:
+                exprs += stage.geometry.exprs()
         for expr in exprs:
             if expr.max_index() >= scalar_count:
                 raise InvalidArtifact(
