@@ -402,7 +402,9 @@ class Client:
         """Run a pipeline in one call: operands inline, results returned (for small data).
 
         A runtime scalar that an operand's extent names alone (``n`` for
-        ``x: f32[n]``) defaults to that operand's length.
+        ``x: f32[n]``) defaults to that operand's length, and one that a dim of its
+        shape names alone (``rows`` for ``x: f16[rows, cols]``) to that dim of the
+        array. Results with a shape come back in it.
         """
         info = self.pipeline(target, version)
         arrays = [np.asarray(a) for a in operands]
@@ -421,9 +423,7 @@ class Client:
                     f"operand {spec.name!r} {why}",
                     field_violations=[FieldViolation(f"operands[{index}]", why)],
                 )
-            name = spec.extent.strip()
-            if name.isidentifier() and name not in values:
-                values[name] = array.size
+            spec.default_scalars(array, values)
             tensors.append(
                 pb.Tensor(
                     name=spec.name,
@@ -440,7 +440,7 @@ class Client:
         )
         response = self._conn.unary(self._conn.stub.Run, request, timeout)
         results = []
-        for tensor in response.results:
+        for spec, tensor in zip(info.results, response.results, strict=False):
             kind = _dtypes.from_wire(tensor.dtype) or np.dtype(np.uint8)
-            results.append(np.frombuffer(tensor.data, dtype=kind).copy())
+            results.append(spec.shaped(np.frombuffer(tensor.data, dtype=kind).copy(), values))
         return results

@@ -131,6 +131,8 @@ class ArtifactRequest:
     headers: tuple[tuple[str, str], ...] = ()
     images: tuple[tuple[int, bytes], ...] = ()
     arch: int | None = None
+    source_name: str = "kernel.cu"
+    """The source's file name, as compile errors name it."""
 
 
 class CompiledArtifact:
@@ -146,6 +148,7 @@ class CompiledArtifact:
         self.argument_count = request.argument_count
         self.scalar_argument_count = request.scalar_argument_count
         self.origin = request.origin
+        self.request = request
         self.image: Any = image
         self.closed = False
 

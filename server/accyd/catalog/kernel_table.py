@@ -83,6 +83,7 @@ def read_kernel(path: Path, label: str, index: int, raw: Any) -> KernelEntry:
         headers=_headers(where, fmt, payload),
         images=_images(where, table, fmt),
         arch=triton.arch if triton is not None else None,
+        source_name=str(table.get("source", f"{target}.cu")),
     )
 
 

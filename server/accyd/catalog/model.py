@@ -171,6 +171,8 @@ class KernelEntry:
     """(compute capability as 90, cubin) per architecture; the device's own is loaded."""
     arch: int | None = None
     """The one architecture the payload was built for, where known (Triton's target)."""
+    source_name: str = "kernel.cu"
+    """The source file's name (compile errors name it with a line)."""
 
     def layout(self) -> tuple[Param, ...]:
         """Every parameter in the kernel's order (buffers then scalars unless declared)."""

@@ -185,6 +185,7 @@ def _artifact_request(entry: KernelEntry, diagnostic_id: str | None = None) -> A
         headers=entry.headers,
         images=entry.images,
         arch=entry.arch,
+        source_name=entry.source_name,
     )
 
 
