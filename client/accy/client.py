@@ -358,6 +358,7 @@ class Client:
         buffer = allocate(
             self._conn, array.size * kind.itemsize, kind, device, exportable=exportable
         )
+        buffer.shape = array.shape
         try:
             buffer.write(array, progress=progress)
         except BaseException:
@@ -379,16 +380,21 @@ class Client:
 
     def empty(
         self,
-        count: int,
+        shape: int | tuple[int, ...],
         dtype: DTypeLike,
         *,
         device: int | None = None,
         exportable: bool = False,
     ) -> Buffer:
-        """A device buffer of ``count`` elements of ``dtype`` (contents undefined);
-        ``exportable`` as for ``buffer``."""
+        """A device buffer of ``shape`` (a count of elements, or dims) of ``dtype``
+        (contents undefined); ``exportable`` as for ``buffer``."""
         kind = _dtypes.to_numpy(dtype)
-        return allocate(self._conn, count * kind.itemsize, kind, device, exportable=exportable)
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        buffer = allocate(
+            self._conn, math.prod(dims) * kind.itemsize, kind, device, exportable=exportable
+        )
+        buffer.shape = dims if not isinstance(shape, int) else None
+        return buffer
 
     def run(
         self,
@@ -401,10 +407,8 @@ class Client:
     ) -> list[np.ndarray[Any, Any]]:
         """Run a pipeline in one call: operands inline, results returned (for small data).
 
-        A runtime scalar that an operand's extent names alone (``n`` for
-        ``x: f32[n]``) defaults to that operand's length, and one that a dim of its
-        shape names alone (``rows`` for ``x: f16[rows, cols]``) to that dim of the
-        array. Results with a shape come back in it.
+        A runtime scalar that an operand's extent (or one dim of its shape) names alone
+        defaults to the array's length (or that dim); results come back in their shape.
         """
         info = self.pipeline(target, version)
         arrays = [np.asarray(a) for a in operands]
