@@ -47,7 +47,7 @@ grid = [1]
 [[pipeline]]
 target = "wrong.{name}"
 version = 1
-scalars = [{{ name = "n", dtype = "u32", max = 1024 }}]
+scalars = [{pipeline_scalars}]
 operands = [{operands}]
 results = []
 [[pipeline.stage]]
@@ -62,7 +62,8 @@ def _wrong(
     folder: Path, name: str, fmt: str, source: str, entry: str, params: list[str], block: str
 ) -> None:
     buffers = [p.split('"')[1] for p in params if "buffer" in p]
-    scalars = ['"n"' for p in params if "scalar" in p]
+    scalars = [p.split('"')[1] for p in params if "scalar" in p]
+    dtypes = [p.split('"')[3] for p in params if "scalar" in p]
     (folder / f"{name}.toml").write_text(
         WRONG.format(
             name=name,
@@ -73,7 +74,11 @@ def _wrong(
             block=block,
             operands=", ".join(f'{{ name = "{b}", dtype = "u8", extent = "n" }}' for b in buffers),
             buffers=", ".join(f'"{b}"' for b in buffers),
-            scalars=", ".join(scalars),
+            scalars=", ".join(f'"{name}"' for name in scalars),
+            pipeline_scalars=", ".join(
+                f'{{ name = "{name}", dtype = "{dtype}" }}'
+                for name, dtype in zip(scalars, dtypes, strict=True)
+            ),
         )
     )
 
