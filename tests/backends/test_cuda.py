@@ -25,7 +25,6 @@ from accyd.errors import (
     LaunchArgumentMismatch,
     LaunchFailed,
     OutOfMemory,
-    RuntimeUnavailable,
     Unavailable,
     UnsupportedOperation,
 )
