@@ -49,20 +49,26 @@ class KernelCompileError(FailedPrecondition):
 
 @functools.cache
 def cuda_include_dirs() -> tuple[str, ...]:
-    """The folders of CUDA's own headers: the runtime's and CCCL's, from the CUDA wheels,
-    ``CUDA_HOME``/``CUDA_PATH`` or a toolkit (empty where none is installed)."""
+    """The folders of CUDA's own headers: the runtime's, CCCL's and the compiler's (``crt/``,
+    which ``mma.h`` needs), from the CUDA wheels, then ``CUDA_HOME``/``CUDA_PATH`` or a
+    toolkit (empty where none is installed)."""
     try:
         pathfinder: Any = importlib.import_module("cuda.pathfinder")
     except ImportError:
         return ()
     found: list[str] = []
-    for library in ("cudart", "cccl"):
+    for library in ("cudart", "cccl", "nvcc"):
         try:
             folder = pathfinder.find_nvidia_header_directory(library)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a probe that fails finds nothing
             folder = None
         if folder and folder not in found:
             found.append(folder)
+    with contextlib.suppress(Exception):
+        home = pathfinder.get_cuda_path_or_home()
+        toolkit = os.path.join(home, "include") if home else None
+        if toolkit and os.path.isdir(toolkit) and toolkit not in found:
+            found.append(toolkit)
     return tuple(found)
 
 
