@@ -155,6 +155,7 @@ class Server:
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
                 spin_seconds=0.0 if "host" in kinds_served else config.launch_spin_seconds,
                 observer=ring_counts,
+                wait_budget=config.wait_budget,
             )
         self.servicer = LaunchServicer(
             self.daemon,
