@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from accyd.backends.base import Backend
-from accyd.backends.queues import MAX_CONNECTIONS_ENV, set_work_queues
+from accyd.backends.queues import set_work_queues
 from accyd.backends.select import make_backend
 from accyd.backends.worker.front.pool import DevicePool
 from accyd.core.daemon import Daemon
@@ -34,12 +34,7 @@ def open_backends(
     process (``on_worker_fault`` hears of a worker lost while idle). The caller closes
     them: the pool when there is one, else each backend. The CUDA contexts' work queues are
     set first (``accyd.backends.queues``), for this process and the workers it starts."""
-    queues, own = set_work_queues(config.cuda_max_connections)
-    log.info(
-        "cuda work queues per context",
-        queues=queues,
-        source=f"{MAX_CONNECTIONS_ENV} in the environment" if own else "--cuda-max-connections",
-    )
+    set_work_queues(config.cuda_max_connections)  # the "accyd serving" line shows it
     if config.uses_device_workers:
         pool = DevicePool(
             config.backend,
