@@ -77,6 +77,7 @@ def test_a_device_worker_sets_them_before_its_backend(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(worker_main, "make_backend", make)
     monkeypatch.setattr(worker_main, "_log_as_device", lambda *_: None)
+    monkeypatch.setattr(worker_main.signal, "signal", lambda *_: None)  # keep pytest's
     ours, theirs = socket.socketpair()
 
     def fatal(self: object, error: BaseException, status: int = 0) -> None:
