@@ -64,8 +64,9 @@ class RingDoors:
             blocking=blocking,
         )
         self.door: RingDoor | None = None
-        # The engine's threads and the thread that decides slow records keep their CPUs.
-        self.waits = WaitBudget(self.engine.threads + 1, enabled=wait_budget)
+        # The engine's threads, the thread that decides slow records and the event loop
+        # (which polls a while after each call) keep their CPUs.
+        self.waits = WaitBudget(self.engine.threads + 2, enabled=wait_budget)
 
     def open_door(self, socket_path: Path) -> RingDoor:
         """The shared ring door beside ``socket_path`` (its mode: who may call may take a

@@ -37,7 +37,8 @@ PLENTY_CPUS = 8
 
 def spin_budget(waiters: int, cpus: int, reserved: int) -> int:
     """Microseconds each of ``waiters`` waiting clients may spin, sharing ``cpus`` CPUs with
-    ``reserved`` busy daemon threads (the engine's, and the one that decides slow records):
+    ``reserved`` busy daemon threads (the engine's, the one that decides slow records, the
+    event loop):
     the full spin while the spinners fit on what is left (at least one CPU), else 0 (sleep
     on the eventfd at once)."""
     spare = max(cpus - reserved, 1)
