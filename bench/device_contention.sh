@@ -9,12 +9,12 @@ set -u
 source bench/device_env.sh || exit 1
 
 nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader > "$OUT/env.txt" 2>&1
-step partitions ${PARTITION_TIMEOUT:-120} $PY -m pytest -q -p no:cacheprovider -rs \
+step partitions ${PARTITION_TIMEOUT:-100} $PY -m pytest -q -p no:cacheprovider -rs \
   tests/backends/test_cuda_partitions.py tests/backends/test_work_queues.py \
   tests/core/test_partitions.py tests/test_partitions_file.py tests/ring/test_ring_waits.py
-step engine_ring ${SUITES_TIMEOUT:-170} $PY -m pytest -q -p no:cacheprovider tests/engine tests/ring
-step contention ${CONTENTION_TIMEOUT:-200} $PY bench/contention.py --out "$OUT/contention.json" \
-  --budget 170 ${CONTENTION_ARGS:-}
+step engine_ring ${SUITES_TIMEOUT:-150} $PY -m pytest -q -p no:cacheprovider tests/engine tests/ring
+step contention ${CONTENTION_TIMEOUT:-190} $PY bench/contention.py --out "$OUT/contention.json" \
+  --budget 150 ${CONTENTION_ARGS:-}
 
 echo "==== env"; cat "$OUT/env.txt"
 echo "==== steps (name, exit status, seconds)"; cat "$STEPS/steps.txt"
