@@ -96,6 +96,19 @@ class Metrics:
             "accy_device_replacements", "Faults the device's worker was replaced after.",
             ["device"], registry=r,
         )  # fmt: skip
+        self.partition_sms = Gauge(
+            "accy_partition_sms", "SMs of the device's partition (tenants confined to them).",
+            ["device", "partition"], registry=r,
+        )  # fmt: skip
+        self.partition_sessions = Gauge(
+            "accy_partition_sessions", "Live sessions whose kernels run in the partition.",
+            ["device", "partition"], registry=r,
+        )  # fmt: skip
+        self.device_unconfined = Gauge(
+            "accy_device_partitions_unconfined", "1 where partitions were asked for and the "
+            "device could not make them (its tenants run on all its SMs).", ["device"],
+            registry=r,
+        )  # fmt: skip
         self.restarts = Gauge(
             "accy_restarts", "Times the supervisor restarted the server process.", registry=r
         )
@@ -152,6 +165,10 @@ class Metrics:
             self.device_memory.labels(label).set(device.memory_in_use)
             self.device_sessions.labels(label).set(device.sessions)
             self.device_replacements.labels(label).set(device.replacements)
+            self.device_unconfined.labels(label).set(1 if device.unconfined else 0)
+            for partition in device.partitions:
+                self.partition_sms.labels(label, partition.name).set(partition.sms)
+                self.partition_sessions.labels(label, partition.name).set(partition.sessions)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` on ``address:port`` (0 picks a port) in a background thread."""
