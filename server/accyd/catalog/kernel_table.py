@@ -9,8 +9,7 @@ from typing import Any, TypeVar
 
 from accyd.catalog import expr
 from accyd.catalog.dtypes import DType
-from accyd.catalog.fields import Where
-from accyd.catalog.model import (
+from accyd.catalog.entries import (
     ArtifactFormat,
     DerivedGeometry,
     FixedGeometry,
@@ -19,6 +18,7 @@ from accyd.catalog.model import (
     ParamKind,
     check_geometry,
 )
+from accyd.catalog.fields import Where
 from accyd.catalog.sources import check_options, local_headers
 from accyd.catalog.triton import TritonMetadata, parse_metadata
 from accyd.errors import AccyError

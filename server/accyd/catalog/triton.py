@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from accyd.catalog.model import Param, ParamKind
+from accyd.catalog.entries import Param, ParamKind
 
 __all__ = ["TritonMetadata", "parse_metadata"]
 

@@ -60,7 +60,7 @@ def cuda_include_dirs() -> tuple[str, ...]:
     for library in ("cudart", "cccl", "nvcc"):
         try:
             folder = pathfinder.find_nvidia_header_directory(library)
-        except Exception:  # noqa: BLE001 - a probe that fails finds nothing
+        except Exception:  # a probe that fails finds nothing
             folder = None
         if folder and folder not in found:
             found.append(folder)

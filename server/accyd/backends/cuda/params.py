@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from accyd.catalog.model import Param, ParamKind
+from accyd.catalog.entries import Param, ParamKind
 from accyd.errors import FailedPrecondition
 
 __all__ = ["KernelParameterMismatch", "check_parameters", "driver_parameters"]
