@@ -7,7 +7,8 @@ the grace, a second one kills the child, SIGHUP is passed on (the server
 reloads its tokens file); ``accyd.process.signals`` holds the handlers.
 ``--no-supervise`` runs the server in this process, for service managers and
 containers that restart it themselves. ``accyd hash-token`` and
-``accyd new-token`` help write the tokens file. SIGUSR1 makes either process
+``accyd new-token`` help write the tokens file; ``accyd check`` validates a catalog and
+compiles its CUDA C++. SIGUSR1 makes either process
 print every thread's Python stack to stderr, for a daemon that seems stuck.
 """
 
@@ -21,6 +22,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 
 import structlog
 
@@ -56,6 +58,16 @@ def parser() -> argparse.ArgumentParser:
     )
     hashed.add_argument("token", nargs="?", help="the token (default: read a line from stdin)")
     commands.add_parser("new-token", help="print a fresh random token and its SHA-256")
+    check = commands.add_parser(
+        "check",
+        help="validate a catalog and compile its CUDA C++ (no GPU needed)",
+        description="Read every manifest under each --catalog folder as `accyd serve` would, "
+        "and compile every cuda_cpp kernel with NVRTC for each --arch (default sm_80 and "
+        "sm_90). Exit 0 when all pass, 1 when a kernel fails, 2 for a manifest error.",
+    )
+    check.add_argument("--catalog", action="append", type=Path, required=True, metavar="DIR")
+    check.add_argument("--arch", action="append", default=[], metavar="sm_NN")
+    check.add_argument("--json", action="store_true", help="one JSON object per line")
     return top
 
 
@@ -113,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"token:  {token}")  # for the client; it is stored nowhere
         print(f"sha256: {hash_token(token)}")  # for the tokens file
         return 0
+    if args.command == "check":
+        from accyd.checking import main_check  # NVRTC's bindings load only for this command
+
+        return main_check(args.catalog, args.arch, args.json)
     return _serve(args, arguments)
 
 
