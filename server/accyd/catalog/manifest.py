@@ -149,17 +149,21 @@ def _sized(
     dims = where.check(item["shape"], list, f"{field}.shape")
     if not 1 <= len(dims) <= _MAX_DIMS:
         raise where.error(f"{field}.shape", f"must list 1 to {_MAX_DIMS} dims")
-    shape = tuple(
-        expr.Const(dim)
-        if isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0
-        else where.expr(dim, names, f"{field}.shape[{i}]")
-        for i, dim in enumerate(dims)
-    )
+    shape = tuple(_dim(where, f"{field}.shape[{i}]", dim, names) for i, dim in enumerate(dims))
     extent = shape[0]
     for dim in shape[1:]:
         extent = expr.Mul(extent, dim)
     _check_constant(where, f"{field}.shape", extent, dtype)
     return BufferSpec(name, dtype, extent, shape)
+
+
+def _dim(where: Where, field: str, dim: Any, names: Mapping[str, int]) -> expr.Expr:
+    """One dim of a shape: a positive integer, or an expression over the runtime scalars."""
+    if isinstance(dim, int) and not isinstance(dim, bool):
+        if not 1 <= dim <= expr.U32_MAX:
+            raise where.error(field, f"{dim} is outside 1..{expr.U32_MAX}")
+        return expr.Const(dim)
+    return where.expr(dim, names, field)
 
 
 def _check_constant(where: Where, field: str, extent: expr.Expr, dtype: DType) -> None:
