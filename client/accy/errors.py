@@ -99,6 +99,15 @@ class AccyError(Exception):
         self.field_violations = tuple(field_violations)
         self.quota_violations = tuple(quota_violations)
         self.request_id = request_id
+        self.hint = ""
+        """What to do about it, where the client knows: the end of ``message`` (``with_hint``)."""
+
+    @property
+    def bare(self) -> str:
+        """``message`` without its ``hint``: what went wrong alone."""
+        if self.hint and self.message.endswith(f"; {self.hint}"):
+            return self.message[: -len(self.hint) - 2]
+        return self.message
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -230,13 +239,14 @@ class DaemonUnreachable(Unavailable):
     def __init__(
         self, target: str, detail: str, hint: str | None = None, *, message: str | None = None
     ) -> None:
-        super().__init__(
-            message
-            or f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
-            "or give the address of a running one (the target, or ACCY_TARGET)"
-            + (f"; {hint}" if hint else ""),
-            reason="UNREACHABLE",
+        advice = (
+            "start one with `accyd serve`, or give the address of a running one (the target, "
+            "or ACCY_TARGET)" + (f"; {hint}" if hint else "")
         )
+        if message is None:
+            message = f"no accy daemon answered at {target} ({detail}); {advice}"
+        super().__init__(message, reason="UNREACHABLE")
+        self.hint = advice if message.endswith(advice) else ""
         self.target = target
         self.detail = detail
 
@@ -245,13 +255,17 @@ class CertificateNotVerified(DaemonUnreachable):
     """The daemon at ``target`` answered, but its TLS certificate did not verify."""
 
     def __init__(self, target: str, detail: str) -> None:
+        advice = (
+            "give the CA that signed the daemon's certificate, and the name the certificate "
+            "carries where it is not the target's host"
+        )
         super().__init__(
             target,
             detail,
             message=f"the TLS certificate of the daemon at {target} did not verify against the "
-            f"CA given ({detail}); give the CA that signed the daemon's certificate, and the "
-            "name the certificate carries where it is not the target's host",
+            f"CA given ({detail}); {advice}",
         )
+        self.hint = advice
 
 
 class DataLoss(AccyError):
@@ -367,6 +381,7 @@ def with_hint(error: AccyError, hint: str) -> AccyError:
     """``error`` with ``hint`` (what to do about it) added to its message; returns it."""
     error.message = f"{error.message}; {hint}"
     error.args = (error.message,)
+    error.hint = f"{error.hint}; {hint}" if error.hint else hint
     return error
 
 
