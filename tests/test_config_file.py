@@ -12,7 +12,8 @@ import pytest
 
 from accy import cli as accy_cli
 from accyd.cli import _config, main, parser
-from accyd.settings.config import Config
+from accyd.settings.config import QUOTAS, SETTINGS, Config
+from accyd.settings.config_file import read_config_file
 
 FILE = """\
 listen = ["unix:/run/a.sock", "127.0.0.1:7447"]
@@ -139,3 +140,13 @@ def test_a_daemon_serves_as_its_file_says(tmp_path: Path) -> None:
     finally:
         daemon.terminate()
         daemon.communicate(timeout=30)
+
+
+def test_the_documented_example_reads(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "docs" / "operations.md").read_text()
+    example = text.split("--config FILE` (or `ACCYD_CONFIG=FILE`)")[1].split("```toml\n")[1]
+    settings, quotas = read_config_file(
+        written(tmp_path, example.split("```")[0]), SETTINGS, QUOTAS
+    )
+    assert settings["listen"] == ("unix:/run/accy/accyd.sock", "0.0.0.0:7447")
+    assert settings["kserve"] is True and quotas["memory_bytes"] == 8 << 30
