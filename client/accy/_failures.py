@@ -6,8 +6,11 @@ import grpc
 
 from accy.errors import (
     AccyError,
+    CertificateNameMismatch,
     CertificateNotVerified,
+    ClientCertificateRefused,
     DaemonUnreachable,
+    DaemonWithoutTls,
     PermissionDenied,
     Unauthenticated,
     Unavailable,
@@ -27,12 +30,21 @@ def _tls_refused(detail: str) -> bool:
 def specific(failure: AccyError, *, target: str, secure: bool, has_token: bool) -> AccyError:
     """``failure`` of a call to ``target``, with what to do about it where the client knows."""
     if isinstance(failure, Unavailable) and failure.reason is None:
-        if secure and _tls_refused(failure.message):
-            return CertificateNotVerified(target, failure.message)
+        detail = failure.message
+        if secure and "WRONG_VERSION_NUMBER" in detail:  # plain text where TLS was spoken
+            return DaemonWithoutTls(target, detail)
+        if secure and "hostname verification" in detail.lower():
+            return CertificateNameMismatch(target, detail)
+        if secure and _tls_refused(detail):
+            return CertificateNotVerified(target, detail)
+        if secure and "socket closed" in detail.lower():
+            # A daemon of mutual TLS ends the handshake of a client without a certificate
+            # its CA signed; the client is told no more than this.
+            return ClientCertificateRefused(target, detail)
         hint = None
         if not (target.startswith("unix:") or secure):
             hint = "if it serves TLS, connect with TLS (tls_ca=, or tls=True for system roots)"
-        return DaemonUnreachable(target, failure.message, hint)
+        return DaemonUnreachable(target, detail, hint)
     if isinstance(failure, Unauthenticated):
         if has_token:
             return with_hint(failure, "the daemon refused the token given")

@@ -21,8 +21,11 @@ from accy._rpc import SERVICE_NAME
 from accy.client import DEFAULT_TIMEOUT, Client, open_channel, resolve_target
 from accy.errors import (
     AccyError,
+    CertificateNameMismatch,
     CertificateNotVerified,
+    ClientCertificateRefused,
     DaemonUnreachable,
+    DaemonWithoutTls,
     PermissionDenied,
     Unauthenticated,
     from_rpc_error,
@@ -60,6 +63,15 @@ def cli_hint(error: AccyError) -> str:
 
     It takes the place of the library's own hint (worded for its arguments: ``token=``,
     ``tls_ca=``), so one message says each thing once."""
+    if isinstance(error, CertificateNameMismatch):
+        return (
+            "dial a name the daemon's certificate carries (its subjectAltName), or pass that "
+            "name with --tls-server-name"
+        )
+    if isinstance(error, ClientCertificateRefused):
+        return "pass --tls-cert and --tls-key with a certificate its client CA signed"
+    if isinstance(error, DaemonWithoutTls):
+        return "leave out --tls, --tls-ca, --tls-cert and --tls-key for a daemon without TLS"
     if isinstance(error, CertificateNotVerified):
         return (
             "pass the CA that signed the daemon's certificate with --tls-ca, and the name the "

@@ -24,9 +24,12 @@ __all__ = [
     "AlreadyExists",
     "BufferLost",
     "Cancelled",
+    "CertificateNameMismatch",
     "CertificateNotVerified",
+    "ClientCertificateRefused",
     "ClientClosed",
     "DaemonUnreachable",
+    "DaemonWithoutTls",
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -264,6 +267,50 @@ class CertificateNotVerified(DaemonUnreachable):
             detail,
             message=f"the TLS certificate of the daemon at {target} did not verify against the "
             f"CA given ({detail}); {advice}",
+        )
+        self.hint = advice
+
+
+class CertificateNameMismatch(CertificateNotVerified):
+    """The daemon's TLS certificate verified, but carries another name than the one dialled."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(target, detail)
+        self.hint = (
+            "dial a name the daemon's certificate carries (its subjectAltName), or give that "
+            "name as the TLS server name"
+        )
+        self.message = (
+            f"the TLS certificate of the daemon at {target} is not for the name dialled "
+            f"({detail}); {self.hint}"
+        )
+        self.args = (self.message,)
+
+
+class DaemonWithoutTls(DaemonUnreachable):
+    """The daemon at ``target`` answered in plain text to a TLS handshake."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        advice = "connect without TLS, or serve TLS (accyd serve --tls-cert, --tls-key)"
+        super().__init__(
+            target,
+            detail,
+            message=f"the daemon at {target} does not serve TLS ({detail}); {advice}",
+        )
+        self.hint = advice
+
+
+class ClientCertificateRefused(DaemonUnreachable):
+    """The daemon at ``target`` ended the TLS handshake: mutual TLS, without a client
+    certificate its client CA signed (gRPC tells the client no more than that)."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        advice = "give a client certificate that its client CA signed, and its key"
+        super().__init__(
+            target,
+            detail,
+            message=f"the daemon at {target} ended the TLS handshake ({detail}): it serves "
+            f"mutual TLS and took no client certificate of this client; {advice}",
         )
         self.hint = advice
 
