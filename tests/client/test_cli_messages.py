@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accy import cli
+from accy import Client, Monitor, cli, errors
 from tests.client.fake_daemon import FakeLaunchService
 from tests.security.harness import TokenSpec, write_tokens
 from tests.service.harness import ServerThread, make_config
@@ -94,6 +94,21 @@ def test_a_status_token_runs_status_and_pipelines_without_attaching(
     err = capsys.readouterr().err
     assert "this call needs the 'launch' scope; the token's scopes: 'status'" in err, err
     assert "tenant" not in err and err.count("scopes allow") == 1, err
+
+
+def test_the_library_monitors_without_attaching_and_says_why_it_cannot_launch(
+    served: tuple[ServerThread, dict[str, str]],
+) -> None:
+    running, tokens = served
+    with Monitor(running.address, token=tokens["monitor"]) as monitor:
+        assert monitor.status().tenant == "team"
+        assert any(p.target == "accy.kernel.saxpy" for p in monitor.pipelines())
+    with pytest.raises(errors.PermissionDenied) as refused:
+        Client(running.address, token=tokens["monitor"], attach_timeout=5)
+    assert refused.value.message == (
+        "this call needs the 'launch' scope; the token's scopes: 'status'; give a token with a "
+        "scope this call takes (token= or ACCY_TOKEN)"
+    )
 
 
 def test_each_hint_is_said_once(
