@@ -51,7 +51,7 @@ def specific(failure: AccyError, *, target: str, secure: bool, has_token: bool) 
         return with_hint(failure, "this daemon wants a bearer token: give token= or set ACCY_TOKEN")
     if isinstance(failure, PermissionDenied):
         return with_hint(
-            failure, "give a token with a scope this call takes (token= or ACCY_TOKEN)"
+            failure, "give a token whose scopes allow this call (token= or ACCY_TOKEN)"
         )
     return failure
 

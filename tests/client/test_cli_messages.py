@@ -106,8 +106,8 @@ def test_the_library_monitors_without_attaching_and_says_why_it_cannot_launch(
     with pytest.raises(errors.PermissionDenied) as refused:
         Client(running.address, token=tokens["monitor"], attach_timeout=5)
     assert refused.value.message == (
-        "this call needs the 'launch' scope; the token's scopes: 'status'; give a token with a "
-        "scope this call takes (token= or ACCY_TOKEN)"
+        "this call needs the 'launch' scope; the token's scopes: 'status'; give a token whose "
+        "scopes allow this call (token= or ACCY_TOKEN)"
     )
 
 
