@@ -18,6 +18,7 @@ from accy._failures import translate
 from accy._models import PipelineInfo, Status
 from accy._rpc import Stub, open_channel
 from accy._target import resolve_target
+from accy.client import DEFAULT_TIMEOUT
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["Monitor"]
@@ -43,7 +44,7 @@ class Monitor:
         tls_key: PemSource | None = None,
         tls_server_name: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
-        timeout: float | None = 120.0,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         if credentials is not None and (tls or tls_ca or tls_cert or tls_key):
             raise ValueError("pass either credentials or the tls options, not both")
