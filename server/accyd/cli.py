@@ -77,6 +77,11 @@ def _supervise(config: Config, argv: Sequence[str]) -> int:
     policy = RestartPolicy(
         max_restarts=config.restart_max, window_seconds=config.restart_window_seconds
     )
+    if config.log_format == "json":
+        # gRPC's C core writes lines of its own to stderr (one per refused TLS handshake),
+        # which are not JSON: the server is started with them off unless the operator
+        # asked for them.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     supervisor = Supervisor(command, policy)
     # The child drains on the first signal (passed on) and reloads on SIGHUP; a second
     # signal kills it. A terminal's Ctrl-C reaches the child too: it ignores a second one.
