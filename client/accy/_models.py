@@ -120,7 +120,17 @@ class ScalarSpec:
         return f"{show(self.min)}..{show(self.max)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": name_of(self.dtype), "min": self.min, "max": self.max}
+        """JSON-ready: an integer scalar's bounds as integers (the wire carries doubles)."""
+
+        def bound(v: float | None) -> float | None:
+            return int(v) if v is not None and self.is_integer else v
+
+        return {
+            "name": self.name,
+            "dtype": name_of(self.dtype),
+            "min": bound(self.min),
+            "max": bound(self.max),
+        }
 
 
 @dataclass(frozen=True, slots=True)

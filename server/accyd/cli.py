@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -32,7 +33,8 @@ from accyd.process.serving import NeverReady, serve
 from accyd.process.signals import capture_signals
 from accyd.process.supervisor import RestartPolicy, Supervisor
 from accyd.settings.config import QUOTAS, SETTINGS, Config
-from accyd.settings.fields import add_flags, flag_values
+from accyd.settings.config_file import CONFIG_ENV, read_config_file
+from accyd.settings.fields import add_flags, flag_values, from_environment
 from accyd.telemetry.logs import configure_logging
 from accyd.tokens import hash_token, new_token
 
@@ -47,8 +49,17 @@ def parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the launch service until SIGTERM or SIGINT",
         description="Serve the launch service until SIGTERM or SIGINT (a second one forces "
-        "the exit; SIGHUP reloads the tokens file). Every flag has an environment variable; "
-        "a flag wins over its variable.",
+        "the exit; SIGHUP reloads the tokens file). Every flag has an environment variable "
+        "and a key in the --config file (its name without --); a flag wins over its "
+        "variable, a variable over the file.",
+    )
+    run.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="read settings from this TOML file: each key a flag's name without -- "
+        '(listen = ["unix:/run/accy/accyd.sock"], metrics-port = 9464, insecure = true) '
+        f"[env {CONFIG_ENV}; default none]",
     )
     add_flags(run, SETTINGS)
     add_flags(run, QUOTAS)
@@ -77,6 +88,11 @@ def _supervise(config: Config, argv: Sequence[str]) -> int:
     policy = RestartPolicy(
         max_restarts=config.restart_max, window_seconds=config.restart_window_seconds
     )
+    if config.log_format == "json":
+        # gRPC's C core writes lines of its own to stderr (one per refused TLS handshake),
+        # which are not JSON: the server is started with them off unless the operator
+        # asked for them.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     supervisor = Supervisor(command, policy)
     # The child drains on the first signal (passed on) and reloads on SIGHUP; a second
     # signal kills it. A terminal's Ctrl-C reaches the child too: it ignores a second one.
@@ -85,9 +101,27 @@ def _supervise(config: Config, argv: Sequence[str]) -> int:
     return EXIT_FORCED if supervisor.forced else code
 
 
+def _config(args: argparse.Namespace) -> Config:
+    """Defaults, then the --config file, then ``ACCYD_*`` variables, then flags."""
+    named = args.config or os.environ.get(CONFIG_ENV)
+    settings: dict[str, Any] = {}
+    quotas: dict[str, Any] = {}
+    if named:
+        settings, quotas = read_config_file(Path(named), SETTINGS, QUOTAS)
+        # Config.from_env reads the variables itself and lets what it is given win over
+        # them: it is given only what no variable sets.
+        for name in from_environment(SETTINGS, os.environ):
+            settings.pop(name, None)
+        for name in from_environment(QUOTAS, os.environ):
+            quotas.pop(name, None)
+    settings.update(flag_values(args, SETTINGS))
+    quotas.update(flag_values(args, QUOTAS))
+    return Config.from_env(quotas=quotas, **settings)
+
+
 def _serve(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
-        config = Config.from_env(quotas=flag_values(args, QUOTAS), **flag_values(args, SETTINGS))
+        config = _config(args)
     except (ValueError, TypeError) as error:
         print(f"accyd: {error}", file=sys.stderr)
         return 2

@@ -48,8 +48,9 @@ from accyd.token_placements import (
 __all__ = ["SCOPES", "Principal", "TokenTable", "hash_token", "new_token"]
 
 SCOPES = frozenset({"launch", "status", "admin"})
-"""``launch``: every call of the launch service; ``status``: GetStatus alone, without
-attaching (monitoring); ``admin``: GetStatus of every tenant, and catalog changes."""
+"""``launch``: every call of the launch service; ``status``: GetStatus and ListPipelines
+alone, without attaching (monitoring); ``admin``: GetStatus of every tenant, and catalog
+changes."""
 
 
 def hash_token(token: str) -> str:
@@ -74,12 +75,16 @@ class Principal:
     tenant: str
     scopes: frozenset[str]
     quotas: Quotas
+    token: bool = True
+    """Whether a token made it (else: a call without one, where the daemon lets it in)."""
 
     def require(self, scope: str, *also: str) -> None:
-        """Refuse a caller that holds none of the scopes given."""
+        """Refuse a caller that holds none of the scopes given, naming the scopes it holds."""
         if self.scopes.isdisjoint((scope, *also)):
             wanted = " or ".join(repr(name) for name in (scope, *also))
-            raise PermissionDenied(f"tenant {self.tenant!r} lacks the {wanted} scope")
+            held = ", ".join(repr(name) for name in sorted(self.scopes)) or "none"
+            whose = "the token's scopes" if self.token else "a call without a token has scopes"
+            raise PermissionDenied(f"this call needs the {wanted} scope; {whose}: {held}")
 
 
 class TokenTable:

@@ -1,4 +1,10 @@
-"""Prometheus metrics of one daemon, in a registry of its own (no process-global state)."""
+"""Prometheus metrics of one daemon, in a registry of its own (no process-global state).
+
+Beside the daemon's own (``accy_*``): the standard process and Python figures
+(``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``...,
+``python_info``, ``python_gc_*``) and the KServe door's per-model figures under Triton's
+names (``accyd.telemetry.triton``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
     start_http_server,
 )
@@ -18,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 
 from accyd.core.daemon import UNKNOWN_PIPELINE
 from accyd.errors import AccyError
+from accyd.telemetry.triton import TritonFigures
 
 if TYPE_CHECKING:
     from accyd.core.daemon import DaemonStatus
@@ -56,6 +66,11 @@ class Metrics:
         r = self.registry
         self._before_scrape = _BeforeScrape()
         r.register(self._before_scrape)  # first: collectors run in the order registered
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.triton = TritonFigures()
+        r.register(self.triton)
         self.launches = Counter(
             "accy_launches", "Pipeline launches by pipeline and status.", ["pipeline", "status"],
             registry=r,

@@ -101,7 +101,7 @@ class KServeServicer:
             cuda=cuda,
         )
         self.memory = SharedMemory(self.owners, calls, cuda)
-        self.stats = Statistics()
+        self.stats = Statistics(None if metrics is None else metrics.triton)
         self._models: dict[tuple[str, str], Model] = {}
         self._inference = Inference(
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
