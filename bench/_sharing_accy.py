@@ -67,16 +67,20 @@ def prepare_rate(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
         count, started = 0, time.perf_counter()
         end = started + seconds
-        while time.perf_counter() < end:
+        took: list[float] = []  # each waited launch's latency
+        while (now := time.perf_counter()) < end:
             for _ in range(every):
                 fma.launch(iters, wait=waited)
-            if not waited:
+            if waited:
+                took.append(time.perf_counter() - now)
+            else:
                 fma.session.wait()
             count += every
         elapsed = time.perf_counter() - started
         fma.check(iters)
         fma.client.close()
-        return {"kernels": count, "seconds": elapsed, "per_second": count / elapsed}
+        found = {"kernels": count, "seconds": elapsed, "per_second": count / elapsed}
+        return found | ({"latency": _percentiles(took)} if took else {})
 
     return run
 

@@ -57,7 +57,10 @@ WORKERS: dict[str, tuple[str, str]] = {
     "accy-rate": ("_sharing_accy", "prepare_rate"),
     "accy-rtt": ("_sharing_accy", "prepare_rtt"),
     "accy-scan": ("_sharing_accy", "prepare_scan"),
+    "accy-victim": ("_noisy_clients", "prepare_victim"),
+    "accy-aggressor": ("_noisy_clients", "prepare_aggressor"),
 }
+"""Kinds of worker processes (``--worker``); bench/contention.py runs the last two too."""
 
 
 def _prepare(spec: Spec) -> Run:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the outside clients the KServe door's tests run against, into .kserve-tools/
 # (ignored by git; nothing is cached elsewhere):
-#   venv/               tritonclient[grpc], pinned, in an environment of its own (its grpc
-#                       extra pins protobuf < 7; accy pins 7)
+#   venv/               tritonclient[grpc], pinned, in an environment of its own (the tests
+#                       run it as an outside client would, in a process of its own)
 #   perf_analyzer/      perf_analyzer's binary from its PyPI wheel
 #   runtime/            where this system's C library is older than the binary needs (2.38),
 #                       a newer Debian's loader and C/C++ runtime, unpacked from its packages

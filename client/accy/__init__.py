@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         TenantQuotas,
         TenantStatus,
     )
+    from accy._monitor import Monitor
     from accy.client import Buffer, Client, Launch, Session, resolve_target
     from accy.errors import AccyError, BufferLost
 
@@ -35,6 +36,7 @@ __all__ = [
     "DeviceStatus",
     "ExportedBuffer",
     "Launch",
+    "Monitor",
     "PipelineInfo",
     "Reattachment",
     "ScalarSpec",
@@ -59,6 +61,7 @@ _HOMES = {
     "TenantStatus": "accy._models",
     "Buffer": "accy.client",
     "ExportedBuffer": "accy._export",
+    "Monitor": "accy._monitor",
     "Client": "accy.client",
     "Launch": "accy.client",
     "Session": "accy.client",

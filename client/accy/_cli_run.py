@@ -18,6 +18,7 @@ from accy._chunks import Progress
 from accy._extent import ExtentError
 from accy._models import BufferSpec, PipelineInfo
 from accy.client import Buffer, Client
+from accy.protocol import dtype_of_numpy
 
 __all__ = ["EXIT_CHECK_FAILED", "UsageError", "parse_scalar", "run"]
 
@@ -108,7 +109,12 @@ def _check_bounds(info: PipelineInfo, values: Mapping[str, float]) -> None:
 def _random_input(
     rng: np.random.Generator, count: int, dtype: np.dtype[Any]
 ) -> np.ndarray[Any, Any]:
-    if dtype.kind == "f":
+    """Random values the type holds: floats (half, bfloat16 and fp8 too) in [0, 1), booleans,
+    integers in [0, 100)."""
+    entry = dtype_of_numpy(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=count).astype(dtype)
+    if entry is not None and entry.is_float:
         return rng.random(count, dtype=np.float64).astype(dtype)
     return rng.integers(0, 100, size=count, dtype=dtype)
 

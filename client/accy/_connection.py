@@ -24,20 +24,16 @@ from typing import Any, TypeVar
 
 import grpc
 
+from accy._failures import specific
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, open_channel
 from accy._transport import CLOSE_DRAIN_SECONDS
 from accy.errors import (
     AccyError,
-    CertificateNotVerified,
     ClientClosed,
     DaemonUnreachable,
     DeadlineExceeded,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
     from_rpc_error,
-    with_hint,
 )
 
 __all__ = ["DEFAULT_WINDOW", "UNSET", "Connection", "Sessions"]
@@ -100,12 +96,6 @@ def settle(link: Link, timeout: float | None) -> None:
     link.transport.wait(None, None, timeout)
 
 
-def _tls_refused(detail: str) -> bool:
-    """Whether a connection failure's detail says the TLS handshake failed."""
-    lowered = detail.lower()
-    return "certificate_verify_failed" in lowered or "handshake failed" in lowered
-
-
 class Connection:
     """The channel to one daemon address and the link (attachment) calls go out on.
 
@@ -163,22 +153,7 @@ class Connection:
 
     def hint(self, failure: AccyError) -> AccyError:
         """``failure``, made specific: an unreachable daemon, a token refused, a TLS mismatch."""
-        if isinstance(failure, Unavailable) and failure.reason is None:
-            if self.secure and _tls_refused(failure.message):
-                return CertificateNotVerified(self.target, failure.message)
-            hint = None
-            if not (self.target.startswith("unix:") or self.secure):
-                hint = "if it serves TLS, connect with TLS (tls_ca=, or tls=True for system roots)"
-            return DaemonUnreachable(self.target, failure.message, hint)
-        if isinstance(failure, Unauthenticated):
-            if self._has_token:
-                return with_hint(failure, "the daemon refused the token given")
-            return with_hint(
-                failure, "this daemon wants a bearer token: give token= or set ACCY_TOKEN"
-            )
-        if isinstance(failure, PermissionDenied):
-            return with_hint(failure, "the token's scopes do not allow this call")
-        return failure
+        return specific(failure, target=self.target, secure=self.secure, has_token=self._has_token)
 
     def judged(self, failure: AccyError, link: Link) -> AccyError:
         """``failure``, after losing ``link`` if it shows the link gone."""

@@ -21,15 +21,19 @@ DTypeLike = np.dtype[Any] | type[np.generic] | str
 
 
 def to_numpy(dtype: DTypeLike) -> np.dtype[Any]:
-    """``dtype`` as a little-endian numpy dtype, accepting accy names such as ``"f32"``."""
+    """``dtype`` as a little-endian numpy dtype: a numpy dtype or type accy has, or an accy
+    name such as ``"f32"``. Any other string is refused, never read as numpy would read it
+    (numpy's ``"i8"`` is int64 and its ``"f8"`` float64; accy's ``"i8"`` is int8)."""
     if isinstance(dtype, str):
         named = dtype_named(dtype)
-        if named is not None:
-            return named.numpy
+        if named is None:
+            names = ", ".join(e.name for e in DTYPES)
+            raise TypeError(f"unknown dtype {dtype!r}; accy's dtypes are {names}")
+        return named.numpy
     resolved = np.dtype(dtype).newbyteorder("<")
     entry = dtype_of_numpy(resolved)
     if entry is None:
-        names = ", ".join(str(e.numpy) for e in DTYPES)
+        names = ", ".join(f"{e.numpy} ({e.name})" for e in DTYPES)
         raise TypeError(f"numpy dtype {resolved} has no accy dtype; expected one of {names}")
     return entry.numpy
 

@@ -1,4 +1,5 @@
-"""Evaluate a pipeline's extent expressions ("n", "ceil_div(n, 64)", "rows * cols") here."""
+"""Evaluate a pipeline's extent and shape expressions ("n", "ceil_div(n, 64)", "rows * cols",
+"min(n, 1024)", "n / 2") here, as the daemon does."""
 
 from __future__ import annotations
 
@@ -32,12 +33,22 @@ def _eval(node: ast.expr, scalars: Mapping[str, int], expression: str) -> int:
             if isinstance(op, ast.Mult):
                 return a * b
             return a + b if isinstance(op, ast.Add) else a - b
+        case ast.BinOp(left=left, op=ast.Div() | ast.FloorDiv(), right=right):
+            return _eval(left, scalars, expression) // _divisor(right, scalars, expression)
         case ast.Call(func=ast.Name(id="ceil_div"), args=[inner, divisor], keywords=[]):
-            d = _eval(divisor, scalars, expression)
-            if d <= 0:
-                raise ExtentError(f"extent {expression!r} divides by {d}")
+            d = _divisor(divisor, scalars, expression)
             return -(-_eval(inner, scalars, expression) // d)
+        case ast.Call(func=ast.Name(id="min" | "max" as name), args=[a, b], keywords=[]):
+            pick = min if name == "min" else max
+            return pick(_eval(a, scalars, expression), _eval(b, scalars, expression))
     raise ExtentError(f"cannot read extent {expression!r}: unsupported {ast.dump(node)}")
+
+
+def _divisor(node: ast.expr, scalars: Mapping[str, int], expression: str) -> int:
+    d = _eval(node, scalars, expression)
+    if d <= 0:
+        raise ExtentError(f"extent {expression!r} divides by {d}")
+    return d
 
 
 def evaluate(expression: str, scalars: Mapping[str, int]) -> int:

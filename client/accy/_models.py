@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,17 +36,50 @@ class BufferSpec:
     name: str
     dtype: np.dtype[Any] | None
     extent: str
+    shape: tuple[str, ...] = ()
+    """The tensor's dims as expressions over the runtime scalars; empty when flat."""
 
     @classmethod
     def from_proto(cls, info: launch_pb2.BufferInfo) -> BufferSpec:
-        return cls(info.name, from_wire(info.dtype), info.extent)
+        return cls(info.name, from_wire(info.dtype), info.extent, tuple(info.shape))
 
     def elements(self, scalars: Mapping[str, int]) -> int:
         """The fewest elements this buffer must hold for these runtime scalars."""
         return _extent.evaluate(self.extent, scalars)
 
+    def dims(self, scalars: Mapping[str, int]) -> tuple[int, ...]:
+        """The tensor's shape for these runtime scalars (``(elements,)`` when flat)."""
+        return tuple(_extent.evaluate(dim, scalars) for dim in self.shape or (self.extent,))
+
+    def default_scalars(self, array: np.ndarray[Any, Any], values: dict[str, float]) -> None:
+        """Put in ``values`` the scalars this operand's extent or shape names alone, read
+        from ``array`` (its length, or its dims), unless they are there already."""
+        if self.shape and array.ndim == len(self.shape):
+            for dim, size in zip(self.shape, array.shape, strict=True):
+                if dim.strip().isidentifier():
+                    values.setdefault(dim.strip(), size)
+            return
+        name = self.extent.strip()
+        if name.isidentifier():
+            values.setdefault(name, array.size)
+
+    def shaped(
+        self, flat: np.ndarray[Any, Any], values: Mapping[str, float]
+    ) -> np.ndarray[Any, Any]:
+        """A result read flat, in this buffer's shape for the launch's scalars (as it came
+        where it has no shape)."""
+        if not self.shape:
+            return flat
+        dims = self.dims({k: int(v) for k, v in values.items() if float(v).is_integer()})
+        count = math.prod(dims)
+        return flat[:count].reshape(dims)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": name_of(self.dtype), "extent": self.extent}
+        found: dict[str, Any] = {"name": self.name, "dtype": name_of(self.dtype)}
+        found["extent"] = self.extent
+        if self.shape:
+            found["shape"] = list(self.shape)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +120,17 @@ class ScalarSpec:
         return f"{show(self.min)}..{show(self.max)}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": name_of(self.dtype), "min": self.min, "max": self.max}
+        """JSON-ready: an integer scalar's bounds as integers (the wire carries doubles)."""
+
+        def bound(v: float | None) -> float | None:
+            return int(v) if v is not None and self.is_integer else v
+
+        return {
+            "name": self.name,
+            "dtype": name_of(self.dtype),
+            "min": bound(self.min),
+            "max": bound(self.max),
+        }
 
 
 @dataclass(frozen=True, slots=True)

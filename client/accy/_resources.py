@@ -133,6 +133,7 @@ def new_buffer(
     buffer.dtype = dtype
     buffer.device = device
     buffer.exportable = exportable
+    buffer.shape = None
     buffer._gone = None
     link.buffers.add(buffer)
     buffer._arm(_free_dropped, conn, link, buffer_id)
@@ -155,6 +156,9 @@ class Buffer(Resource):
     device: int
     exportable: bool
     """Made with ``exportable=True``: ``export`` can map it."""
+    shape: tuple[int, ...] | None
+    """The shape of the array it was made from (or given to ``Client.empty``): a whole
+    ``read()`` returns an array of this shape."""
     _conn: Connection
     _link: Link
     _gone: tuple[str, str | None] | None
@@ -293,7 +297,12 @@ class Buffer(Resource):
             got = link.transport.read(
                 self.id, self.device, offset, size, out, conn.timeout_of(timeout), chunk, progress
             )
-        return got.view(kind) if out is None else out
+        if out is not None:
+            return out
+        whole = self.shape is not None and offset == 0 and kind == self.dtype
+        return (
+            got.view(kind).reshape(self.shape) if whole and count == self.size else got.view(kind)
+        )
 
     def export(self, timeout: float | None = UNSET) -> ExportedBuffer:
         """This buffer's memory mapped in this process, with no copy, once the daemon's work

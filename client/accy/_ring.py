@@ -3,7 +3,10 @@
 A ``Ring`` is used by one thread at a time (the client serializes launches
 through its lock). Records are written into the slot, then ``head`` is
 advanced; the daemon copies each record before it checks it. A wait spins on
-``done`` for ``spin_seconds``, then sleeps on the ``complete`` eventfd. Errors
+``done`` for ``spin_seconds`` or for the spin the daemon published in the ring's
+header, whichever is less (``wait_spin``: the daemon says 0 once more clients wait than
+it has CPUs to spare, so spinning never takes its engine's cores), then sleeps on the
+``complete`` eventfd. Errors
 the daemon wrote (a refused or failed launch) are raised by the next call that
 looks, naming the record, like CUDA's asynchronous errors.
 """
@@ -30,6 +33,7 @@ __all__ = ["Ring", "RingClosed", "RingError", "RingFull", "wait_spin_seconds"]
 _HEADER_READ = struct.Struct("<IIIII")
 _HEAD, _DONE, _ERRORS = layout.HEAD_WORD, layout.DONE_WORD, layout.ERRORS_WORD
 _CLOSED, _DAEMON_WAITS = layout.CLOSED_HALF, layout.DAEMON_WAITS_HALF
+_WAIT_SPIN, _SPIN_SET = layout.WAIT_SPIN_HALF, layout.SPIN_SET
 _FLAGS = 10
 """A record's flags' low byte."""
 _SCALAR_BYTES = layout.ID_OFFSET - layout.SCALARS_OFFSET
@@ -302,11 +306,19 @@ class Ring:
         except ValueError:  # the mapping was closed under this wait
             raise RingClosed("the ring was closed") from None
 
+    def wait_spin(self) -> float:
+        """How long the next wait spins: ``spin_seconds``, or the daemon's published budget
+        if less (read at every wait: the daemon changes it as clients come and go)."""
+        published = int(self._halves[_WAIT_SPIN])
+        if not published & _SPIN_SET:
+            return self.spin_seconds
+        return min(self.spin_seconds, (published & ~_SPIN_SET) * 1e-6)
+
     def _await_open(
         self, check: Callable[[], bool], timeout: float, error: type[Exception]
     ) -> None:
         deadline = time.monotonic() + timeout
-        spin_until = time.monotonic() + self.spin_seconds
+        spin_until = time.monotonic() + self.wait_spin()
         while not check():
             if self._u32(layout.CLOSED):
                 raise RingClosed(self.closed_reason)

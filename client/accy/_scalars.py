@@ -20,22 +20,11 @@ import numpy as np
 from accy._dtypes import name_of
 from accy._models import PipelineInfo, ScalarSpec
 from accy.errors import FieldViolation, InvalidArgument
-from accy.protocol import dtype_named
+from accy.protocol import WireDType, dtype_named, dtype_of_numpy
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2
 
 __all__ = ["RecordScalars", "check_scalars", "pack_scalars"]
-
-_RECORD_CODES = {
-    "f32": "f4x",
-    "f64": "d",
-    "i32": "i4x",
-    "u32": "I4x",
-    "i64": "q",
-    "u64": "Q",
-    "u8": "B7x",
-}
-"""Each scalar's 8 bytes in a ring record: its own type, little-endian, zero-padded."""
 
 
 def _kinds(base: type) -> frozenset[type]:
@@ -91,13 +80,13 @@ def _pack(spec: ScalarSpec, value: object) -> launch_pb2.Scalar:
         raise _bad(spec.name, f"the protocol has no {name} scalars")
     if isinstance(value, bool | np.bool_):
         raise _bad(spec.name, f"expected a number for {name}, got a boolean")
-    if dtype.kind in "iu":
+    low, high = entry.range
+    if entry.is_integer:
         if not isinstance(value, int | np.integer):
             raise _bad(spec.name, f"expected an integer for {name}, got {value!r}")
-        info = np.iinfo(dtype)
         integer = int(value)
-        if not info.min <= integer <= info.max:
-            raise _bad(spec.name, f"{integer} does not fit {name} ({info.min}..{info.max})")
+        if not low <= integer <= high:
+            raise _bad(spec.name, f"{integer} does not fit {name} ({low}..{high})")
         return _scalar(name, integer)
     if not isinstance(value, int | float | np.integer | np.floating):
         raise _bad(spec.name, f"expected a number for {name}, got {value!r}")
@@ -105,7 +94,7 @@ def _pack(spec: ScalarSpec, value: object) -> launch_pb2.Scalar:
         number = float(value)
     except OverflowError:
         number = math.inf
-    if not math.isfinite(number) or abs(number) > float(np.finfo(dtype).max):
+    if not math.isfinite(number) or abs(number) > high:
         raise _bad(spec.name, f"{value} is not a finite {name}")
     return _scalar(name, number)
 
@@ -167,11 +156,19 @@ class RecordScalars:
             )
         self.names = tuple(spec.name for spec in specs)
         self.count = len(specs)
-        code = "".join(_RECORD_CODES[name_of(spec.dtype)] for spec in specs)
+        code = "".join(_wire_entry(spec).record_code for spec in specs)
         self.packer = struct.Struct(f"<{code}{8 * (layout.MAX_SCALARS - len(specs))}x")
         self.values = _values_of(info)
         """``values(scalars)``: the values to pack, in the record's order; what is wrong
         with them raises."""
+
+
+def _wire_entry(spec: ScalarSpec) -> WireDType:
+    """The protocol's entry for a scalar's type; one no record or message carries is refused."""
+    entry = dtype_of_numpy(spec.dtype)
+    if entry is None or not entry.scalar:
+        raise _bad(spec.name, f"the protocol has no {name_of(spec.dtype)} scalars")
+    return entry
 
 
 def _values_of(info: PipelineInfo) -> Callable[[Mapping[str, object]], tuple[object, ...]]:
@@ -185,14 +182,9 @@ def _values_of(info: PipelineInfo) -> Callable[[Mapping[str, object]], tuple[obj
     names: dict[str, object] = {"slow": slow}
     take, test = [], []
     for index, spec in enumerate(info.runtime_scalars):
-        low: float
-        high: float
-        if spec.dtype.kind in "iu":
-            limits = np.iinfo(spec.dtype)
-            kinds, low, high = _INTEGERS, int(limits.min), int(limits.max)
-        else:
-            largest = float(np.finfo(spec.dtype).max)
-            kinds, low, high = _NUMBERS, -largest, largest
+        entry = _wire_entry(spec)
+        low, high = entry.range
+        kinds = _INTEGERS if entry.is_integer else _NUMBERS
         names.update({f"K{index}": kinds, f"L{index}": low, f"H{index}": high})
         take.append(f"            v{index} = scalars[{spec.name!r}]")
         test.append(f"type(v{index}) in K{index} and L{index} <= v{index} <= H{index}")

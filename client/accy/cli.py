@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TextIO
 
 import grpc
 
 from accy import _table
 from accy._cli_run import EXIT_CHECK_FAILED, UsageError, parse_scalar, run
 from accy._credentials import TOKEN_ENV, channel_credentials
+from accy._monitor import Monitor
+from accy._rpc import SERVICE_NAME
 from accy.client import DEFAULT_TIMEOUT, Client, open_channel, resolve_target
 from accy.errors import (
     AccyError,
+    CertificateNameMismatch,
     CertificateNotVerified,
+    ClientCertificateRefused,
     DaemonUnreachable,
+    DaemonWithoutTls,
     PermissionDenied,
     Unauthenticated,
+    from_rpc_error,
 )
 from accy.protocol import UnsafeSocketFolder
 
@@ -51,26 +59,55 @@ exit codes: 0 ok, 1 check failed or not serving, 2 usage, 3 no daemon, 4 daemon 
 
 
 def cli_hint(error: AccyError) -> str:
-    """What to do about ``error`` in this command's flags ("" where there is nothing to add)."""
+    """What to do about ``error`` in this command's flags ("" where there is nothing to add).
+
+    It takes the place of the library's own hint (worded for its arguments: ``token=``,
+    ``tls_ca=``), so one message says each thing once."""
+    if isinstance(error, CertificateNameMismatch):
+        return (
+            "dial a name the daemon's certificate carries (its subjectAltName), or pass that "
+            "name with --tls-server-name"
+        )
+    if isinstance(error, ClientCertificateRefused):
+        return "pass --tls-cert and --tls-key with a certificate its client CA signed"
+    if isinstance(error, DaemonWithoutTls):
+        return "leave out --tls, --tls-ca, --tls-cert and --tls-key for a daemon without TLS"
     if isinstance(error, CertificateNotVerified):
-        return "; check --tls-ca (and --tls-server-name)"
+        return (
+            "pass the CA that signed the daemon's certificate with --tls-ca, and the name the "
+            "certificate carries with --tls-server-name where it is not the target's host"
+        )
     if isinstance(error, DaemonUnreachable):
-        hint = "; pass its address with --target (or set ACCY_TARGET)"
-        if "if it serves TLS" in error.message:  # a plaintext channel to a TCP address
+        hint = (
+            "start one with `accyd serve`, or pass the address of a running one with --target "
+            "(or set ACCY_TARGET)"
+        )
+        if "if it serves TLS" in error.hint:  # a plaintext channel to a TCP address
             hint += "; if it serves TLS, pass --tls-ca (or --tls for the system's roots)"
         return hint
     if isinstance(error, Unauthenticated):
-        return "; pass --token or set ACCY_TOKEN"
+        if "refused the token" in error.hint:
+            return "pass one it accepts with --token (or ACCY_TOKEN)"
+        return "this daemon wants a token: pass --token or set ACCY_TOKEN"
     if isinstance(error, PermissionDenied):
-        return "; pass a --token (or ACCY_TOKEN) whose scopes allow this call"
+        return "pass a --token (or ACCY_TOKEN) whose scopes allow this call"
     return ""
+
+
+def cli_message(error: AccyError) -> str:
+    """``error`` as the CLI prints it: its hint, if any, worded for the command's flags."""
+    hint = cli_hint(error)
+    if hint:
+        error.message = f"{error.bare}; {hint}"
+        error.hint = hint
+    return error.message if isinstance(error, DaemonUnreachable) else str(error)
 
 
 # -- pipelines, status, health -----------------------------------------------------------
 
 
-def _pipelines(client: Client, args: argparse.Namespace) -> int:
-    infos = client.pipelines()
+def _pipelines(monitor: Monitor, args: argparse.Namespace) -> int:
+    infos = monitor.pipelines()
     if args.json:
         print(json.dumps([p.to_dict() for p in infos], indent=2))
         return 0
@@ -82,16 +119,9 @@ def _pipelines(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(client: Client, args: argparse.Namespace) -> int:
-    status = client.status()
-    fields = {"target": client.target, **status.to_dict()}
-    mine = status.tenant or client.attachment.tenant
-    fields["tenant"] = mine
-    # This command attached only to ask: the clients it reports are the others.
-    fields["clients"] = max(status.clients - 1, 0)
-    for tenant in fields["tenants"]:
-        if tenant["name"] == mine:
-            tenant["clients"] = max(tenant["clients"] - 1, 0)
+def _status(monitor: Monitor, args: argparse.Namespace) -> int:
+    status = monitor.status()  # not attached: the clients it reports are all others
+    fields = {"target": monitor.target, **status.to_dict()}
     print(json.dumps(fields, indent=2) if args.json else status_text(fields))
     return 0 if status.serving else EXIT_CHECK_FAILED
 
@@ -150,8 +180,15 @@ def _health(
             code = error.code() if isinstance(error, grpc.Call) else None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise DaemonUnreachable(target, error.details() or str(code)) from None
-            print(f"accy: health check failed: {error}", file=sys.stderr)
-            return EXIT_DAEMON_ERROR
+            if code == grpc.StatusCode.NOT_FOUND:
+                print(
+                    f"accy: the daemon at {target} reports no health for a service named "
+                    f"{args.service!r}; leave out --service for the whole server, or name a "
+                    f"service it serves, such as {SERVICE_NAME}",
+                    file=sys.stderr,
+                )
+                return EXIT_DAEMON_ERROR
+            raise from_rpc_error(error) from None
     state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     print(state)
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else EXIT_CHECK_FAILED
@@ -168,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"accy {_version()}")
     parser.add_argument("--target", help="daemon address: unix:PATH or HOST:PORT")
     parser.add_argument(
         "--token",
@@ -238,11 +276,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+_MONITORING: dict[str, Callable[[Monitor, argparse.Namespace], int]] = {
     "pipelines": _pipelines,
     "status": _status,
+}
+"""Commands that only ask (a ``status`` token may run them): they do not attach."""
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "run": run,
 }
+
+
+def _version() -> str:
+    try:
+        return version("accy")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+class _Stderr:
+    """Standard error, remembering whether the last write left a line open (a progress line)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.line_open = False
+
+    def write(self, text: str) -> int:
+        if text:
+            self.line_open = not text.endswith("\n")
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,20 +323,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as error:
         parser.error(str(error))
+    err = _Stderr(sys.stderr)
+    with contextlib.redirect_stderr(err):
+        try:
+            return _command(args, credentials)
+        except KeyboardInterrupt:
+            print("\naccy: interrupted" if err.line_open else "accy: interrupted", file=err)
+            return 130
+
+
+def _command(args: argparse.Namespace, credentials: grpc.ChannelCredentials | None) -> int:
+    """Run the command ``args`` name; errors printed as one message with its exit code."""
     try:
         target = resolve_target(args.target)
         if args.command == "health":
             return _health(target, credentials, args)
-        with Client(
-            target,
-            token=args.token,
-            timeout=args.timeout,
-            credentials=credentials,
-            tls_server_name=args.tls_server_name,
-        ) as client:
+        options: dict[str, Any] = {
+            "token": args.token,
+            "timeout": args.timeout,
+            "credentials": credentials,
+            "tls_server_name": args.tls_server_name,
+        }
+        if args.command in _MONITORING:
+            with Monitor(target, **options) as monitor:
+                return _MONITORING[args.command](monitor, args)
+        with Client(target, **options) as client:
             return _COMMANDS[args.command](client, args)
     except DaemonUnreachable as error:
-        print(f"accy: {error.message}{cli_hint(error)}", file=sys.stderr)
+        print(f"accy: {cli_message(error)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except UnsafeSocketFolder as error:
         print(f"accy: {error}; or pass --target", file=sys.stderr)
@@ -281,10 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accy: {error}", file=sys.stderr)
         return EXIT_USAGE
     except AccyError as error:
-        print(f"accy: {error}{cli_hint(error)}", file=sys.stderr)
+        print(f"accy: {cli_message(error)}", file=sys.stderr)
         return EXIT_DAEMON_ERROR
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

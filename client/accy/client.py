@@ -358,6 +358,7 @@ class Client:
         buffer = allocate(
             self._conn, array.size * kind.itemsize, kind, device, exportable=exportable
         )
+        buffer.shape = array.shape
         try:
             buffer.write(array, progress=progress)
         except BaseException:
@@ -379,16 +380,21 @@ class Client:
 
     def empty(
         self,
-        count: int,
+        shape: int | tuple[int, ...],
         dtype: DTypeLike,
         *,
         device: int | None = None,
         exportable: bool = False,
     ) -> Buffer:
-        """A device buffer of ``count`` elements of ``dtype`` (contents undefined);
-        ``exportable`` as for ``buffer``."""
+        """A device buffer of ``shape`` (a count of elements, or dims) of ``dtype``
+        (contents undefined); ``exportable`` as for ``buffer``."""
         kind = _dtypes.to_numpy(dtype)
-        return allocate(self._conn, count * kind.itemsize, kind, device, exportable=exportable)
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        buffer = allocate(
+            self._conn, math.prod(dims) * kind.itemsize, kind, device, exportable=exportable
+        )
+        buffer.shape = dims if not isinstance(shape, int) else None
+        return buffer
 
     def run(
         self,
@@ -401,8 +407,8 @@ class Client:
     ) -> list[np.ndarray[Any, Any]]:
         """Run a pipeline in one call: operands inline, results returned (for small data).
 
-        A runtime scalar that an operand's extent names alone (``n`` for
-        ``x: f32[n]``) defaults to that operand's length.
+        A runtime scalar that an operand's extent (or one dim of its shape) names alone
+        defaults to the array's length (or that dim); results come back in their shape.
         """
         info = self.pipeline(target, version)
         arrays = [np.asarray(a) for a in operands]
@@ -424,9 +430,7 @@ class Client:
                     f"operand {spec.name!r} {why}",
                     field_violations=[FieldViolation(f"operands[{index}]", why)],
                 )
-            name = spec.extent.strip()
-            if name.isidentifier() and name not in values:
-                values[name] = array.size
+            spec.default_scalars(array, values)
             tensors.append(
                 pb.Tensor(
                     name=spec.name,
@@ -443,7 +447,7 @@ class Client:
         )
         response = self._conn.unary(self._conn.stub.Run, request, timeout)
         results = []
-        for tensor in response.results:
+        for spec, tensor in zip(info.results, response.results, strict=False):
             kind = _dtypes.from_wire(tensor.dtype) or np.dtype(np.uint8)
-            results.append(np.frombuffer(tensor.data, dtype=kind).copy())
+            results.append(spec.shaped(np.frombuffer(tensor.data, dtype=kind).copy(), values))
         return results

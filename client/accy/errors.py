@@ -25,9 +25,12 @@ __all__ = [
     "AlreadyExists",
     "BufferLost",
     "Cancelled",
+    "CertificateNameMismatch",
     "CertificateNotVerified",
+    "ClientCertificateRefused",
     "ClientClosed",
     "DaemonUnreachable",
+    "DaemonWithoutTls",
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -100,6 +103,15 @@ class AccyError(Exception):
         self.field_violations = tuple(field_violations)
         self.quota_violations = tuple(quota_violations)
         self.request_id = request_id
+        self.hint = ""
+        """What to do about it, where the client knows: the end of ``message`` (``with_hint``)."""
+
+    @property
+    def bare(self) -> str:
+        """``message`` without its ``hint``: what went wrong alone."""
+        if self.hint and self.message.endswith(f"; {self.hint}"):
+            return self.message[: -len(self.hint) - 2]
+        return self.message
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -232,13 +244,14 @@ class DaemonUnreachable(Unavailable):
     def __init__(
         self, target: str, detail: str, hint: str | None = None, *, message: str | None = None
     ) -> None:
-        super().__init__(
-            message
-            or f"no accy daemon answered at {target} ({detail}); start one with `accyd serve`, "
-            "or give the address of a running one (the target, or ACCY_TARGET)"
-            + (f"; {hint}" if hint else ""),
-            reason="UNREACHABLE",
+        advice = (
+            "start one with `accyd serve`, or give the address of a running one (the target, "
+            "or ACCY_TARGET)" + (f"; {hint}" if hint else "")
         )
+        if message is None:
+            message = f"no accy daemon answered at {target} ({detail}); {advice}"
+        super().__init__(message, reason="UNREACHABLE")
+        self.hint = advice if message.endswith(advice) else ""
         self.target = target
         self.detail = detail
 
@@ -247,13 +260,61 @@ class CertificateNotVerified(DaemonUnreachable):
     """The daemon at ``target`` answered, but its TLS certificate did not verify."""
 
     def __init__(self, target: str, detail: str) -> None:
+        advice = (
+            "give the CA that signed the daemon's certificate, and the name the certificate "
+            "carries where it is not the target's host"
+        )
         super().__init__(
             target,
             detail,
             message=f"the TLS certificate of the daemon at {target} did not verify against the "
-            f"CA given ({detail}); give the CA that signed the daemon's certificate, and the "
-            "name the certificate carries where it is not the target's host",
+            f"CA given ({detail}); {advice}",
         )
+        self.hint = advice
+
+
+class CertificateNameMismatch(CertificateNotVerified):
+    """The daemon's TLS certificate verified, but carries another name than the one dialled."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        super().__init__(target, detail)
+        self.hint = (
+            "dial a name the daemon's certificate carries (its subjectAltName), or give that "
+            "name as the TLS server name"
+        )
+        self.message = (
+            f"the TLS certificate of the daemon at {target} is not for the name dialled "
+            f"({detail}); {self.hint}"
+        )
+        self.args = (self.message,)
+
+
+class DaemonWithoutTls(DaemonUnreachable):
+    """The daemon at ``target`` answered in plain text to a TLS handshake."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        advice = "connect without TLS, or serve TLS (accyd serve --tls-cert, --tls-key)"
+        super().__init__(
+            target,
+            detail,
+            message=f"the daemon at {target} does not serve TLS ({detail}); {advice}",
+        )
+        self.hint = advice
+
+
+class ClientCertificateRefused(DaemonUnreachable):
+    """The daemon at ``target`` ended the TLS handshake: mutual TLS, without a client
+    certificate its client CA signed (gRPC tells the client no more than that)."""
+
+    def __init__(self, target: str, detail: str) -> None:
+        advice = "give a client certificate that its client CA signed, and its key"
+        super().__init__(
+            target,
+            detail,
+            message=f"the daemon at {target} ended the TLS handshake ({detail}): it serves "
+            f"mutual TLS and took no client certificate of this client; {advice}",
+        )
+        self.hint = advice
 
 
 class DataLoss(AccyError):
@@ -369,6 +430,7 @@ def with_hint(error: AccyError, hint: str) -> AccyError:
     """``error`` with ``hint`` (what to do about it) added to its message; returns it."""
     error.message = f"{error.message}; {hint}"
     error.args = (error.message,)
+    error.hint = f"{error.hint}; {hint}" if error.hint else hint
     return error
 
 

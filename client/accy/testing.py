@@ -172,11 +172,12 @@ class Certificates:
 
 
 def write_certificates(
-    folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1")
+    folder: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1"), *, server_days: float = 1.0
 ) -> Certificates:
     """A CA, a server certificate for ``hosts`` and a client certificate, written to ``folder``.
 
-    For TLS and mutual TLS tests only (needs the ``cryptography`` package).
+    The server certificate ends ``server_days`` from now (a negative number: it expired
+    that long ago). For TLS and mutual TLS tests only (needs the ``cryptography`` package).
     """
     import datetime
     import ipaddress
@@ -217,7 +218,10 @@ def write_certificates(
         .sign(ca_key, hashes.SHA256())
     )
 
-    def issue(common: str, usage: x509.ObjectIdentifier, sans: Sequence[str]) -> Path:
+    def issue(
+        common: str, usage: x509.ObjectIdentifier, sans: Sequence[str], days: float = 1.0
+    ) -> Path:
+        end = now + datetime.timedelta(days=days)
         key = ec.generate_private_key(ec.SECP256R1())
         alt: list[x509.GeneralName] = []
         for host in sans:
@@ -231,15 +235,15 @@ def write_certificates(
             .issuer_name(ca.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(min(now, end) - datetime.timedelta(minutes=5))
+            .not_valid_after(end)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
         if alt:
             builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
         return save(common, builder.sign(ca_key, hashes.SHA256()), key)
 
-    server = issue("server", ExtendedKeyUsageOID.SERVER_AUTH, hosts)
+    server = issue("server", ExtendedKeyUsageOID.SERVER_AUTH, hosts, server_days)
     client = issue("client", ExtendedKeyUsageOID.CLIENT_AUTH, ())
     return Certificates(
         ca=save("ca", ca, ca_key),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from accyd.backends.base import Backend
+from accyd.backends.queues import set_work_queues
 from accyd.backends.select import make_backend
 from accyd.backends.worker.front.pool import DevicePool
 from accyd.core.daemon import Daemon
@@ -31,7 +32,9 @@ def open_backends(
 ) -> tuple[Mapping[int, Backend], DevicePool | None]:
     """Each device's backend, and the pool that owns them when each runs in a worker
     process (``on_worker_fault`` hears of a worker lost while idle). The caller closes
-    them: the pool when there is one, else each backend."""
+    them: the pool when there is one, else each backend. The CUDA contexts' work queues are
+    set first (``accyd.backends.queues``), for this process and the workers it starts."""
+    set_work_queues(config.cuda_max_connections)  # the "accyd serving" line shows it
     if config.uses_device_workers:
         pool = DevicePool(
             config.backend,

@@ -27,6 +27,7 @@ import structlog
 from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped, unused-ignore]
 
 from accyd.backends.base import Backend
+from accyd.backends.queues import MAX_CONNECTIONS_ENV
 from accyd.backends.worker.front.pool import DevicePool
 from accyd.catalog import load_catalog
 from accyd.core.daemon import CatalogView, Daemon
@@ -140,6 +141,8 @@ class Server:
             isolated=isolated,
         )
         self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
+        if tokens is not None:  # SM partitions and stream priorities, made once here
+            await asyncio.to_thread(self.daemon.split_sms, tokens.partitions, tokens.placements)
         metrics.watch(self.daemon.status)
         metrics.restarts.set(self.lineage.restarts)
         metrics.device_faults.inc(self.lineage.device_faults)
@@ -156,6 +159,7 @@ class Server:
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
                 spin_seconds=0.0 if "host" in kinds_served else config.launch_spin_seconds,
                 observer=ring_counts,
+                wait_budget=config.wait_budget,
             )
         self.servicer = LaunchServicer(
             self.daemon,
@@ -244,6 +248,7 @@ class Server:
             health_listen=self.health_address,
             loop_spin_us=round(self._loop_spin * 1e6),
             malloc_keep_bytes=config.malloc_keep_bytes if self._malloc_tuned else None,
+            cuda_max_connections=os.environ.get(MAX_CONNECTIONS_ENV),
             restarts=self.lineage.restarts,
         )
 
@@ -315,6 +320,7 @@ class Server:
             return
         named = set(tokens.tenant_quotas)
         self._authenticator.replace_tokens(tokens)
+        self.daemon.place_tenants(tokens.partitions, tokens.placements)
         ended = self._admitting.revoke()
         dropped = 0 if self.kserve is None else self.kserve.drop_tenants_but(named)
         log.info(

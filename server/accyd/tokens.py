@@ -18,6 +18,10 @@ tenant, one table each; a token names its tenant and its scopes:
 A ``[token.quotas]`` table (the older form) is still read, but every token of
 a tenant, and its ``[tenant.NAME]`` table, must give the same quotas: a file
 where they disagree is refused, naming both places.
+
+A tenant's table may also confine its kernels to an SM partition and set its
+streams' priority (``partition``, ``sm_share``, ``priority``; ``[partitions]``):
+``accyd.token_placements`` reads those.
 """
 
 from __future__ import annotations
@@ -31,14 +35,22 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from accyd.core.tenants import Quotas
+from accyd.backends.partitions import PartitionSpec
+from accyd.core.tenants import Placement, Quotas
 from accyd.errors import CatalogError, PermissionDenied, Unauthenticated
+from accyd.token_placements import (
+    PLACEMENT_FIELDS,
+    check_shares,
+    read_partitions,
+    read_placement,
+)
 
 __all__ = ["SCOPES", "Principal", "TokenTable", "hash_token", "new_token"]
 
 SCOPES = frozenset({"launch", "status", "admin"})
-"""``launch``: every call of the launch service; ``status``: GetStatus alone, without
-attaching (monitoring); ``admin``: GetStatus of every tenant, and catalog changes."""
+"""``launch``: every call of the launch service; ``status``: GetStatus and ListPipelines
+alone, without attaching (monitoring); ``admin``: GetStatus of every tenant, and catalog
+changes."""
 
 
 def hash_token(token: str) -> str:
@@ -63,21 +75,35 @@ class Principal:
     tenant: str
     scopes: frozenset[str]
     quotas: Quotas
+    token: bool = True
+    """Whether a token made it (else: a call without one, where the daemon lets it in)."""
 
     def require(self, scope: str, *also: str) -> None:
-        """Refuse a caller that holds none of the scopes given."""
+        """Refuse a caller that holds none of the scopes given, naming the scopes it holds."""
         if self.scopes.isdisjoint((scope, *also)):
             wanted = " or ".join(repr(name) for name in (scope, *also))
-            raise PermissionDenied(f"tenant {self.tenant!r} lacks the {wanted} scope")
+            held = ", ".join(repr(name) for name in sorted(self.scopes)) or "none"
+            whose = "the token's scopes" if self.token else "a call without a token has scopes"
+            raise PermissionDenied(f"this call needs the {wanted} scope; {whose}: {held}")
 
 
 class TokenTable:
     """Tokens by hash; ``authenticate`` turns a presented token into a ``Principal``."""
 
-    def __init__(self, entries: Iterable[tuple[str, Principal]] = ()) -> None:
+    def __init__(
+        self,
+        entries: Iterable[tuple[str, Principal]] = (),
+        *,
+        partitions: Iterable[PartitionSpec] = (),
+        placements: Mapping[str, Placement] | None = None,
+    ) -> None:
         self._by_hash: dict[str, Principal] = {}
         for digest, principal in entries:
             self._by_hash[digest] = principal
+        self.partitions = tuple(partitions)
+        """The SM partitions to make on each device, in the file's order."""
+        self.placements = dict(placements or {})
+        """Each tenant's partition and priority, for tenants whose table gives one."""
 
     @property
     def tenant_quotas(self) -> dict[str, Quotas]:
@@ -105,19 +131,30 @@ class TokenTable:
             raise CatalogError(f"{path}: cannot read: {error.strerror}") from None
         except tomllib.TOMLDecodeError as error:
             raise CatalogError(f"{path}: not valid TOML: {error}") from None
-        unknown = set(data) - {"token", "tenant"}
+        unknown = set(data) - {"token", "tenant", "partitions"}
         if unknown:
             raise CatalogError(
-                f"{path}: unknown tables {sorted(unknown)}; expected [tenant.NAME] and [[token]]"
+                f"{path}: unknown tables {sorted(unknown)}; expected [tenant.NAME], [[token]] "
+                "and [partitions]"
             )
         raw = data.get("token", [])
         if not isinstance(raw, list):
             raise CatalogError(f"{path}: 'token' must be an array of tables ([[token]])")
-        quotas = _tenant_tables(path, data.get("tenant", {}))
+        partitions = read_partitions(path, data.get("partitions", {}))
+        placements: dict[str, Placement] = {}
+        quotas = _tenant_tables(path, data.get("tenant", {}), partitions, placements)
+        check_shares(path, partitions)
         entries = [_entry(path, index, item, quotas) for index, item in enumerate(raw)]
         return cls(
-            (digest, Principal(tenant, scopes, quotas[tenant][0] if tenant in quotas else Quotas()))
-            for digest, tenant, scopes in entries
+            (
+                (
+                    digest,
+                    Principal(tenant, scopes, quotas[tenant][0] if tenant in quotas else Quotas()),
+                )
+                for digest, tenant, scopes in entries
+            ),
+            partitions=partitions.values(),
+            placements=placements,
         )
 
 
@@ -125,7 +162,13 @@ _Quotas = dict[str, tuple[Quotas, str]]
 """Each tenant's quotas, and where in the file they were given."""
 
 
-def _tenant_tables(path: Path, raw: Any) -> _Quotas:
+def _tenant_tables(
+    path: Path,
+    raw: Any,
+    partitions: dict[str, PartitionSpec],
+    placements: dict[str, Placement],
+) -> _Quotas:
+    """Each tenant's quotas; its partition and priority go into ``placements``."""
     if not isinstance(raw, dict):
         raise CatalogError(f"{path}: 'tenant' must hold one table per tenant ([tenant.NAME])")
     found: _Quotas = {}
@@ -135,6 +178,11 @@ def _tenant_tables(path: Path, raw: Any) -> _Quotas:
         def fail(field: str, problem: str, where: str = where) -> CatalogError:
             return CatalogError(f"{path}: {where}: field {field!r}: {problem}", field=field)
 
+        if isinstance(table, Mapping):
+            placement = read_placement(table, name, partitions, fail)
+            if placement is not None:
+                placements[name] = placement
+            table = {k: v for k, v in table.items() if k not in PLACEMENT_FIELDS}
         found[name] = (_quotas(table, fail, prefix=""), where)
     return found
 

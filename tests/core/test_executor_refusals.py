@@ -169,7 +169,7 @@ def test_zero_extent_is_invalid_artifact_before_allocation() -> None:
         buffers(4),
         [Scalar.u32(0)],
     )
-    refused(state, InvalidArtifact, request, "extent arg0 is 0")
+    refused(state, InvalidArtifact, request, "extent scalar 0 is 0")
     with pytest.raises(InvalidArtifact, match="is 0"):
         allocate_intermediates(state, TEST_PIPELINE, [Scalar.u32(0)])
     assert state.buffer_allocate_count == 0

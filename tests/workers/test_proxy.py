@@ -386,3 +386,15 @@ def test_an_exportable_buffer_is_handed_over_from_the_worker(shared: WorkerBacke
         shared.export_buffer(plain)
     shared.destroy(plain)
     shared.destroy(buffer)
+
+
+def test_sm_partitions_and_priorities_reach_the_worker(shared: WorkerBackend) -> None:
+    from accyd.backends.partitions import PartitionSpec
+
+    split = shared.split_sms([PartitionSpec("batch", sms=64)])
+    assert split.partitions == () and "CPU threads" in split.unconfined  # the host's answer
+    stream = shared.create_stream(None, 3)  # a priority the host backend ignores
+    assert stream.partition is None
+    shared.destroy_stream(stream)
+    with pytest.raises(UnsupportedOperation, match="no SM partition 'batch'"):
+        shared.create_stream("batch", 0)

@@ -16,6 +16,8 @@ Layout, little-endian, each counter on its own 64-byte line::
     320   daemon_waits u32  daemon: 1 while the submitter sleeps on ``submit``
     384   errors u64        daemon: error entries written so far
     448   closed u32        daemon: the ring is closed (client detached or daemon stopping)
+    452   wait_spin u32     daemon: how long a client's wait may spin before it sleeps, in µs,
+                            with ``SPIN_SET`` or'ed in once published (unset: the client's own)
     512   error entries     error_slots x ERROR_SIZE, entry i % error_slots
     HEADER_SIZE  records    slot_count x SLOT_SIZE, record seq at slot seq % slot_count
 
@@ -84,11 +86,14 @@ __all__ = [
     "RING_ENV",
     "SCALARS_OFFSET",
     "SLOT_SIZE",
+    "SPIN_SET",
     "TAIL",
     "TAIL_WORD",
     "TICKET_BYTES",
     "TO_SEGMENT",
     "VERSION",
+    "WAIT_SPIN",
+    "WAIT_SPIN_HALF",
     "Kind",
     "error_offset",
     "error_slots",
@@ -116,6 +121,12 @@ CLIENT_WAITS_HALF, DAEMON_WAITS_HALF, CLOSED_HALF = (
     o >> 2 for o in (CLIENT_WAITS, DAEMON_WAITS, CLOSED)
 )
 """The u32 flags' indexes in the ring's memory seen as 4-byte words."""
+WAIT_SPIN = CLOSED + 4
+"""On the line of ``closed``, which a waiting client reads anyway; the daemon writes both
+seldom (``accyd.doors.ring.waiting``)."""
+WAIT_SPIN_HALF = WAIT_SPIN >> 2
+SPIN_SET = 1 << 31
+"""Or'ed into ``wait_spin`` by a daemon that publishes it; the low bits are microseconds."""
 ERROR_BASE = 512
 ERROR_SIZE = 384
 FIELD_BYTES = 64

@@ -21,6 +21,7 @@ __all__ = [
     "default_target",
     "is_default_socket",
     "prepare_socket_folder",
+    "unsafe_folder_reason",
 ]
 
 SOCKET_NAME = "accyd.sock"
@@ -59,23 +60,34 @@ def is_default_socket(path: Path) -> bool:
     return Path(os.path.abspath(path)) == Path(os.path.abspath(default_socket_path()))
 
 
-def check_socket_folder(folder: Path) -> None:
-    """Raise ``UnsafeSocketFolder`` unless ``folder`` is a real folder of this user that
-    nobody else may write to. A folder that does not exist passes (nothing listens there)."""
+def unsafe_folder_reason(folder: Path) -> str:
+    """Why ``folder`` is not safe to trust ('' if it is): a symbolic link, not a folder,
+    another user's, or one others may write to. A folder that does not exist is safe (it
+    is made, mode 0700, when it is needed)."""
     try:
         info = folder.lstat()
     except FileNotFoundError:
-        return
+        return ""
+    except OSError as error:
+        return f"it cannot be read ({error.strerror})"
     if stat.S_ISLNK(info.st_mode):
-        raise UnsafeSocketFolder(folder, "it is a symbolic link")
+        return "it is a symbolic link"
     if not stat.S_ISDIR(info.st_mode):
-        raise UnsafeSocketFolder(folder, "it is not a folder")
+        return "it is not a folder"
     uid = os.getuid()
     if info.st_uid != uid:
-        raise UnsafeSocketFolder(folder, f"it belongs to uid {info.st_uid}, not to you ({uid})")
+        return f"it belongs to uid {info.st_uid}, not to you ({uid})"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(info.st_mode)
-        raise UnsafeSocketFolder(folder, f"others may write to it (mode {mode:04o})")
+        return f"others may write to it (mode {stat.S_IMODE(info.st_mode):04o})"
+    return ""
+
+
+def check_socket_folder(folder: Path) -> None:
+    """Raise ``UnsafeSocketFolder`` unless ``folder`` is a real folder of this user that
+    nobody else may write to. A folder that does not exist passes (nothing listens there)."""
+    reason = unsafe_folder_reason(folder)
+    if reason:
+        raise UnsafeSocketFolder(folder, reason)
 
 
 def prepare_socket_folder(folder: Path) -> None:

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.model import ArtifactFormat, FixedGeometry
+from accyd.catalog.model import ArtifactFormat, FixedGeometry, Param
 
 __all__ = [
     "ArtifactRequest",
@@ -102,6 +103,8 @@ class Stream:
 
     id: int
     native: Any = field(default=None, repr=False)
+    partition: str | None = None
+    """The SM partition its kernels are confined to (``None``: the whole device)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -125,6 +128,14 @@ class ArtifactRequest:
     required_features: tuple[str, ...] = ()
     origin: str = "<memory>"
     diagnostic_id: str | None = None
+    params: tuple[Param, ...] = ()
+    """The kernel's parameters in its own order; empty: buffers, then scalars."""
+    compile_options: tuple[str, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    images: tuple[tuple[int, bytes], ...] = ()
+    arch: int | None = None
+    source_name: str = "kernel.cu"
+    """The source's file name, as compile errors name it."""
 
 
 class CompiledArtifact:
@@ -140,6 +151,7 @@ class CompiledArtifact:
         self.argument_count = request.argument_count
         self.scalar_argument_count = request.scalar_argument_count
         self.origin = request.origin
+        self.request = request
         self.image: Any = image
         self.closed = False
 
@@ -277,7 +289,18 @@ class Backend(Protocol):
         """Wait for ``stream``'s work, or for all the device's work when ``None``."""
         ...
 
-    def create_stream(self) -> Stream: ...
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
+        """A new stream, its kernels confined to ``partition`` (one ``split_sms`` made;
+        ``None``: the whole device), at ``priority`` (0 the default; higher runs first where
+        the device has a choice, never preempting running work; a backend without
+        priorities ignores it)."""
+        ...
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        """Split the device's SMs into ``specs``' partitions, once, before any stream is made
+        in one (``backends/partitions.py``); a backend that cannot says why in the result
+        and makes none."""
+        ...
 
     def destroy_stream(self, stream: Stream) -> None: ...
 

@@ -36,6 +36,7 @@ from accyd.backends.base import (
 )
 from accyd.backends.host_staging import host_staged_copies
 from accyd.backends.host_streams import Fence, Worker, call_quietly
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
@@ -296,13 +297,18 @@ class HostBackend:
                 worker.synchronize()
         self._alive()
 
-    def create_stream(self) -> Stream:
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
         self._alive()
+        if partition is not None:
+            raise UnsupportedOperation(f"the host backend has no SM partition {partition!r}")
         stream = Stream(self._take_id())
         worker = Worker(f"accy-host-stream-{stream.id}", self._set_fault)
         with self._lock:
             self._streams[stream.id] = worker
         return stream
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        return SmSplit(unconfined="the host backend runs kernels on CPU threads, not SMs")
 
     def destroy_stream(self, stream: Stream) -> None:
         with self._lock:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accy.protocol import dtype_named
+from accy.protocol import WireDType, dtype_named
 from accyd.errors import LaunchArgumentMismatch
 
 __all__ = ["DType", "Scalar"]
@@ -24,6 +24,14 @@ class DType(enum.Enum):
     I64 = "i64"
     U64 = "u64"
     U8 = "u8"
+    F16 = "f16"
+    BF16 = "bf16"
+    F8E4M3 = "f8e4m3"
+    F8E5M2 = "f8e5m2"
+    I8 = "i8"
+    I16 = "i16"
+    U16 = "u16"
+    BOOL = "bool"
 
     @property
     def numpy(self) -> np.dtype[np.generic]:
@@ -36,6 +44,11 @@ class DType(enum.Enum):
     @property
     def is_integer(self) -> bool:
         return self in _INT_RANGES
+
+    @property
+    def is_scalar(self) -> bool:
+        """Whether a runtime scalar may have this type (bf16, fp8 and bool may not)."""
+        return _WIRE[self].scalar
 
     @classmethod
     def parse(cls, name: str) -> DType:
@@ -62,6 +75,8 @@ class DType(enum.Enum):
             if not low <= ivalue <= high:
                 raise LaunchArgumentMismatch(f"{ivalue} does not fit {self.value} ({low}..{high})")
             return ivalue
+        if self not in _FLOAT_MAX:
+            raise LaunchArgumentMismatch(f"{self.value} values cannot be runtime scalars")
         if isinstance(value, bool) or not isinstance(value, int | float | np.number):
             raise LaunchArgumentMismatch(f"expected a number for {self.value}, got {value!r}")
         fvalue = float(value)
@@ -76,23 +91,19 @@ class DType(enum.Enum):
         return fvalue
 
 
-def _numpy(dtype: DType) -> np.dtype[np.generic]:
+def _wire(dtype: DType) -> WireDType:
     entry = dtype_named(dtype.value)
     if entry is None:
         raise AssertionError(f"the protocol has no element type {dtype.value}")
-    return entry.numpy
+    return entry
 
 
-_NUMPY_DTYPES: dict[DType, np.dtype[np.generic]] = {d: _numpy(d) for d in DType}
+_WIRE: dict[DType, WireDType] = {d: _wire(d) for d in DType}
+_NUMPY_DTYPES: dict[DType, np.dtype[np.generic]] = {d: w.numpy for d, w in _WIRE.items()}
 _INT_RANGES: dict[DType, tuple[int, int]] = {
-    d: (int(np.iinfo(n.name).min), int(np.iinfo(n.name).max))
-    for d, n in _NUMPY_DTYPES.items()
-    if n.kind in "iu"
+    d: (int(w.range[0]), int(w.range[1])) for d, w in _WIRE.items() if w.is_integer
 }
-
-_FLOAT_MAX: dict[DType, float] = {
-    d: float(np.finfo(n.name).max) for d, n in _NUMPY_DTYPES.items() if n.kind == "f"
-}
+_FLOAT_MAX: dict[DType, float] = {d: w.range[1] for d, w in _WIRE.items() if w.is_float}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,30 +1,57 @@
-"""Integer expressions over runtime scalars: extents, derived scalars and grid sizes.
+"""Integer expressions over runtime scalars: extents, shapes, derived scalars and geometry.
 
-A stage's ``forward i`` is ``Arg(i)`` and its ``ceil_div(i, d)`` is
-``CeilDiv(Arg(i), d)``; constants and products cover 2-D extents such as
-``rows * cols``. Manifests write them as text (``"ceil_div(n, 4096)"``), which
-``parse`` reads with Python's own parser and a whitelist of node kinds.
+A stage's ``forward i`` is ``Arg(i)`` and its ``ceil_div(i, d)`` is ``CeilDiv(Arg(i), d)``.
+Manifests write them as text (``"ceil_div(n, 4096)"``, ``"min(rows, 1024)"``,
+``"cols * 2 + 1"``), which ``parse`` reads with Python's own parser and a whitelist of node
+kinds: scalar names, integer constants, ``+ - * /`` (``/`` divides and rounds down),
+``ceil_div(x, d)``, ``min(a, b)`` and ``max(a, b)``. Divisors may be expressions; a divisor
+of 0, a negative result and a result past ``VALUE_LIMIT`` are refused when evaluated, before
+anything is allocated or launched. Text is bounded (``MAX_TEXT``, ``MAX_NODES``) so that no
+manifest can make parsing or evaluation expensive.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.errors import InvalidArtifact
 
-__all__ = ["Arg", "CeilDiv", "Const", "Expr", "Mul", "parse"]
+__all__ = [
+    "Add",
+    "Arg",
+    "Binary",
+    "CeilDiv",
+    "Const",
+    "Div",
+    "Expr",
+    "Max",
+    "Min",
+    "Mul",
+    "Sub",
+    "constant_value",
+    "extent_of",
+    "parse",
+    "render",
+    "substitute",
+]
 
 U32_MAX = 2**32 - 1
+VALUE_LIMIT = 2**64 - 1
+"""The largest value any step of an evaluation may reach; past it is an overflow."""
+MAX_TEXT = 512
+MAX_NODES = 64
 
 
 @dataclass(frozen=True, slots=True)
 class Arg:
-    """The argument at ``index``, forwarded with its own type."""
+    """The runtime scalar at ``index``, forwarded with its own type."""
 
     index: int
+    name: str = field(default="", compare=False)
+    """How messages name it (the manifest's scalar name); not part of its identity."""
 
     def max_index(self) -> int:
         return self.index
@@ -36,7 +63,7 @@ class Arg:
         return args[self.index]
 
     def __str__(self) -> str:
-        return f"arg{self.index}"
+        return self.name or f"scalar {self.index}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,32 +85,29 @@ class Const:
         return str(self.value)
 
 
-@dataclass(frozen=True, slots=True)
-class CeilDiv:
-    """``ceil(inner / divisor)`` over integers; the result is u32."""
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
-    inner: Expr
-    divisor: int
 
-    def max_index(self) -> int:
-        return self.inner.max_index()
-
-    def result_dtype(self, arg_dtypes: Sequence[DType]) -> DType:
-        _require_integer(self.inner, arg_dtypes)
-        return DType.U32
-
-    def evaluate(self, args: Sequence[Scalar]) -> Scalar:
-        value = _integer(self.inner.evaluate(args), self)
-        return _u32(-(-value // self.divisor), self)
-
-    def __str__(self) -> str:
-        return f"ceil_div({self.inner}, {self.divisor})"
+_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b,
+    "ceil_div": _ceil_div,
+    "min": min,
+    "max": max,
+}
+_DIVIDES = frozenset({"/", "ceil_div"})
+_CALLS = frozenset({"ceil_div", "min", "max"})
 
 
 @dataclass(frozen=True, slots=True)
-class Mul:
-    """The product of two integer expressions; the result is u32 when used as a scalar."""
+class Binary:
+    """``left op right`` over integers (``op`` one of ``+ - * /``, ``ceil_div``, ``min``,
+    ``max``); its value as a scalar is u32."""
 
+    op: str
     left: Expr
     right: Expr
 
@@ -91,59 +115,142 @@ class Mul:
         return max(self.left.max_index(), self.right.max_index())
 
     def result_dtype(self, arg_dtypes: Sequence[DType]) -> DType:
-        _require_integer(self.left, arg_dtypes)
-        _require_integer(self.right, arg_dtypes)
+        for side in (self.left, self.right):
+            if not side.result_dtype(arg_dtypes).is_integer:
+                raise InvalidArtifact(f"{self} needs integer scalars; {side} is not one")
         return DType.U32
 
     def evaluate(self, args: Sequence[Scalar]) -> Scalar:
-        return _u32(self.extent(args), self)
+        value = extent_of(self, args)
+        if value > U32_MAX:
+            raise InvalidArtifact(f"{self} = {value} overflows u32")
+        return Scalar(DType.U32, value)
 
-    def extent(self, args: Sequence[Scalar]) -> int:
-        return extent_of(self.left, args) * extent_of(self.right, args)
+    def value(self, args: Sequence[Scalar]) -> int:
+        left = extent_of(self.left, args)
+        right = extent_of(self.right, args)
+        if self.op in _DIVIDES and right == 0:
+            raise InvalidArtifact(f"{self} divides by 0 ({self.right} is 0)")
+        result = _OPS[self.op](left, right)
+        if result < 0:
+            raise InvalidArtifact(f"{self} is negative ({result})")
+        if result > VALUE_LIMIT:
+            raise InvalidArtifact(f"{self} overflows ({result} is past 2^64 - 1)")
+        return result
 
     def __str__(self) -> str:
-        return f"{self.left} * {self.right}"
+        return render(self)
 
 
-Expr = Arg | Const | CeilDiv | Mul
+def render(expr: Expr, names: Sequence[str] = ()) -> str:
+    """The expression as a manifest writes it, each scalar by name (from ``names`` where
+    given, else the name it was parsed with): ``n``, ``ceil_div(n, 4096)``, ``rows * cols``."""
+    if isinstance(expr, Arg):
+        return names[expr.index] if expr.index < len(names) else str(expr)
+    if isinstance(expr, Const):
+        return str(expr.value)
+    left, right = render(expr.left, names), render(expr.right, names)
+    if expr.op in _CALLS:
+        return f"{expr.op}({left}, {right})"
+    return f"{_wrapped(expr.left, left)} {expr.op} {_wrapped(expr.right, right)}"
+
+
+def _wrapped(expr: Expr, text: str) -> str:
+    return f"({text})" if isinstance(expr, Binary) and expr.op not in _CALLS else text
+
+
+Expr = Arg | Const | Binary
+
+
+def Add(left: Expr, right: Expr) -> Binary:
+    return Binary("+", left, right)
+
+
+def Sub(left: Expr, right: Expr) -> Binary:
+    return Binary("-", left, right)
+
+
+def Mul(left: Expr, right: Expr) -> Binary:
+    return Binary("*", left, right)
+
+
+def Div(left: Expr, right: Expr) -> Binary:
+    return Binary("/", left, right)
+
+
+def CeilDiv(inner: Expr, divisor: Expr | int) -> Binary:
+    return Binary("ceil_div", inner, Const(divisor) if isinstance(divisor, int) else divisor)
+
+
+def Min(left: Expr, right: Expr) -> Binary:
+    return Binary("min", left, right)
+
+
+def Max(left: Expr, right: Expr) -> Binary:
+    return Binary("max", left, right)
 
 
 def extent_of(expr: Expr, args: Sequence[Scalar]) -> int:
-    """The expression as an unbounded integer: extents may pass 2^32 (rows * cols)."""
-    if isinstance(expr, Mul):
-        return expr.extent(args)
-    if isinstance(expr, CeilDiv):
-        return -(-extent_of(expr.inner, args) // expr.divisor)
-    return _integer(expr.evaluate(args), expr)
-
-
-def _integer(value: Scalar, expr: Expr) -> int:
+    """The expression as an integer (extents may pass 2^32: ``rows * cols``)."""
+    if isinstance(expr, Binary):
+        return expr.value(args)
+    value = expr.evaluate(args)
     if not value.dtype.is_integer:
-        raise InvalidArtifact(f"{expr} needs an integer argument, got {value.dtype.value}")
+        raise InvalidArtifact(f"{expr} needs an integer scalar, got {value.dtype.value}")
     result = int(value.value)
     if result < 0:
         raise InvalidArtifact(f"{expr} is negative ({result})")
     return result
 
 
-def _u32(value: int, expr: Expr) -> Scalar:
-    if value > U32_MAX:
-        raise InvalidArtifact(f"{expr} = {value} overflows u32")
-    return Scalar(DType.U32, value)
+def constant_value(expr: Expr) -> int | None:
+    """The value of an expression that names no scalar (checked now), else ``None``."""
+    if expr.max_index() >= 0:
+        return None
+    return extent_of(expr, ())
 
 
-def _require_integer(expr: Expr, arg_dtypes: Sequence[DType]) -> None:
-    if not expr.result_dtype(arg_dtypes).is_integer:
-        raise InvalidArtifact(f"{expr} needs an integer argument")
+def substitute(expr: Expr, replacements: Sequence[Expr]) -> Expr:
+    """``expr`` with each ``Arg(i)`` replaced by ``replacements[i]``: a kernel's geometry,
+    written over its own scalars, restated over the pipeline's through a stage's scalars."""
+    if isinstance(expr, Arg):
+        return replacements[expr.index]
+    if isinstance(expr, Binary):
+        return Binary(
+            expr.op, substitute(expr.left, replacements), substitute(expr.right, replacements)
+        )
+    return expr
 
 
 def parse(text: str, names: Mapping[str, int]) -> Expr:
     """Parse ``text`` such as ``"ceil_div(n, 64)"`` with ``names`` mapping to indices."""
+    if len(text) > MAX_TEXT:
+        raise ValueError(f"an expression is at most {MAX_TEXT} characters; this has {len(text)}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
         raise ValueError(f"cannot parse expression {text!r}: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"expression {text[:40]!r}... nests too deeply") from None
+    count = sum(1 for _ in ast.walk(tree))
+    if count > MAX_NODES * 2:
+        raise ValueError(f"expression {text[:40]!r}... has too many terms (at most {MAX_NODES})")
     return _build(tree.body, text, names)
+
+
+_BINOPS: dict[type[ast.operator], str] = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.FloorDiv: "/",
+    ast.Div: "/",
+}
+
+
+def _checked(expr: Binary, text: str) -> Binary:
+    if expr.op in _DIVIDES and isinstance(expr.right, Const) and expr.right.value == 0:
+        raise ValueError(f"{text!r} divides by 0")
+    return expr
 
 
 def _build(node: ast.expr, text: str, names: Mapping[str, int]) -> Expr:
@@ -151,26 +258,25 @@ def _build(node: ast.expr, text: str, names: Mapping[str, int]) -> Expr:
         if node.id not in names:
             known = ", ".join(names) or "none"
             raise ValueError(f"{text!r} names {node.id!r}, which is no runtime scalar ({known})")
-        return Arg(names[node.id])
+        return Arg(names[node.id], node.id)
     if isinstance(node, ast.Constant) and type(node.value) is int:
         if not 0 <= node.value <= U32_MAX:
             raise ValueError(f"{text!r}: constant {node.value} is outside 0..{U32_MAX}")
         return Const(node.value)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        return Mul(_build(node.left, text, names), _build(node.right, text, names))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        op = _BINOPS[type(node.op)]
+        left, right = _build(node.left, text, names), _build(node.right, text, names)
+        return _checked(Binary(op, left, right), text)
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
-        and node.func.id == "ceil_div"
+        and node.func.id in _CALLS
         and len(node.args) == 2
         and not node.keywords
     ):
-        divisor = node.args[1]
-        if not (isinstance(divisor, ast.Constant) and type(divisor.value) is int):
-            raise ValueError(f"{text!r}: ceil_div's divisor must be an integer constant")
-        if divisor.value <= 0:
-            raise ValueError(f"{text!r}: ceil_div's divisor must be positive")
-        return CeilDiv(_build(node.args[0], text, names), divisor.value)
+        left, right = (_build(arg, text, names) for arg in node.args)
+        return _checked(Binary(node.func.id, left, right), text)
     raise ValueError(
-        f"{text!r}: expressions may use scalar names, integer constants, '*' and ceil_div(x, d)"
+        f"{text!r}: expressions may use scalar names, integer constants, + - * / "
+        "(rounding down), ceil_div(x, d), min(a, b) and max(a, b)"
     )

@@ -1,4 +1,5 @@
-"""The catalog's data model: registry entries, pipelines, stages, and their validation.
+"""The catalog's data model: pipelines, their buffers, scalars and stages, and their validation
+(registry entries are in ``entries``, re-exported here).
 
 Pure data and checks: no driver, no grpc. Names follow the executor's vocabulary
 (docs/executor.md); every check raises a domain error before anything is allocated
@@ -8,13 +9,24 @@ or launched.
 from __future__ import annotations
 
 import enum
-import re
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.expr import Expr, extent_of
+from accyd.catalog.entries import (
+    ArtifactFormat,
+    DerivedGeometry,
+    Dim3,
+    FixedGeometry,
+    Geometry,
+    KernelEntry,
+    Param,
+    ParamKind,
+    Registry,
+    check_geometry,
+)
+from accyd.catalog.expr import Arg, Binary, Expr, extent_of, render
 from accyd.errors import InvalidArtifact, LaunchArgumentMismatch
 
 __all__ = [
@@ -28,143 +40,18 @@ __all__ = [
     "Geometry",
     "IntermediateSpec",
     "KernelEntry",
+    "Param",
+    "ParamKind",
     "Pipeline",
     "Registry",
     "ScalarBound",
     "ScalarSpec",
     "Stage",
+    "StageGeometry",
 ]
 
 MAX_BYTE_SIZE = 2**63 - 1
 """The largest byte size any buffer may have; an extent past it is an overflow."""
-
-_GRID_LIMITS = (2**31 - 1, 65535, 65535)
-_BLOCK_LIMITS = (1024, 1024, 64)
-
-
-class ArtifactFormat(enum.Enum):
-    """How a registry entry's payload is written, and so which backend loads it."""
-
-    CUDA_CPP = "cuda_cpp"
-    """CUDA C++ source, compiled with NVRTC for the device's architecture."""
-    CUDA_PTX = "cuda_ptx"
-    """PTX text, JIT-compiled by the driver at load."""
-    CUDA_CUBIN = "cuda_cubin"
-    """A cubin (or fatbin) built for the device."""
-    HOST_PY = "host_py"
-    """A Python function over whole grids, run by the host backend on numpy."""
-    METAL_MSL = "metal_msl"
-    """Metal shading language; named so catalogs can carry it, loaded by no backend here."""
-
-
-Dim3 = tuple[int, int, int]
-
-
-@dataclass(frozen=True, slots=True)
-class FixedGeometry:
-    """A grid and a threadgroup (block) that do not depend on the arguments."""
-
-    grid: Dim3
-    block: Dim3
-
-    def resolve(self, scalars: Sequence[Scalar]) -> FixedGeometry:
-        return self
-
-
-@dataclass(frozen=True, slots=True)
-class DerivedGeometry:
-    """Grid dimensions derived from the stage's scalar arguments; the block is fixed."""
-
-    grid: tuple[Expr, Expr, Expr]
-    block: Dim3
-
-    def resolve(self, scalars: Sequence[Scalar]) -> FixedGeometry:
-        grid = tuple(extent_of(dim, scalars) for dim in self.grid)
-        return FixedGeometry((grid[0], grid[1], grid[2]), self.block)
-
-
-Geometry = FixedGeometry | DerivedGeometry
-
-
-def check_geometry(geometry: FixedGeometry) -> None:
-    """Refuse a grid or block the device cannot launch (CUDA's limits, shared by all)."""
-    for axis, (size, limit) in enumerate(zip(geometry.grid, _GRID_LIMITS, strict=True)):
-        if not 1 <= size <= limit:
-            raise LaunchArgumentMismatch(
-                f"grid dimension {axis} is {size}; it must be 1..{limit}", field="runtime_scalars"
-            )
-    threads = geometry.block[0] * geometry.block[1] * geometry.block[2]
-    if any(not 1 <= b <= lim for b, lim in zip(geometry.block, _BLOCK_LIMITS, strict=True)) or (
-        threads > 1024
-    ):
-        raise InvalidArtifact(f"block {geometry.block} is outside the device's limits")
-
-
-@dataclass(frozen=True, slots=True)
-class KernelEntry:
-    """One compiled-or-compilable kernel in the registry (a registry entry: docs/executor.md).
-
-    Its arguments are ``argument_count - runtime_scalar_argument_count`` buffers
-    followed by the scalars, in the order a stage binds them.
-    """
-
-    target: str
-    version: int
-    format: ArtifactFormat
-    entry_name: str
-    argument_count: int
-    runtime_scalar_argument_count: int
-    launch: Geometry
-    payload: str | bytes
-    scalar_dtypes: tuple[DType, ...] | None = None
-    shared_memory_bytes: int = 0
-    required_dtypes: tuple[DType, ...] = ()
-    required_features: tuple[str, ...] = ()
-    origin: str = "<memory>"
-
-    def scalar_argument_count(self) -> int:
-        if not 0 <= self.runtime_scalar_argument_count <= self.argument_count:
-            raise InvalidArtifact(
-                f"{self.target} v{self.version}: {self.runtime_scalar_argument_count} scalar "
-                f"arguments of {self.argument_count} in all"
-            )
-        return self.runtime_scalar_argument_count
-
-    def buffer_argument_count(self) -> int:
-        return self.argument_count - self.scalar_argument_count()
-
-    def expected_scalar_dtypes(self) -> tuple[DType, ...]:
-        if self.scalar_dtypes is not None:
-            return self.scalar_dtypes
-        return (DType.U32,) * self.scalar_argument_count()
-
-    @property
-    def key(self) -> tuple[str, int, ArtifactFormat]:
-        return (self.target, self.version, self.format)
-
-
-class Registry:
-    """Every kernel entry the daemon knows, found by (target, version, format)."""
-
-    def __init__(self, entries: Iterable[KernelEntry] = ()) -> None:
-        self._entries: dict[tuple[str, int, ArtifactFormat], KernelEntry] = {}
-        for entry in entries:
-            if entry.key in self._entries:
-                raise InvalidArtifact(
-                    f"registry entry {entry.target} v{entry.version} ({entry.format.value}) "
-                    f"is defined twice: {self._entries[entry.key].origin} and {entry.origin}"
-                )
-            self._entries[entry.key] = entry
-
-    def find(self, target: str, version: int, format: ArtifactFormat) -> KernelEntry | None:
-        return self._entries.get((target, version, format))
-
-    @property
-    def entries(self) -> tuple[KernelEntry, ...]:
-        return tuple(self._entries.values())
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class BufferRole(enum.Enum):
@@ -193,8 +80,13 @@ class BufferRef:
         return cls(BufferRole.INTERMEDIATE, index)
 
 
-_ARG = re.compile(r"\barg(\d+)\b")
-"""How an extent prints a runtime scalar (``arg0``): replaced by its name in messages."""
+def _arg_indices(expr: Expr) -> list[int]:
+    """The runtime scalars an expression names, each once, in order of appearance."""
+    if isinstance(expr, Arg):
+        return [expr.index]
+    if isinstance(expr, Binary):
+        return list(dict.fromkeys(_arg_indices(expr.left) + _arg_indices(expr.right)))
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +96,16 @@ class BufferSpec:
     name: str
     dtype: DType
     extent: Expr
+    shape: tuple[Expr, ...] = ()
+    """The tensor's dims over the runtime scalars (``extent`` is their product); empty for a
+    flat buffer."""
 
     def byte_size(self, args: Sequence[Scalar]) -> int:
         return _byte_size(self.extent, self.dtype, args, f"{self.name}")
+
+    def dims(self, args: Sequence[Scalar]) -> tuple[int, ...]:
+        """The tensor's dims for these runtime scalars (``(extent,)`` when flat)."""
+        return tuple(extent_of(dim, args) for dim in self.shape or (self.extent,))
 
     def check_holds(
         self,
@@ -225,15 +124,9 @@ class BufferSpec:
         if have >= needed:
             return
         names = [spec.name for spec in pipeline.runtime_scalars] if pipeline is not None else []
-        known = min(len(names), len(args))
-
-        def named(found: re.Match[str]) -> str:
-            index = int(found[1])
-            return names[index] if index < len(names) else found[0]
-
-        extent = _ARG.sub(named, str(self.extent))
-        used = dict.fromkeys(int(index) for index in _ARG.findall(str(self.extent)))
-        values = "".join(f", {names[i]} = {args[i].value}" for i in used if i < known)
+        extent = render(self.extent, names)
+        used = _arg_indices(self.extent)
+        values = "".join(f", {names[i]} = {args[i].value}" for i in used if i < len(args))
         raise LaunchArgumentMismatch(
             f"{role} {self.name!r} holds {have} bytes; these runtime scalars need {needed} "
             f"({extent} x {self.dtype.value}{values})",
@@ -284,6 +177,21 @@ class ScalarBound:
 
 
 @dataclass(frozen=True, slots=True)
+class StageGeometry:
+    """A stage's own grid, block and dynamic shared memory, over the pipeline's runtime
+    scalars (a row softmax's grid is its rows, which its kernel never takes); each part
+    left ``None`` keeps the kernel's."""
+
+    grid: tuple[Expr, Expr, Expr] | None = None
+    block: tuple[Expr, Expr, Expr] | None = None
+    shared_memory_bytes: Expr | None = None
+
+    def exprs(self) -> list[Expr]:
+        found: list[Expr] = [*(self.grid or ()), *(self.block or ())]
+        return found + ([self.shared_memory_bytes] if self.shared_memory_bytes else [])
+
+
+@dataclass(frozen=True, slots=True)
 class Stage:
     """One kernel launch of a pipeline: which entry, which buffers, which scalars."""
 
@@ -291,6 +199,42 @@ class Stage:
     version: int
     buffers: tuple[BufferRef, ...]
     scalars: tuple[Expr, ...]
+    geometry: StageGeometry | None = None
+
+    def launch_geometry(
+        self, entry: KernelEntry, scalars: Sequence[Scalar], args: Sequence[Scalar]
+    ) -> tuple[FixedGeometry, int]:
+        """The grid, block and dynamic shared memory of one launch: the kernel's rule over
+        the stage's ``scalars``, with this stage's own parts over the runtime ``args``."""
+        geometry = entry.launch.resolve(scalars)
+        shared = entry.shared_memory_bytes
+        own = self.geometry
+        if own is not None:
+            grid, block = geometry.grid, geometry.block
+            if own.grid is not None:
+                grid = _dim3(own.grid, args)
+            if own.block is not None:
+                block = _dim3(own.block, args)
+            geometry = FixedGeometry(grid, block)
+            if own.shared_memory_bytes is not None:
+                shared = extent_of(own.shared_memory_bytes, args)
+        check_geometry(geometry)
+        if shared > MAX_SHARED_MEMORY:
+            raise LaunchArgumentMismatch(
+                f"{self.target}: {shared} bytes of dynamic shared memory; at most "
+                f"{MAX_SHARED_MEMORY}",
+                field="runtime_scalars",
+            )
+        return geometry, shared
+
+
+MAX_SHARED_MEMORY = 2**20
+"""Dynamic shared memory past any device's (the driver then refuses the exact amount)."""
+
+
+def _dim3(exprs: tuple[Expr, Expr, Expr], args: Sequence[Scalar]) -> Dim3:
+    x, y, z = (extent_of(e, args) for e in exprs)
+    return (x, y, z)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +300,9 @@ class Pipeline:
                     f"{where} passes {len(stage.scalars)} scalars; "
                     f"the kernel takes {entry.scalar_argument_count()}"
                 )
+            for own in stage.geometry.exprs() if stage.geometry is not None else ():
+                if not own.result_dtype(arg_dtypes).is_integer:
+                    raise InvalidArtifact(f"{where}: geometry {own} needs integer scalars")
             derived = tuple(expr.result_dtype(arg_dtypes) for expr in stage.scalars)
             if derived != entry.expected_scalar_dtypes():
                 raise InvalidArtifact(
@@ -384,6 +331,8 @@ class Pipeline:
                         f"but there are {counts[ref.role]}"
                     )
             exprs += stage.scalars
+            if stage.geometry is not None:
+                exprs += stage.geometry.exprs()
         for expr in exprs:
             if expr.max_index() >= scalar_count:
                 raise InvalidArtifact(

@@ -21,6 +21,7 @@ from typing import Protocol
 import structlog
 
 from accyd.backends.base import Backend
+from accyd.backends.partitions import PartitionSpec
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, EngineCounts, Ledger
@@ -37,7 +38,7 @@ from accyd.core.run import run
 from accyd.core.sessions import LoadedSession, order_scalars
 from accyd.core.status import DaemonStatus, TenantStatus, status_of
 from accyd.core.tables import UNKNOWN_PIPELINE, Tables
-from accyd.core.tenants import DEFAULT_TENANT, Quotas, Usage
+from accyd.core.tenants import DEFAULT_TENANT, Placement, Quotas, Usage
 from accyd.core.tickets import Revoker
 from accyd.errors import DeviceFault, NotFound
 
@@ -369,6 +370,22 @@ class Daemon:
         self._replacing.replace_device(device, backend)
         for extension in self._extensions:
             extension.device_replaced(device, backend)
+
+    def split_sms(
+        self, specs: Sequence[PartitionSpec], placements: Mapping[str, Placement]
+    ) -> None:
+        """*Blocking*, at start: each device's SMs split into ``specs``' partitions, and each
+        tenant's partition and priority (``core/partitions.py``)."""
+        self._t.partitions.configure(specs, placements)
+        for device, backend in sorted(self._t.backends.items()):
+            self._t.partitions.split(device, backend)
+
+    def place_tenants(
+        self, specs: Sequence[PartitionSpec], placements: Mapping[str, Placement]
+    ) -> None:
+        """Tenants' partitions and priorities anew (a reloaded tokens file), for new
+        sessions; partitions other than those made at start are only logged."""
+        self._t.partitions.place_tenants(placements, specs)
 
     # One call and status ----------------------------------------------------
 

@@ -31,7 +31,6 @@ from accyd.catalog.model import (
     KernelEntry,
     Pipeline,
     Registry,
-    check_geometry,
 )
 from accyd.errors import LaunchArgumentMismatch
 
@@ -154,6 +153,7 @@ class _StagePlan:
     geometry: FixedGeometry
     buffers: tuple[tuple[int, int], ...]
     """(group, index) of each bound buffer; groups are operands, results, intermediates."""
+    shared_memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +180,12 @@ def _artifact_request(entry: KernelEntry, diagnostic_id: str | None = None) -> A
         required_features=entry.required_features,
         origin=entry.origin,
         diagnostic_id=diagnostic_id,
+        params=entry.layout(),
+        compile_options=entry.compile_options,
+        headers=entry.headers,
+        images=entry.images,
+        arch=entry.arch,
+        source_name=entry.source_name,
     )
 
 
@@ -348,10 +354,9 @@ def _resolve(
     stages = []
     for stage, entry in zip(pipeline.stages, pipeline.stage_entries(registry, format), strict=True):
         scalars = tuple(expr.evaluate(args) for expr in stage.scalars)
-        geometry = entry.launch.resolve(scalars)
-        check_geometry(geometry)
+        geometry, shared = stage.launch_geometry(entry, scalars, args)
         refs = tuple((_GROUP[ref.role], ref.index) for ref in stage.buffers)
-        stages.append(_StagePlan(entry, scalars, geometry, refs))
+        stages.append(_StagePlan(entry, scalars, geometry, refs, shared))
     return LaunchPlan(
         tuple(stages), operand_sizes, result_sizes, tuple(intermediate_byte_sizes(pipeline, args))
     )
@@ -418,7 +423,7 @@ def _launch_stage(
                 scalars=plan.scalars,
                 geometry=plan.geometry,
                 stream=request.stream,
-                shared_memory_bytes=plan.entry.shared_memory_bytes,
+                shared_memory_bytes=plan.shared_memory_bytes,
                 diagnostic_id=request.diagnostic_id,
             )
         )

@@ -97,7 +97,7 @@ class Holdings:
             with self._t.state.guard(backend=backend):
                 pool = load_pipeline_artifacts(backend, pipeline, catalog.registry, fmt)
                 held.undo(pool.close)
-                stream = backend.create_stream()
+                stream = self._t.partitions.create_stream(backend, device, client.tenant.name)
                 held.undo(lambda: backend.destroy_stream(stream))
             session = Session(
                 new_id(SESSION),

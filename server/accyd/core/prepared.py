@@ -66,7 +66,7 @@ def prepare_pipeline(backend: Backend, request: PipelineLaunch, plan: LaunchPlan
                 scalars=stage.scalars,
                 geometry=stage.geometry,
                 stream=request.stream,
-                shared_memory_bytes=stage.entry.shared_memory_bytes,
+                shared_memory_bytes=stage.shared_memory_bytes,
                 diagnostic_id=request.diagnostic_id,
             )
         )

@@ -36,6 +36,7 @@ class Replacing:
         dropped: list[Session] = []
         leftovers: list[Reaped] = []
         marks: list[Mark] = []
+        self._t.partitions.split(device, backend)  # before any session may be made there
         with self._t.lock:
             old = self._t.backends[device]
             fault = self._t.state.replaced(device, old) or DeviceFault(

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from accyd.backends.base import Backend
+from accyd.core.clients import Client
+from accyd.core.partitions import PartitionStatus
 from accyd.core.placement import load_of
 from accyd.core.tables import Tables
 from accyd.core.tenants import Quotas, Usage
@@ -23,6 +26,11 @@ class TenantStatus:
     quotas: Quotas
     usage: Usage
     quota_refusals: Mapping[str, int]
+    partition: str = ""
+    """Its SM partition's name, ``unconfined: <why>`` where a device did not make it, or
+    ``""``: the whole device."""
+    priority: int = 0
+    """Its session streams' priority (0 the default, up to 5)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,10 @@ class DeviceStatus:
     replacements: int
     isolated: bool
     """Whether it runs in a worker process of its own (a fault there spares the rest)."""
+    partitions: tuple[PartitionStatus, ...] = ()
+    """Its SM partitions, with the sessions running in each."""
+    unconfined: str = ""
+    """Why it made no partition of those asked for (``""``: made, or none asked)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +127,8 @@ def status_of(
                     quotas=t.quotas,
                     usage=ledger.usage_of(t, members.get(t.name)),
                     quota_refusals=ledger.refusals_of(t.name),
+                    partition=tables.partitions.tenant_note(t.name),
+                    priority=tables.partitions.placement(t.name).priority,
                 )
                 for t in shown
             ),
@@ -133,10 +147,23 @@ def status_of(
                     launches_in_flight=loads[device].launches_in_flight,
                     replacements=state.replacements.get(device, 0),
                     isolated=state.isolated,
+                    **_partitions_of(tables, device, clients + leaving),
                 )
                 for device, b in sorted(backends.items())
             ),
         )
+
+
+def _partitions_of(tables: Tables, device: int, clients: list[Client]) -> dict[str, Any]:
+    """A device's partitions and the sessions in each (under the lock)."""
+    streams = (
+        (client.tenant.name, session.stream)
+        for client in clients
+        for session in client.sessions.values()
+        if session.key.device == device
+    )
+    partitions, unconfined = tables.partitions.device_status(device, streams)
+    return {"partitions": partitions, "unconfined": unconfined}
 
 
 def _memory_in_use(backend: Backend) -> int:

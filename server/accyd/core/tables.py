@@ -16,6 +16,7 @@ from accyd.catalog.model import ScalarSpec
 from accyd.core.accounting import Ledger
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceState
+from accyd.core.partitions import Partitions
 from accyd.core.placement import home_of
 from accyd.core.sessions import Session
 from accyd.core.tickets import NO_TICKETS, Revoker
@@ -41,6 +42,8 @@ class Tables:
     """The ring engine's tickets, once one is attached (``Daemon.attach_engine``)."""
     leaving: dict[str, Client] = field(default_factory=dict)
     """Detached clients whose work is still waited for before their resources go."""
+    partitions: Partitions = field(default_factory=Partitions)
+    """Tenants' SM partitions and stream priorities (``core/partitions.py``)."""
 
     def backend(self, device: int) -> Backend:
         backend = self.backends.get(device)

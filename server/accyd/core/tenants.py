@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from accyd.errors import QuotaExceeded
 
-__all__ = ["DEFAULT_TENANT", "Quotas", "Tenant", "Usage"]
+__all__ = ["DEFAULT_TENANT", "Placement", "Quotas", "Tenant", "Usage"]
 
 DEFAULT_TENANT = "local"
 
@@ -28,6 +28,16 @@ class Quotas:
     """File descriptors the daemon holds for the tenant (segments, rings, exports)."""
     host_memory_bytes: int | None = None
     """Daemon host memory made for the tenant's clients: shared segments and rings."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a tenant's session streams go: an SM partition (``None``: the whole device),
+    at a stream priority (0, the default, to 5: higher runs first where the device has a
+    choice)."""
+
+    partition: str | None = None
+    priority: int = 0
 
 
 _QUOTA_NAMES = tuple(item.name for item in fields(Quotas))

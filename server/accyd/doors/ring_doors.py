@@ -15,6 +15,7 @@ from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import RingCharges
 from accyd.doors.ring.facade import RingObserver
 from accyd.doors.ring.ring import Blocking
+from accyd.doors.ring.waiting import WaitBudget
 from accyd.engine.auto import EngineKind, RingEngine, open_engine
 
 __all__ = ["RingDoors"]
@@ -39,6 +40,7 @@ class RingDoors:
         threads: int,
         spin_seconds: float,
         observer: RingObserver,
+        wait_budget: bool = True,
     ) -> None:
         self._daemon = daemon
         self._observer = observer
@@ -62,6 +64,9 @@ class RingDoors:
             blocking=blocking,
         )
         self.door: RingDoor | None = None
+        # The engine's threads, the thread that decides slow records and the event loop
+        # (which polls a while after each call) keep their CPUs.
+        self.waits = WaitBudget(self.engine.threads + 2, enabled=wait_budget)
 
     def open_door(self, socket_path: Path) -> RingDoor:
         """The shared ring door beside ``socket_path`` (its mode: who may call may take a
@@ -72,6 +77,7 @@ class RingDoors:
             self.engine,
             observer=self._observer,
             blocking=self._blocking,
+            waits=self.waits,
         )
         door.charges = RingCharges(self._daemon)
         self._daemon.extend(door)

@@ -31,10 +31,10 @@ from accyd.settings.fields import (
     settings_of,
     size,
 )
+from accyd.settings.quotas import QUOTAS
 
 __all__ = ["CUDA_LOOP_SPIN_SECONDS", "ENV_PREFIX", "QUOTAS", "SETTINGS", "Config", "memory_limit"]
 
-QUOTA_GROUP = "default quotas (clients without a token; tenants that leave one out)"
 CUDA_LOOP_SPIN_SECONDS = 500e-6
 """The event loop's polling on the CUDA backend unless set: docs/benchmarks.md has why."""
 MiB = 1 << 20
@@ -184,6 +184,18 @@ class Config:
         metavar="N",
         group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
+    wait_budget: bool = setting(
+        True, "tell no ring client how long to spin: each spins as its own CPU count says "
+        "(up to 1 ms), even with more waiting clients than CPUs", bool_text,
+        flag="--no-wait-budget", switch=True, switch_value=False, group="tuning",
+    )  # fmt: skip
+    """Publish each ring client's spin budget (``accyd.doors.ring.waiting``)."""
+    cuda_max_connections: int = setting(
+        32, "hardware work queues per CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, 1-32; an "
+        "operator's own CUDA_DEVICE_MAX_CONNECTIONS wins): more sessions' streams run side "
+        "by side instead of aliasing onto CUDA's default 8", int_text, metavar="N",
+        group="tuning",
+    )  # fmt: skip
     unix_trusted: bool = setting(
         False, "with --tokens: calls on the Unix socket without a token are the default "
         "tenant", bool_text, group="security", switch=True,
@@ -315,6 +327,8 @@ class Config:
             raise ValueError("malloc_keep_bytes must not be negative")
         if self.blocking_threads < 1 or not self.devices:
             raise ValueError("blocking_threads and devices need at least one")
+        if not 1 <= self.cuda_max_connections <= 32:
+            raise ValueError("cuda_max_connections is 1 to 32 (CUDA's hardware queues)")
         if not 0 <= self.engine_threads <= 16:
             raise ValueError("engine_threads is 0 (auto) to 16")
         if self.device_gpus and not self.uses_device_workers:
@@ -398,41 +412,4 @@ class Config:
         return cls(**values).validate()
 
 
-@dataclass(frozen=True, slots=True)
-class _QuotaSettings:
-    """The default quotas as settings: ``--quota-memory``, ``ACCYD_QUOTA_MEMORY_BYTES``..."""
-
-    memory_bytes: int | None = setting(
-        None, "device memory", optional(size, "none"), flag="--quota-memory", metavar="BYTES",
-        group=QUOTA_GROUP,
-    )  # fmt: skip
-    sessions: int | None = setting(
-        None, "sessions", optional(int_text, "none"), flag="--quota-sessions", metavar="N",
-        group=QUOTA_GROUP,
-    )  # fmt: skip
-    buffers: int | None = setting(
-        None, "buffers", optional(int_text, "none"), flag="--quota-buffers", metavar="N",
-        group=QUOTA_GROUP,
-    )  # fmt: skip
-    launches_in_flight: int | None = setting(
-        None, "launches in flight", optional(int_text, "none"), flag="--quota-launches",
-        metavar="N", group=QUOTA_GROUP,
-    )  # fmt: skip
-    clients: int | None = setting(
-        None, "clients attached at once", optional(int_text, "none"), flag="--quota-clients",
-        metavar="N", group=QUOTA_GROUP, shown_default="256",
-    )  # fmt: skip
-    descriptors: int | None = setting(
-        None, "descriptors the daemon holds for the tenant (segments, rings, exports)",
-        optional(int_text, "none"), flag="--quota-descriptors", metavar="N", group=QUOTA_GROUP,
-        shown_default="half of what the daemon keeps for clients",
-    )  # fmt: skip
-    host_memory_bytes: int | None = setting(
-        None, "host memory shared with the tenant's clients (segments, rings)",
-        optional(size, "none"), flag="--quota-shared-memory", metavar="BYTES",
-        group=QUOTA_GROUP, shown_default="half of --shared-memory-limit",
-    )  # fmt: skip
-
-
 SETTINGS: tuple[Bound, ...] = tuple(settings_of(Config))
-QUOTAS: tuple[Bound, ...] = tuple(settings_of(_QuotaSettings, "QUOTA_"))

@@ -1,4 +1,10 @@
-"""Prometheus metrics of one daemon, in a registry of its own (no process-global state)."""
+"""Prometheus metrics of one daemon, in a registry of its own (no process-global state).
+
+Beside the daemon's own (``accy_*``): the standard process and Python figures
+(``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``...,
+``python_info``, ``python_gc_*``) and the KServe door's per-model figures under Triton's
+names (``accyd.telemetry.triton``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
     start_http_server,
 )
@@ -18,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 
 from accyd.core.daemon import UNKNOWN_PIPELINE
 from accyd.errors import AccyError
+from accyd.telemetry.triton import TritonFigures
 
 if TYPE_CHECKING:
     from accyd.core.daemon import DaemonStatus
@@ -56,6 +66,11 @@ class Metrics:
         r = self.registry
         self._before_scrape = _BeforeScrape()
         r.register(self._before_scrape)  # first: collectors run in the order registered
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.triton = TritonFigures()
+        r.register(self.triton)
         self.launches = Counter(
             "accy_launches", "Pipeline launches by pipeline and status.", ["pipeline", "status"],
             registry=r,
@@ -95,6 +110,19 @@ class Metrics:
         self.device_replacements = Gauge(
             "accy_device_replacements", "Faults the device's worker was replaced after.",
             ["device"], registry=r,
+        )  # fmt: skip
+        self.partition_sms = Gauge(
+            "accy_partition_sms", "SMs of the device's partition (tenants confined to them).",
+            ["device", "partition"], registry=r,
+        )  # fmt: skip
+        self.partition_sessions = Gauge(
+            "accy_partition_sessions", "Live sessions whose kernels run in the partition.",
+            ["device", "partition"], registry=r,
+        )  # fmt: skip
+        self.device_unconfined = Gauge(
+            "accy_device_partitions_unconfined", "1 where partitions were asked for and the "
+            "device could not make them (its tenants run on all its SMs).", ["device"],
+            registry=r,
         )  # fmt: skip
         self.restarts = Gauge(
             "accy_restarts", "Times the supervisor restarted the server process.", registry=r
@@ -152,6 +180,10 @@ class Metrics:
             self.device_memory.labels(label).set(device.memory_in_use)
             self.device_sessions.labels(label).set(device.sessions)
             self.device_replacements.labels(label).set(device.replacements)
+            self.device_unconfined.labels(label).set(1 if device.unconfined else 0)
+            for partition in device.partitions:
+                self.partition_sms.labels(label, partition.name).set(partition.sms)
+                self.partition_sessions.labels(label, partition.name).set(partition.sessions)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> int:
         """Expose ``/metrics`` on ``address:port`` (0 picks a port) in a background thread."""

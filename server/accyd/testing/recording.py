@@ -25,6 +25,7 @@ from accyd.backends.base import (
     SequentialLaunch,
     Stream,
 )
+from accyd.backends.partitions import Partition, PartitionSpec, SmSplit, deal_groups
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
@@ -38,7 +39,7 @@ from accyd.errors import (
 __all__ = ["RecordingBackend"]
 
 
-@dataclass
+@dataclass(eq=False)
 class RecordingBackend:
     """Implements ``Backend`` by counting; ``fail_*_after_count`` makes the next call fail."""
 
@@ -62,6 +63,12 @@ class RecordingBackend:
     launch_scalars: list[tuple[int | float, ...]] = field(default_factory=list)
     launch_buffer_ids: list[tuple[int, ...]] = field(default_factory=list)
     launch_streams: list[int | None] = field(default_factory=list)
+    sms: int = 0
+    """SMs to split (``split_sms``); 0: none, like the host backend."""
+    sm_step: int = 8
+    split: SmSplit = field(default_factory=SmSplit)
+    stream_places: list[tuple[str | None, int]] = field(default_factory=list)
+    """Each stream's partition and priority, in the order made."""
     _next_id: int = 1
     _live: dict[int, DeviceBuffer | LoadedKernel] = field(default_factory=dict)
     _closed: bool = False
@@ -173,8 +180,25 @@ class RecordingBackend:
     def synchronize(self, stream: Stream | None = None) -> None:
         self.synchronize_count += 1
 
-    def create_stream(self) -> Stream:
-        return Stream(self._take_id())
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
+        if partition is not None and self.split.sms_of(partition) is None:
+            raise UnsupportedOperation(f"no SM partition {partition!r} was made")
+        self.stream_places.append((partition, priority))
+        return Stream(self._take_id(), partition=partition)
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        """Deals ``sms`` SMs in ``sm_step`` steps as a GPU would (none: unconfined)."""
+        if not self.sms:
+            self.split = SmSplit(unconfined="the recording backend has no SMs")
+            return self.split
+        try:
+            counts = deal_groups(specs, self.sms, self.sm_step)
+        except ValueError as error:
+            self.split = SmSplit(self.sms, unconfined=str(error))
+            return self.split
+        made = (Partition(s.name, n * self.sm_step) for s, n in zip(specs, counts, strict=True))
+        self.split = SmSplit(self.sms, tuple(made))
+        return self.split
 
     def destroy_stream(self, stream: Stream) -> None:
         pass

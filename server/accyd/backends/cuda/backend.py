@@ -26,6 +26,7 @@ from accyd.backends.cuda.driver import ErrorCheck, check, cuda_driver
 from accyd.backends.cuda.events import HOST_FN, Events
 from accyd.backends.cuda.graphs import GraphLaunch
 from accyd.backends.cuda.kernels import FEATURES, FORMATS, CudaKernel, Kernels
+from accyd.backends.cuda.partitions import GreenContexts
 from accyd.backends.cuda.shareable import Plain, Shareable, allocate_shareable
 from accyd.backends.cuda.staging import cuda_staged_copies
 from accyd.backends.cuda.state import CURRENT, TOKENS
@@ -86,6 +87,7 @@ class CudaBackend(Kernels, Events):
         self._bytes_in_use = 0
         self._callbacks: dict[int, Callable[[], None]] = {}
         self._callback_ids = itertools.count(1)
+        self._green = GreenContexts()
         # The driver calls this one C trampoline for every notify(); it must outlive
         # every host function still queued, so it lives as long as the backend.
         self._host_fn = HOST_FN(self._run_callback)
@@ -412,6 +414,7 @@ class CudaBackend(Kernels, Events):
             cu.cuEventDestroy(native)
         for native in [*streams, self._default_stream]:
             cu.cuStreamDestroy(native)
+        self._green.close(cu)
         cu.cuDevicePrimaryCtxRelease(self._device)
         CURRENT.ctx = None
 

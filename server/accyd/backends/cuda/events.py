@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from accyd.backends.base import Event, Stream
 from accyd.backends.cuda.state import DeviceState
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.errors import LaunchArgumentMismatch, LaunchFailed
 
 __all__ = ["HOST_FN", "Events"]
@@ -42,16 +43,29 @@ class Events(DeviceState):
                 LaunchFailed,
             )
 
-    def create_stream(self) -> Stream:
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
+        """A non-blocking stream, in a green context's partition if named; ``priority`` 0 and
+        up (up runs first) is CUDA's 0 and down, which the driver clamps to its range."""
         self._enter()
         cu = self._cu
-        handle = self._check(
-            cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate"
-        )
-        stream = Stream(id=next(self._ids), native=handle)
+        flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        if partition is not None:
+            handle = self._green.stream(cu, self._check, partition, -priority)
+        elif priority:
+            handle = self._check(
+                cu.cuStreamCreateWithPriority(flags, -priority), "cuStreamCreateWithPriority"
+            )
+        else:
+            handle = self._check(cu.cuStreamCreate(flags), "cuStreamCreate")
+        stream = Stream(id=next(self._ids), native=handle, partition=partition)
         with self._lock:
             self._streams[stream.id] = stream
         return stream
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        """The device's SMs split into green contexts, once (``cuda/partitions.py``)."""
+        self._enter()
+        return self._green.make(self._cu, self._check, self._device, self.driver_version, specs)
 
     def destroy_stream(self, stream: Stream) -> None:
         """Destroy a stream; work already queued on it still completes (CUDA's rule)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
@@ -19,9 +18,10 @@ from accyd.backends.base import (
 )
 from accyd.backends.cuda.compile_cache import KernelImage
 from accyd.backends.cuda.driver import DEVICE_FAULTS
+from accyd.backends.cuda.params import check_parameters
 from accyd.backends.cuda.state import CURRENT, DeviceState
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.model import ArtifactFormat
+from accyd.catalog.model import ArtifactFormat, Param, ParamKind
 from accyd.errors import (
     FailedPrecondition,
     InvalidArtifact,
@@ -34,7 +34,14 @@ from accyd.errors import (
 
 __all__ = ["FEATURES", "FORMATS", "CudaKernel", "Kernels"]
 
-FORMATS = frozenset({ArtifactFormat.CUDA_CPP, ArtifactFormat.CUDA_PTX, ArtifactFormat.CUDA_CUBIN})
+FORMATS = frozenset(
+    {
+        ArtifactFormat.CUDA_CPP,
+        ArtifactFormat.CUDA_PTX,
+        ArtifactFormat.CUDA_CUBIN,
+        ArtifactFormat.TRITON,
+    }
+)
 
 FEATURES = frozenset({"fp64", "atomics", "warp_shuffle", "dynamic_shared_memory"})
 """The ``required_features`` names this backend satisfies."""
@@ -49,6 +56,10 @@ _SCALAR_PACK: dict[DType, Callable[[Any, int, Any], None]] = {
     DType.I64: struct.Struct("<q").pack_into,
     DType.F64: struct.Struct("<d").pack_into,
     DType.U8: struct.Struct("<B").pack_into,
+    DType.F16: struct.Struct("<e").pack_into,
+    DType.I8: struct.Struct("<b").pack_into,
+    DType.I16: struct.Struct("<h").pack_into,
+    DType.U16: struct.Struct("<H").pack_into,
 }
 """Each scalar dtype's packer into its 8-byte argument slot (little-endian)."""
 
@@ -62,48 +73,58 @@ class _Image:
     cache_key: str | None = None
     source: str | None = None
     name: str = "kernel.cu"
+    symbol: str = ""
+    """The kernel's symbol in the module (a template's lowered name); '' for its entry."""
 
 
 class CudaKernel:
     """``LoadedKernel.native``: the module, the function, and its reusable argument block.
 
-    ``storage`` holds one 8-byte slot per argument and ``params`` the pointers to them,
-    built once at load; a launch packs values into the slots under ``lock`` and passes
-    the address of ``params`` to cuLaunchKernel, which copies the values at enqueue.
+    ``storage`` holds one 8-byte slot per parameter in the kernel's own order and
+    ``params`` the pointers to them, built once at load; a launch packs buffers and
+    scalars into their slots under ``lock`` (pointers the daemon supplies stay 0) and
+    passes the address of ``params`` to cuLaunchKernel, which copies the values at enqueue.
     """
 
     __slots__ = (
         "buffer_count",
+        "buffer_offsets",
         "dynamic_shared_limit",
         "function",
         "live",
         "lock",
         "module",
         "name",
-        "pack_buffers",
         "params",
         "params_address",
         "scalar_count",
-        "scalar_offset",
+        "scalar_offsets",
         "storage",
     )
 
-    def __init__(self, name: str, module: Any, function: Any, buffers: int, scalars: int) -> None:
+    def __init__(self, name: str, module: Any, function: Any, layout: Sequence[Param]) -> None:
         self.name = name
         self.module = module
         self.function = function
-        self.buffer_count = buffers
-        self.scalar_count = scalars
-        slots = max(1, buffers + scalars)
+        self.buffer_offsets = tuple(
+            _SLOT * i for i, p in enumerate(layout) if p.kind is ParamKind.BUFFER
+        )
+        self.scalar_offsets = tuple(
+            _SLOT * i for i, p in enumerate(layout) if p.kind is ParamKind.SCALAR
+        )
+        self.buffer_count = len(self.buffer_offsets)
+        self.scalar_count = len(self.scalar_offsets)
+        slots = max(1, len(layout))
         self.storage = (ctypes.c_uint64 * slots)()
         base = ctypes.addressof(self.storage)
         self.params = (ctypes.c_void_p * slots)(*(base + _SLOT * i for i in range(slots)))
         self.params_address = ctypes.addressof(self.params)
-        self.pack_buffers = struct.Struct(f"<{buffers}Q").pack_into
-        self.scalar_offset = buffers * _SLOT
         self.lock = threading.Lock()
         self.live = True
         self.dynamic_shared_limit = 0
+
+
+_PACK_POINTER = struct.Struct("<Q").pack_into
 
 
 class Kernels(DeviceState):
@@ -134,17 +155,51 @@ class Kernels(DeviceState):
         payload = request.payload
         if request.format is ArtifactFormat.CUDA_CPP:
             source = payload.decode() if isinstance(payload, bytes) else payload
-            name = os.path.basename(request.origin) or "kernel.cu"
-            compiled = self.cache.compile(source, arch=self.compute_capability, name=name)
-            image = _Image(compiled.kind, compiled.data, compiled.key, source, name)
+            name = request.source_name
+            compiled = self.cache.compile(
+                source,
+                arch=self.compute_capability,
+                name=name,
+                options=request.compile_options,
+                headers=request.headers,
+                name_expressions=_name_expressions(request.kernel_name),
+            )
+            symbol = compiled.symbol(request.kernel_name)
+            image = _Image(compiled.kind, compiled.data, compiled.key, source, name, symbol)
         elif request.format is ArtifactFormat.CUDA_PTX:
             text = payload if isinstance(payload, bytes) else payload.encode()
             image = _Image("ptx", text.rstrip(b"\0"))
         else:
-            if not isinstance(payload, bytes):
-                raise InvalidArtifact(f"{request.kernel_name}: a cuda_cubin payload must be bytes")
-            image = _Image("cubin", payload)
+            image = _Image("cubin", self._binary_image(request))
         return CompiledArtifact(request, image)
+
+    def _binary_image(self, request: ArtifactRequest) -> bytes:
+        """A cubin or fatbin as given, or of per-architecture images the device's own: the
+        exact one, else the newest of its major version below it (cubins run there)."""
+        major, minor = self.compute_capability
+        device = major * 10 + minor
+        built = ", ".join(f"sm_{arch}" for arch, _ in request.images) or (
+            f"sm_{request.arch}" if request.arch else ""
+        )
+        if request.images:
+            fits = [(arch, data) for arch, data in request.images if arch // 10 == major]
+            fits = [(arch, data) for arch, data in fits if arch <= device]
+            if not fits:
+                raise FailedPrecondition(
+                    f"{request.origin}: no image for this device (sm_{device}); the catalog "
+                    f"has {built}",
+                    field="images",
+                )
+            return max(fits)[1]
+        if request.arch is not None and (request.arch // 10 != major or request.arch > device):
+            raise FailedPrecondition(
+                f"{request.origin}: built for {built}; this device is sm_{device} (compile "
+                f"it for sm_{device})",
+                field="source",
+            )
+        if not isinstance(request.payload, bytes):
+            raise InvalidArtifact(f"{request.kernel_name}: a cubin payload must be bytes")
+        return request.payload
 
     def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
         """Load the image as its own module and find the kernel's symbol."""
@@ -161,29 +216,33 @@ class Kernels(DeviceState):
                 raise
             # A cached image the driver refuses: drop it and compile afresh, once.
             self.cache.invalidate(image.cache_key)
+            request = artifact.request
             fresh: KernelImage = self.cache.compile(
-                image.source, arch=self.compute_capability, name=image.name, use_cache=False
+                image.source,
+                arch=self.compute_capability,
+                name=image.name,
+                options=request.compile_options,
+                headers=request.headers,
+                name_expressions=_name_expressions(artifact.kernel_name),
+                use_cache=False,
             )
-            image = _Image(fresh.kind, fresh.data, fresh.key, image.source, image.name)
+            symbol = fresh.symbol(artifact.kernel_name)
+            image = _Image(fresh.kind, fresh.data, fresh.key, image.source, image.name, symbol)
             artifact.image = image
             module = self._load_module(image, artifact.kernel_name)
         cu = self._cu
         try:
             function = self._check(
-                cu.cuModuleGetFunction(module, artifact.kernel_name.encode()),
+                cu.cuModuleGetFunction(module, (image.symbol or artifact.kernel_name).encode()),
                 f"entry {artifact.kernel_name!r} (cuModuleGetFunction) in {artifact.origin}",
                 FailedPrecondition,  # the manifest names no kernel of its code: not retryable
             )
+            layout = artifact.request.params or _buffers_then_scalars(artifact.request)
+            check_parameters(cu, function, layout, artifact.kernel_name, artifact.origin)
         except BaseException:
             cu.cuModuleUnload(module)
             raise
-        kernel = CudaKernel(
-            artifact.kernel_name,
-            module,
-            function,
-            artifact.buffer_argument_count(),
-            artifact.scalar_argument_count,
-        )
+        kernel = CudaKernel(artifact.kernel_name, module, function, layout)
         loaded = LoadedKernel(id=next(self._ids), kernel_name=artifact.kernel_name, native=kernel)
         with self._lock:
             self._kernels[loaded.id] = loaded
@@ -232,11 +291,10 @@ class Kernels(DeviceState):
         shared = request.shared_memory_bytes
         with kernel.lock:
             storage = kernel.storage
-            kernel.pack_buffers(storage, 0, *addresses)
-            offset = kernel.scalar_offset
-            for scalar in scalars:
+            for offset, address in zip(kernel.buffer_offsets, addresses, strict=True):
+                _PACK_POINTER(storage, offset, address)
+            for offset, scalar in zip(kernel.scalar_offsets, scalars, strict=True):
                 _SCALAR_PACK[scalar.dtype](storage, offset, scalar.value)
-                offset += _SLOT
             if shared > kernel.dynamic_shared_limit:
                 self._raise_shared_limit(kernel, shared)
             err = self._cu.cuLaunchKernel(
@@ -282,3 +340,16 @@ class Kernels(DeviceState):
             LaunchFailed,
         )
         kernel.dynamic_shared_limit = shared
+
+
+def _name_expressions(entry: str) -> list[str]:
+    """A cuda_cpp entry that is a C++ name expression (``scale<float>``, ``ns::k``), which
+    NVRTC must instantiate and lower; none for an ``extern "C"`` symbol."""
+    return [] if entry.isidentifier() else [entry]
+
+
+def _buffers_then_scalars(request: ArtifactRequest) -> tuple[Param, ...]:
+    buffers = request.argument_count - request.scalar_argument_count
+    return (Param(ParamKind.BUFFER),) * buffers + (
+        Param(ParamKind.SCALAR),  # its size unknown here: the count is still checked
+    ) * request.scalar_argument_count

@@ -14,6 +14,7 @@ from typing import Any
 from accyd.backends.base import DeviceBuffer, Event, LoadedKernel, Stream
 from accyd.backends.cuda.compile_cache import CompileCache
 from accyd.backends.cuda.driver import ErrorCheck
+from accyd.backends.cuda.partitions import GreenContexts
 from accyd.errors import LaunchArgumentMismatch, LaunchFailed, Unavailable
 
 __all__ = ["CURRENT", "TOKENS", "DeviceState"]
@@ -51,6 +52,10 @@ class DeviceState:
     _ctx: Any
     _ctx_key: int
     _default_stream: Any
+    _device: Any
+    driver_version: int
+    _green: GreenContexts
+    """The device's SM partitions (``cuda/partitions.py``)."""
 
     def _make_current(self) -> None:
         self._check(self._cu.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")

@@ -170,7 +170,8 @@ class Op:
     WRITE_SHARED = 27
     READ_SHARED = 28
     EXPORT = 29
-    COUNT = 30
+    SPLIT_SMS = 30
+    COUNT = 31
 
     # worker -> front
     READY = 100

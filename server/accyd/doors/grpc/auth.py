@@ -12,9 +12,9 @@ of every service, the open ones too):
   call needs a valid token (``UNAUTHENTICATED`` otherwise), except calls on the
   Unix socket that carry none when the operator trusts it (``--unix-trusted``).
 - Every call of the launch service needs the ``launch`` scope
-  (``PERMISSION_DENIED`` otherwise), but GetStatus, which also takes
-  ``status`` (monitoring, without attaching) or ``admin`` (every tenant's
-  numbers; catalog changes).
+  (``PERMISSION_DENIED`` otherwise, naming the token's scopes), but GetStatus
+  and ListPipelines, which also take ``status`` (monitoring, without attaching)
+  or ``admin`` (every tenant's numbers; catalog changes).
 - A client id (``accy-client-id``) attached under another tenant is answered
   exactly as an unknown one: ``NOT_FOUND``.
 - The health and reflection services need no token, so that container
@@ -73,6 +73,7 @@ STATUS_SCOPE = "status"
 ADMIN_SCOPE = "admin"
 _METHOD_SCOPES: dict[str, tuple[str, ...]] = {
     "GetStatus": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
+    "ListPipelines": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
 }
 """The scopes that admit a call of each method (any one of them); others need ``launch``."""
 
@@ -96,7 +97,7 @@ def current_principal() -> Principal | None:
 
 def default_principal(tenant: str, quotas: Quotas) -> Principal:
     """The principal of calls that need no token."""
-    return Principal(tenant, frozenset({LAUNCH_SCOPE}), quotas)
+    return Principal(tenant, frozenset({LAUNCH_SCOPE}), quotas, token=False)
 
 
 def _with_defaults(quotas: Quotas, defaults: Quotas) -> Quotas:

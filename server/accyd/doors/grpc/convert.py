@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from accy.protocol import DTYPES
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.catalog.expr import Arg, CeilDiv, Const, Expr, Mul
+from accyd.catalog.expr import render
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
 from accyd.clipping import clip
 from accyd.core.daemon import DaemonStatus, TenantStatus, Tensor
@@ -83,22 +83,13 @@ def tensor_to_proto(tensor: Tensor) -> pb.Tensor:
     return pb.Tensor(name=tensor.name, dtype=dtype, data=tensor.data)
 
 
-def render_expr(expr: Expr, names: tuple[str, ...]) -> str:
-    """An extent as text over the scalars' names: ``n``, ``ceil_div(n, 4096)``, ``rows * cols``."""
-    if isinstance(expr, Arg):
-        return names[expr.index]
-    if isinstance(expr, Const):
-        return str(expr.value)
-    if isinstance(expr, CeilDiv):
-        return f"ceil_div({render_expr(expr.inner, names)}, {expr.divisor})"
-    if isinstance(expr, Mul):
-        return f"{render_expr(expr.left, names)} * {render_expr(expr.right, names)}"
-    raise TypeError(f"unknown expression {expr!r}")
-
-
 def _buffer_info(spec: BufferSpec | IntermediateSpec, names: tuple[str, ...]) -> pb.BufferInfo:
+    shape = spec.shape if isinstance(spec, BufferSpec) else ()
     return pb.BufferInfo(
-        name=spec.name, dtype=dtype_to_proto(spec.dtype), extent=render_expr(spec.extent, names)
+        name=spec.name,
+        dtype=dtype_to_proto(spec.dtype),
+        extent=render(spec.extent, names),
+        shape=[render(dim, names) for dim in shape],
     )
 
 

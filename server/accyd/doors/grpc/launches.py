@@ -1,7 +1,8 @@
 """Launching from the service: enqueue a LaunchRequest, learn that it finished, answer it.
 
 ``Launcher`` serves the unary ``Launch`` (pipelined launches are ring records:
-the shared ring, or ``RingStream``). A waited launch is first polled on the
+the shared ring, or ``RingStream``) and the one-call ``Run``, and counts each launch
+in the metrics once. A waited launch is first polled on the
 event loop for a bounded moment (``spin_seconds``, about 100 µs: a small launch
 is over by then, and answering it costs no thread hop); one still running
 learns of its end from the backend's notification (a host function on the
@@ -22,11 +23,12 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.core.daemon import Daemon, LaunchTicket, WouldBlock
+from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon, LaunchTicket, WouldBlock
 from accyd.doors.grpc import convert
 from accyd.doors.grpc.calls import CallTracker, id_fields, text_field
 from accyd.telemetry.logs import bind
 from accyd.telemetry.metrics import Metrics
+from accyd.tokens import Principal
 
 __all__ = ["NOTIFY_PATIENCE_SECONDS", "Launcher", "until_stopped"]
 
@@ -146,6 +148,46 @@ class Launcher:
             launch_id=ticket.launch_id,
             completed=pending.wait,
             enqueue_seconds=pending.enqueued,
+            elapsed_seconds=elapsed,
+        )
+
+    async def run(
+        self, request: pb.RunRequest, client_id: str | None, principal: Principal, started: float
+    ) -> pb.RunResponse:
+        """The one-call path (``Daemon.run``) on the device-work threads, within the caller's
+        share (an unattached caller's is its tenant's); its launch counted as a waited one."""
+        target = text_field(request.target, "target")
+        fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
+        operands = [
+            convert.tensor_from_proto(tensor, f"operands[{index}]")
+            for index, tensor in enumerate(request.operands)
+        ]
+        scalars = convert.scalars_from_proto(request.runtime_scalars)
+        try:
+            results = await self.calls.blocking_for(
+                client_id or principal.tenant,
+                functools.partial(
+                    self.daemon.run,
+                    client_id,
+                    target,
+                    request.version,
+                    fmt,
+                    operands,
+                    scalars,
+                    tenant=principal.tenant,
+                    quotas=principal.quotas,
+                ),
+            )
+        except Exception as error:
+            # The label is bounded: a target outside the catalog is counted as unknown.
+            known = any(pipeline.target == target for pipeline in self.daemon.pipelines())
+            label = target if known else UNKNOWN_PIPELINE
+            self.metrics.observe_launch(label, 0.0, waited=True, error=error)
+            raise
+        elapsed = time.perf_counter() - started
+        self.metrics.observe_launch(target, elapsed, waited=True)
+        return pb.RunResponse(
+            results=[convert.tensor_to_proto(result) for result in results],
             elapsed_seconds=elapsed,
         )
 

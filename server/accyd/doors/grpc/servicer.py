@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -359,32 +357,7 @@ class LaunchServicer(SegmentHandlers):
 
     @unary
     async def Run(self, request: pb.RunRequest, call: Call) -> pb.RunResponse:
-        target = text_field(request.target, "target")
-        fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
-        operands = [
-            convert.tensor_from_proto(tensor, f"operands[{index}]")
-            for index, tensor in enumerate(request.operands)
-        ]
-        scalars = convert.scalars_from_proto(request.runtime_scalars)
-        principal = self._principal()
-        results = await self.calls.blocking_for(
-            call.client_id or principal.tenant,
-            functools.partial(
-                self.daemon.run,
-                call.client_id,
-                target,
-                request.version,
-                fmt,
-                operands,
-                scalars,
-                tenant=principal.tenant,
-                quotas=principal.quotas,
-            ),
-        )
-        return pb.RunResponse(
-            results=[convert.tensor_to_proto(result) for result in results],
-            elapsed_seconds=time.perf_counter() - call.started,
-        )
+        return await self._launcher.run(request, call.client_id, self._principal(), call.started)
 
     @unary
     async def OpenRing(self, request: pb.OpenRingRequest, call: Call) -> pb.OpenRingResponse:

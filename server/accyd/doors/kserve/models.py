@@ -43,6 +43,15 @@ DATATYPES: dict[DType, tuple[str, mc.DataType]] = {
     DType.I64: ("INT64", mc.TYPE_INT64),
     DType.U64: ("UINT64", mc.TYPE_UINT64),
     DType.U8: ("UINT8", mc.TYPE_UINT8),
+    DType.F16: ("FP16", mc.TYPE_FP16),
+    DType.BF16: ("BF16", mc.TYPE_BF16),
+    DType.I8: ("INT8", mc.TYPE_INT8),
+    DType.I16: ("INT16", mc.TYPE_INT16),
+    DType.U16: ("UINT16", mc.TYPE_UINT16),
+    DType.BOOL: ("BOOL", mc.TYPE_BOOL),
+    # KServe v2 and Triton's model config have no fp8: these names carry raw bytes.
+    DType.F8E4M3: ("FP8_E4M3", mc.TYPE_INVALID),
+    DType.F8E5M2: ("FP8_E5M2", mc.TYPE_INVALID),
 }
 """Each element type's protocol name and its model-config enum value."""
 _BY_NAME = {name: dtype for dtype, (name, _) in DATATYPES.items()}
@@ -65,8 +74,9 @@ def dtype_of(datatype: str, field: str) -> DType:
 
 
 def dims_of(spec: BufferSpec) -> list[int]:
-    """A tensor's dims: its extent where constant, -1 where it depends on runtime scalars."""
-    return [spec.extent.value] if isinstance(spec.extent, Const) else [-1]
+    """A tensor's dims (its shape, or its extent): each constant one, -1 where it depends
+    on runtime scalars."""
+    return [d.value if isinstance(d, Const) else -1 for d in spec.shape or (spec.extent,)]
 
 
 def parse_version(text: str, field: str = "version") -> int:
@@ -97,13 +107,15 @@ class Model:
     def version(self) -> str:
         return str(self.pipeline.version)
 
-    def inferred_from(self) -> dict[int, int]:
-        """Runtime scalars a request may leave out: scalar index -> the operand whose element
-        count it is (the first operand whose extent is that scalar alone)."""
-        found: dict[int, int] = {}
+    def inferred_from(self) -> dict[int, tuple[int, int | None]]:
+        """Runtime scalars a request may leave out: scalar index -> (the operand, and the
+        dim of its shape or ``None`` for its element count) it is read from: the first
+        operand whose extent, or one of whose dims, is that scalar alone."""
+        found: dict[int, tuple[int, int | None]] = {}
         for index, spec in enumerate(self.pipeline.operands):
-            if isinstance(spec.extent, Arg) and spec.extent.index not in found:
-                found[spec.extent.index] = index
+            for dim, expr in enumerate(spec.shape) if spec.shape else [(None, spec.extent)]:
+                if isinstance(expr, Arg) and expr.index not in found:
+                    found[expr.index] = (index, dim)
         return found
 
     def metadata(self) -> pb.ModelMetadataResponse:
@@ -161,12 +173,14 @@ class Model:
             if bound.argument_index == index:
                 low = "" if bound.min_value is None else f"{bound.min_value}"
                 parts.append(f"{low}..{bound.max_value}")
-        operand = self.inferred_from().get(index)
-        if operand is None:
+        source = self.inferred_from().get(index)
+        if source is None:
             parts.append("a request parameter")
         else:
+            operand, dim = source
             name = pipeline.operands[operand].name
-            parts.append(f"a request parameter, else the element count of input {name}")
+            what = "the element count" if dim is None else f"dim {dim}"
+            parts.append(f"a request parameter, else {what} of input {name}")
         return "; ".join(parts)
 
 

@@ -100,7 +100,7 @@ class KServeServicer:
             cuda=cuda,
         )
         self.memory = SharedMemory(self.owners, calls, cuda)
-        self.stats = Statistics()
+        self.stats = Statistics(None if metrics is None else metrics.triton)
         self.streams = Streams(calls)
         self._models: dict[tuple[str, str], Model] = {}
         self._indexed: object = None

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.telemetry.triton import TritonFigures
 
 __all__ = ["Phases", "Statistics"]
 
@@ -55,8 +56,9 @@ class _Model:
 class Statistics:
     """Per (tenant, model, version) numbers, for the models the catalog has."""
 
-    def __init__(self) -> None:
+    def __init__(self, figures: TritonFigures | None = None) -> None:
         self._models: dict[tuple[str, str, int], _Model] = {}
+        self._figures = figures or TritonFigures()  # the same outcomes, under Triton's names
 
     def _of(self, tenant: str, name: str, version: int) -> _Model:
         key = (tenant, name, version)
@@ -73,11 +75,17 @@ class Statistics:
         model.compute_infer.add(phases.computed - phases.written)
         model.compute_output.add(phases.answered - phases.computed)
         model.last_inference_ms = time.time_ns() // 1_000_000
+        self._figures.succeeded(
+            name, version, request_ns=phases.answered - phases.started,
+            queue_ns=phases.ready - phases.started, input_ns=phases.written - phases.ready,
+            infer_ns=phases.computed - phases.written, output_ns=phases.answered - phases.computed,
+        )  # fmt: skip
 
     def failed(self, tenant: str, name: str, version: int, phases: Phases) -> None:
         model = self._of(tenant, name, version)
         model.fail.add(time.perf_counter_ns() - phases.started)
         model.last_inference_ms = time.time_ns() // 1_000_000
+        self._figures.failed(name, version)
 
     def proto(self, tenant: str, name: str, version: int) -> pb.ModelStatistics:
         """The tenant's numbers for one model version (zeros before its first request)."""

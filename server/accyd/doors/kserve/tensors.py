@@ -347,8 +347,11 @@ def _scalars(
             kind = int if spec.dtype.is_integer else float
             value = parameter_value(parameters[spec.name], kind, field)
         elif index in inferred:
-            item = inputs[inferred[index]]
-            value = item.byte_size // item.spec.dtype.itemsize
+            operand, dim = inferred[index]
+            item = inputs[operand]
+            value = item.byte_size // item.spec.dtype.itemsize if dim is None else 0
+            if dim is not None and len(item.shape) == len(item.spec.shape):
+                value = item.shape[dim]
         else:
             raise InvalidRequest(
                 f"model {model.name!r} needs parameter {spec.name!r} ({spec.dtype.value})",
@@ -409,13 +412,18 @@ def _outputs(
             )
         asked.append((index, region))
     return tuple(
-        Output(i, results[i], _shape(results[i], inputs, sizes[i]), sizes[i], region)
+        Output(i, results[i], _shape(results[i], inputs, args, sizes[i]), sizes[i], region)
         for i, region in asked
     )
 
 
-def _shape(spec: BufferSpec, inputs: tuple[Input, ...], size: int) -> tuple[int, ...]:
-    """An output's shape: that of the first input with the same extent, else flat."""
+def _shape(
+    spec: BufferSpec, inputs: tuple[Input, ...], args: tuple[Scalar, ...], size: int
+) -> tuple[int, ...]:
+    """An output's shape: its declared one, else that of the first input with the same
+    extent, else flat."""
+    if spec.shape:
+        return spec.dims(args)
     for item in inputs:
         if item.spec.extent == spec.extent:
             return item.shape

@@ -24,6 +24,7 @@ from accyd.doors.ring.copies import Copier
 from accyd.doors.ring.facade import RingCore, RingObserver
 from accyd.doors.ring.memory import RingMemory
 from accyd.doors.ring.ring import Blocking, ServerRing
+from accyd.doors.ring.waiting import WaitBudget
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 
 __all__ = [
@@ -85,8 +86,11 @@ class RingDoor:
         *,
         observer: RingObserver | None = None,
         blocking: Blocking | None = None,
+        waits: WaitBudget | None = None,
     ) -> None:
         self._core = core
+        self.waits = waits
+        """Tells each ring's client how long it may spin (``accyd.doors.ring.waiting``)."""
         self._engine = engine
         self._observer = observer
         self._blocking = blocking
@@ -147,10 +151,13 @@ class RingDoor:
                 ring.memory.mark_closed()
                 return
             live.set()
+            if self.waits is not None:
+                self.waits.attach(ring.memory)
 
         def gone() -> None:  # failed, refused or expired: never taken by the engine
             with self._lock:
                 self._by_client.get(client_id, {}).pop(ring.id, None)
+            self._let_go(ring)
             if live.is_set():
                 self._engine.remove(ring)
             else:
@@ -178,6 +185,7 @@ class RingDoor:
         with self._lock:
             rings = self._by_client.pop(client_id, {})
         for ring_id, ring in rings.items():
+            self._let_go(ring)
             if ring_id in withdrawn:
                 ring.close()
             else:
@@ -195,5 +203,10 @@ class RingDoor:
             rings = [ring for held in self._by_client.values() for ring in held.values()]
             self._by_client.clear()
         for ring in rings:
+            self._let_go(ring)
             self._engine.remove(ring)
         self.copier.close()
+
+    def _let_go(self, ring: ServerRing) -> None:
+        if self.waits is not None:
+            self.waits.detach(ring.memory)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+from accy.protocol import dtype_named
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ScalarSpec
@@ -18,22 +19,20 @@ __all__ = ["KEY", "KEY_END", "id_of", "scalar_struct"]
 
 KEY, KEY_END = 12, layout.RECORD.size
 """The bytes of a launch record that say what it launches: handles, counts and scalars."""
-_CODES = {
-    DType.F32: "f4x",
-    DType.F64: "d",
-    DType.I32: "i4x",
-    DType.U32: "I4x",
-    DType.I64: "q",
-    DType.U64: "Q",
-    DType.U8: "B7x",
-}
 
 
 def scalar_struct(specs: Sequence[ScalarSpec]) -> struct.Struct:
     """How a record's scalar bytes unpack for a session taking ``specs`` (at most
     ``MAX_SCALARS``): each value in its own dtype, in an 8-byte field."""
-    code = "<" + "".join(_CODES[s.dtype] for s in specs)
+    code = "<" + "".join(_record_code(s.dtype) for s in specs)
     return struct.Struct(code + f"{8 * (layout.MAX_SCALARS - len(specs))}x")
+
+
+def _record_code(dtype: DType) -> str:
+    entry = dtype_named(dtype.value)
+    if entry is None or not entry.record_code:
+        raise InvalidRequest(f"{dtype.value} values cannot be runtime scalars", field="scalars")
+    return entry.record_code
 
 
 def id_of(raw: bytes) -> str:

@@ -17,6 +17,14 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_I64: _ClassVar[DType]
     DTYPE_U64: _ClassVar[DType]
     DTYPE_U8: _ClassVar[DType]
+    DTYPE_F16: _ClassVar[DType]
+    DTYPE_BF16: _ClassVar[DType]
+    DTYPE_F8E4M3: _ClassVar[DType]
+    DTYPE_F8E5M2: _ClassVar[DType]
+    DTYPE_I8: _ClassVar[DType]
+    DTYPE_I16: _ClassVar[DType]
+    DTYPE_U16: _ClassVar[DType]
+    DTYPE_BOOL: _ClassVar[DType]
 
 class CopyDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +45,14 @@ DTYPE_U32: DType
 DTYPE_I64: DType
 DTYPE_U64: DType
 DTYPE_U8: DType
+DTYPE_F16: DType
+DTYPE_BF16: DType
+DTYPE_F8E4M3: DType
+DTYPE_F8E5M2: DType
+DTYPE_I8: DType
+DTYPE_I16: DType
+DTYPE_U16: DType
+DTYPE_BOOL: DType
 COPY_DIRECTION_UNSPECIFIED: CopyDirection
 COPY_DIRECTION_TO_BUFFER: CopyDirection
 COPY_DIRECTION_TO_SEGMENT: CopyDirection
@@ -45,20 +61,30 @@ EXPORT_KIND_CUDA_VMM: ExportKind
 EXPORT_KIND_HOST_MEMFD: ExportKind
 
 class Scalar(_message.Message):
-    __slots__ = ("u32", "i32", "f32", "f64", "u64", "i64")
+    __slots__ = ("u32", "i32", "f32", "f64", "u64", "i64", "f16", "i8", "i16", "u16", "u8")
     U32_FIELD_NUMBER: _ClassVar[int]
     I32_FIELD_NUMBER: _ClassVar[int]
     F32_FIELD_NUMBER: _ClassVar[int]
     F64_FIELD_NUMBER: _ClassVar[int]
     U64_FIELD_NUMBER: _ClassVar[int]
     I64_FIELD_NUMBER: _ClassVar[int]
+    F16_FIELD_NUMBER: _ClassVar[int]
+    I8_FIELD_NUMBER: _ClassVar[int]
+    I16_FIELD_NUMBER: _ClassVar[int]
+    U16_FIELD_NUMBER: _ClassVar[int]
+    U8_FIELD_NUMBER: _ClassVar[int]
     u32: int
     i32: int
     f32: float
     f64: float
     u64: int
     i64: int
-    def __init__(self, u32: _Optional[int] = ..., i32: _Optional[int] = ..., f32: _Optional[float] = ..., f64: _Optional[float] = ..., u64: _Optional[int] = ..., i64: _Optional[int] = ...) -> None: ...
+    f16: float
+    i8: int
+    i16: int
+    u16: int
+    u8: int
+    def __init__(self, u32: _Optional[int] = ..., i32: _Optional[int] = ..., f32: _Optional[float] = ..., f64: _Optional[float] = ..., u64: _Optional[int] = ..., i64: _Optional[int] = ..., f16: _Optional[float] = ..., i8: _Optional[int] = ..., i16: _Optional[int] = ..., u16: _Optional[int] = ..., u8: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("client_name", "liveness_seconds")
@@ -109,14 +135,16 @@ class ListPipelinesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferInfo(_message.Message):
-    __slots__ = ("name", "dtype", "extent")
+    __slots__ = ("name", "dtype", "extent", "shape")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     EXTENT_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     extent: str
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., extent: _Optional[str] = ...) -> None: ...
+    shape: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., extent: _Optional[str] = ..., shape: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScalarInfo(_message.Message):
     __slots__ = ("name", "dtype", "has_min", "min", "has_max", "max")

@@ -5,7 +5,7 @@ import warnings
 
 from accy.protocol.launch.v1 import launch_pb2 as accy_dot_launch_dot_v1_dot_launch__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import structlog
 
+from accyd.backends.queues import set_work_queues
 from accyd.backends.select import make_backend
 from accyd.backends.worker.child.ops import Served
 from accyd.backends.worker.protocol import (
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     _log_as_device(args.device, args.log_format, args.log_level)
     started = time.perf_counter()
     channel = _Channel(socket.socket(fileno=args.fd))
+    set_work_queues()  # the daemon's value, inherited; else the default (before any context)
     try:
         backend = make_backend(
             args.backend,

@@ -79,6 +79,7 @@ class Served(ServedState):
             Op.WRITE_SHARED: self._write_shared,
             Op.READ_SHARED: self._read_shared,
             Op.EXPORT: self._export,
+            Op.SPLIT_SMS: self._split_sms,
         }.items():
             handlers[code] = handler
         self.handlers: Sequence[_Handler | None] = handlers
@@ -198,12 +199,16 @@ class Served(ServedState):
     # -- streams and events ---------------------------------------------------------------------
 
     def _create_stream(self, op: tuple[Any, ...]) -> None:
-        _, call, sid = op
+        _, call, sid, partition, priority = op
 
         def create() -> None:
-            self.streams[sid] = self.backend.create_stream()
+            self.streams[sid] = self.backend.create_stream(partition, priority)
 
         self._answer(call, create)
+
+    def _split_sms(self, op: tuple[Any, ...]) -> None:
+        _, call, specs = op
+        self._answer(call, lambda: self.backend.split_sms(specs))
 
     def _destroy_stream(self, op: tuple[Any, ...]) -> None:
         sid = op[1]

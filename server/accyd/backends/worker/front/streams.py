@@ -17,6 +17,7 @@ from typing import Any
 
 from accyd.backends.base import DeviceBuffer, Event, Stream
 from accyd.backends.host_streams import call_quietly
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.backends.worker.channel import Channel
 from accyd.backends.worker.front.handles import EventState, Track, stream_id
 from accyd.backends.worker.front.pins import PinnedRanges
@@ -77,14 +78,19 @@ class WorkerStreams:
             track.advance(upto)
         return result
 
-    def create_stream(self) -> Stream:
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
         """A round trip (the worker makes the stream before anything names it)."""
         sid = next(self._ids)
-        self._channel.call(lambda c: (Op.CREATE_STREAM, c, sid))
+        self._channel.call(lambda c: (Op.CREATE_STREAM, c, sid, partition, priority))
         track = Track()
         with self._lock:
             self._tracks[sid] = track
-        return Stream(sid, track)
+        return Stream(sid, track, partition)
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        """A round trip: the worker's backend splits its device."""
+        split: SmSplit = self._channel.call(lambda c: (Op.SPLIT_SMS, c, tuple(specs)))
+        return split
 
     def destroy_stream(self, stream: Stream) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ import warnings
 
 from accyd.doors.kserve.protocol import open_inference_pb2 as inference_dot_open__inference__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

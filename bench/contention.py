@@ -1,0 +1,226 @@
+"""Sharing under contention: more waiting clients than CPUs, and a tenant that fills the GPU.
+
+Run from the repository root (on a GPU machine about three minutes; every wait has a
+deadline and a series past ``--budget`` is skipped):
+
+    python bench/contention.py --out contention.json
+    python bench/contention.py --backend host --clients 2,4 --seconds 0.3   # a smoke run
+
+Series (clients are processes on the public client API, bench/catalog's kernels):
+
+- **crowd**: K clients (``--clients``, default 8 and 32) each waiting for every launch of the
+  short bench.fma kernel, on a daemon that publishes the rings' wait budget (the default)
+  and on one started with ``--no-wait-budget`` (every client spins as its own CPU count
+  says): kernels/s together, the slowest client over the mean, the worst client's p99.
+- **noisy neighbour**: a victim tenant waiting for each short kernel, alone; beside an
+  aggressor tenant pipelining bench.fill (every SM, calibrated to ``--aggressor-ms``); and
+  beside the aggressor confined by the tokens file to a partition of ``--aggressor-sms``
+  SMs. Victim p50/p99 and the aggressor's kernels/s; goals: the confined victim's p99 at
+  most 1.2x alone, the confined aggressor at least 0.8x its unconfined rate.
+
+The table printed last holds every series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _sharing_workers import Spec, run_workers
+from bench_sharing import CATALOG, Plan
+
+from accy.testing import running_daemon
+from accyd.tokens import hash_token, new_token
+
+ITERS = {"cuda": {"short": 3500, "fill": 60000}, "host": {"short": 8, "fill": 16}}
+"""Short: about 8 µs on an H200; fill: a start for the calibration to ``--aggressor-ms``."""
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["per_second"] for r in results]
+    p99s = [r["latency"]["p99_us"] for r in results]
+    return {
+        "per_second": sum(rates),
+        "slowest_over_mean": min(rates) / statistics.mean(rates),
+        "p50_us": statistics.median(r["latency"]["p50_us"] for r in results),
+        "p99_us": max(p99s),
+        "per_process": rates,
+    }
+
+
+def crowd(plan: Plan, args: argparse.Namespace, iters: int) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for count in args.clients:
+        for name, flags in (("budget", []), ("no_budget", ["--no-wait-budget"])):
+            extra = ["--catalog", str(CATALOG), *flags]
+
+            def series(count: int = count, extra: list[str] = extra) -> dict[str, Any]:
+                with running_daemon(backend=args.backend, tcp=False, extra=extra) as daemon:
+                    specs: list[Spec] = [
+                        {
+                            "kind": "accy-rate",
+                            "index": i,
+                            "target": daemon.unix_target,
+                            "iters": iters,
+                            "seconds": args.seconds,
+                            "waited": True,
+                        }
+                        for i in range(count)
+                    ]
+                    return _summary(run_workers(specs, run_timeout=args.seconds * 4 + 60))
+
+            found[f"crowd_{count}_{name}"] = plan.step(
+                f"{count} clients waiting on the short kernel, {name.replace('_', ' ')}", series
+            )
+    return found
+
+
+def _tokens(path: Path, tokens: dict[str, str], confined_sms: int | None) -> None:
+    lines = []
+    if confined_sms is not None:
+        lines += ["[partitions]", f"aggressor = {{ sms = {confined_sms} }}", ""]
+        lines += ["[tenant.aggressor]", 'partition = "aggressor"', ""]
+    for tenant, token in tokens.items():
+        lines += ["[[token]]", f'tenant = "{tenant}"', f'sha256 = "{hash_token(token)}"', ""]
+    path.write_text("\n".join(lines))
+
+
+def noisy(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    tokens = {"victim": new_token(), "aggressor": new_token()}
+    short, fill = ITERS[args.backend]["short"], ITERS[args.backend]["fill"]
+    timeout = args.seconds * 4 + 90
+    found: dict[str, Any] = {}
+
+    def victim(target: str, beside: bool) -> Spec:
+        return {
+            "kind": "accy-victim",
+            "target": target,
+            "token": tokens["victim"],
+            "iters": short,
+            "seconds": args.seconds,
+            "beside_aggressor": beside,
+        }
+
+    def aggressor(target: str) -> Spec:
+        return {
+            "kind": "accy-aggressor",
+            "target": target,
+            "token": tokens["aggressor"],
+            "iters": fill,
+            "target_ms": args.aggressor_ms if args.backend == "cuda" else 0.0,
+            "seconds": args.seconds,
+        }
+
+    for variant, sms in (("unconfined", None), ("confined", args.aggressor_sms)):
+        path = folder / f"tokens-{variant}.toml"
+        _tokens(path, tokens, sms)
+        extra = ["--catalog", str(CATALOG), "--tokens", str(path)]
+
+        def pair(extra: list[str] = extra, variant: str = variant) -> dict[str, Any]:
+            with running_daemon(backend=args.backend, tcp=False, extra=extra) as daemon:
+                result: dict[str, Any] = {}
+                if variant == "unconfined":
+                    result["alone"] = run_workers(
+                        [victim(daemon.unix_target, False)], run_timeout=timeout
+                    )[0]
+                hurt, loud = run_workers(
+                    [victim(daemon.unix_target, True), aggressor(daemon.unix_target)],
+                    run_timeout=timeout,
+                )
+                result |= {"victim": hurt, "aggressor": loud}
+                log = daemon.log.read_text(errors="replace")
+                result["partition_log"] = [
+                    line[-300:] for line in log.splitlines() if "SM partitions" in line
+                ]
+                return result
+
+        found[variant] = plan.step(f"noisy neighbour, aggressor {variant}", pair)
+    return found
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [
+        "| series | kernels/s | slowest/mean | p50 µs | p99 µs |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for key, found in report.get("crowd", {}).items():
+        if "error" in found:
+            rows.append(f"| {key} | {found['error'][:60]} | | | |")
+            continue
+        rows.append(
+            f"| {key} | {_cell(found['per_second'], 0)} | {_cell(found['slowest_over_mean'], 2)} "
+            f"| {_cell(found['p50_us'])} | {_cell(found['p99_us'])} |"
+        )
+    noisy_found = report.get("noisy", {})
+    shown = []
+    for variant in ("unconfined", "confined"):
+        found = noisy_found.get(variant, {})
+        if "error" in found:
+            rows.append(f"| noisy {variant} | {found['error'][:60]} | | | |")
+            continue
+        if "alone" in found:
+            alone = found["alone"]
+            shown.append(("victim alone", alone, None))
+        if "victim" in found:
+            shown.append((f"victim, aggressor {variant}", found["victim"], found["aggressor"]))
+    for name, hurt, loud in shown:
+        rate = "" if loud is None else f"aggressor {_cell(loud['per_second'], 0)}"
+        rows.append(f"| {name} | {rate} | | {_cell(hurt['p50_us'])} | {_cell(hurt['p99_us'])} |")
+    try:
+        alone = noisy_found["unconfined"]["alone"]["p99_us"]
+        free = noisy_found["unconfined"]["aggressor"]["per_second"]
+        kept = noisy_found["confined"]["aggressor"]["per_second"]
+        hurt = noisy_found["confined"]["victim"]["p99_us"]
+        rows.append(
+            f"\nconfined victim p99 / alone: {hurt / alone:.2f} (goal <= 1.2); confined "
+            f"aggressor / unconfined: {kept / free:.2f} (goal >= 0.8); partitions: "
+            f"{noisy_found['confined'].get('partition_log')}"
+        )
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--backend", choices=["cuda", "host"], default="cuda")
+    parser.add_argument("--out", type=Path, help="write every number here (JSON)")
+    parser.add_argument("--clients", default="8,32", help="client counts of the crowd series")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each series")
+    parser.add_argument("--aggressor-ms", type=float, default=2.0, help="its kernel's length")
+    parser.add_argument(
+        "--aggressor-sms", type=int, default=112, help="SMs of the confined aggressor"
+    )
+    parser.add_argument("--budget", type=float, default=360.0, help="skip series after this (s)")
+    parser.add_argument("--skip", default="", help="crowd and/or noisy, comma-separated")
+    args = parser.parse_args(argv)
+    args.clients = [int(n) for n in args.clients.split(",") if n]
+    plan = Plan(args.budget)
+    shown = dict(vars(args), out=str(args.out))
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "args": shown}
+    skip = set(args.skip.split(","))
+    with tempfile.TemporaryDirectory(prefix="accy-contention-") as folder:
+        if "crowd" not in skip:
+            report["crowd"] = crowd(plan, args, ITERS[args.backend]["short"])
+        if "noisy" not in skip:
+            report["noisy"] = noisy(plan, args, Path(folder))
+    report["elapsed_s"] = time.monotonic() - plan.started
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print()
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

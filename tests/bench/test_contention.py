@@ -1,0 +1,33 @@
+"""The contention benchmark (bench/contention.py) on the host backend: every series runs and
+the table comes last, the partition the host cannot make named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_every_series_runs_on_the_host_backend(tmp_path: Path) -> None:
+    out = tmp_path / "contention.json"
+    command = [sys.executable, str(BENCH / "contention.py"), "--backend", "host"]
+    command += ["--clients", "2", "--seconds", "0.2", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=BENCH)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for name in ("crowd_2_budget", "crowd_2_no_budget"):
+        found = report["crowd"][name]
+        assert "error" not in found, found
+        assert len(found["per_process"]) == 2 and found["p99_us"] > 0
+    noisy = report["noisy"]
+    assert noisy["unconfined"]["alone"]["count"] > 0
+    for variant in ("unconfined", "confined"):
+        assert noisy[variant]["aggressor"]["per_second"] > 0, noisy[variant]
+        assert noisy[variant]["victim"]["count"] > 0
+    (line,) = noisy["confined"]["partition_log"]
+    assert "SM partitions not made on device 0: the host backend" in line
+    table = done.stdout[done.stdout.rindex("| series |") :]
+    assert "victim, aggressor confined" in table and "goal <= 1.2" in table
