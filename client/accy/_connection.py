@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from accy._failures import specific
+from accy._failures import specific, translate
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, open_channel
 from accy._transport import CLOSE_DRAIN_SECONDS
@@ -33,7 +33,6 @@ from accy.errors import (
     ClientClosed,
     DaemonUnreachable,
     DeadlineExceeded,
-    from_rpc_error,
 )
 
 __all__ = ["DEFAULT_WINDOW", "UNSET", "Connection", "Sessions"]
@@ -149,7 +148,7 @@ class Connection:
 
     def translate(self, error: grpc.RpcError) -> AccyError:
         """The typed error of a failed call, with what to do about it where the client knows."""
-        return self.hint(from_rpc_error(error))
+        return translate(error, target=self.target, secure=self.secure, has_token=self._has_token)
 
     def hint(self, failure: AccyError) -> AccyError:
         """``failure``, made specific: an unreachable daemon, a token refused, a TLS mismatch."""

@@ -18,7 +18,7 @@ from accy.errors import (
     with_hint,
 )
 
-__all__ = ["specific", "translate"]
+__all__ = ["CANCELLED_THERE", "specific", "translate"]
 
 
 def _tls_refused(detail: str) -> bool:
@@ -56,6 +56,20 @@ def specific(failure: AccyError, *, target: str, secure: bool, has_token: bool) 
     return failure
 
 
+CANCELLED_THERE = "CANCELLED_BY_DAEMON"
+"""The reason of a call cancelled on the daemon's side (gRPC's own cancel as a server stops):
+``Unavailable``, where ``Cancelled`` would read as if this process had cancelled it."""
+
+
 def translate(error: grpc.RpcError, *, target: str, secure: bool, has_token: bool) -> AccyError:
     """The typed error of a failed call, made ``specific``."""
+    if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.CANCELLED:
+        cancelled = getattr(error, "cancelled", None)  # True where this process cancelled it
+        if not (callable(cancelled) and cancelled()):
+            return Unavailable(
+                f"the daemon's side ended the call ({error.details() or 'CANCELLED'}), most "
+                "likely as it stopped: nobody here cancelled it; retry (against its successor, "
+                "if it restarts)",
+                reason=CANCELLED_THERE,
+            )
     return specific(from_rpc_error(error), target=target, secure=secure, has_token=has_token)

@@ -31,7 +31,7 @@ from accy.errors import (
 )
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["Buffer", "Resource", "allocate", "new_buffer", "not_an_array"]
+__all__ = ["Buffer", "Resource", "allocate", "new_buffer", "operand_arrays"]
 
 
 class Resource:
@@ -362,7 +362,24 @@ def _check_out(out: np.ndarray[Any, Any], kind: np.dtype[Any], count: int | None
     return _dtypes.to_numpy(out.dtype)
 
 
-def not_an_array(value: object, target: str) -> str:
+def operand_arrays(
+    values: Sequence[object], names: Sequence[str], target: str
+) -> list[np.ndarray[Any, Any]]:
+    """``Client.run``'s operands as arrays; ``InvalidArgument`` for one that holds no numbers
+    (a Buffer, a mapping), saying what to pass instead."""
+    arrays = [np.asarray(value) for value in values]
+    for index, (value, array) in enumerate(zip(values, arrays, strict=True)):
+        if array.dtype == object:
+            why = _not_an_array(value, target)
+            name = names[index] if index < len(names) else f"#{index}"
+            raise InvalidArgument(
+                f"operand {name!r} {why}",
+                field_violations=[FieldViolation(f"operands[{index}]", why)],
+            )
+    return arrays
+
+
+def _not_an_array(value: object, target: str) -> str:
     """Why ``value`` is no operand of ``Client.run``, and what to pass instead."""
     if isinstance(value, Buffer):
         return (

@@ -27,7 +27,7 @@ from accy._dtypes import DTypeLike
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
-from accy._resources import Buffer, allocate, not_an_array
+from accy._resources import Buffer, allocate, operand_arrays
 from accy._rpc import open_channel
 from accy._scalars import pack_scalars
 from accy._sessions import Launch, Session, new_session
@@ -411,7 +411,7 @@ class Client:
         defaults to the array's length (or that dim); results come back in their shape.
         """
         info = self.pipeline(target, version)
-        arrays = [np.asarray(a) for a in operands]
+        arrays = operand_arrays(operands, [spec.name for spec in info.operands], target)
         if len(arrays) != len(info.operands):
             raise InvalidArgument(
                 f"{target} takes {len(info.operands)} operands, got {len(arrays)}",
@@ -420,12 +420,9 @@ class Client:
         tensors = []
         values: dict[str, float] = dict(scalars)
         for index, (spec, array) in enumerate(zip(info.operands, arrays, strict=True)):
-            if array.dtype == object:  # no numbers: a Buffer, a mapping
-                kind, why = array.dtype, not_an_array(operands[index], target)
-            else:
-                kind = spec.dtype or _dtypes.to_numpy(array.dtype)
+            kind = spec.dtype or _dtypes.to_numpy(array.dtype)
+            if array.dtype.newbyteorder("<") != kind:
                 why = f"is {array.dtype}, the pipeline takes {_dtypes.name_of(kind)}"
-            if array.dtype.newbyteorder("<") != kind or array.dtype == object:
                 raise InvalidArgument(
                     f"operand {spec.name!r} {why}",
                     field_violations=[FieldViolation(f"operands[{index}]", why)],

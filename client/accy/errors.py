@@ -18,7 +18,6 @@ from grpc_status import rpc_status
 from accy.protocol import ERROR_DOMAIN
 
 __all__ = [
-    "CANCELLED_THERE",
     "DOMAIN",
     "Aborted",
     "AccyError",
@@ -131,8 +130,8 @@ class AccyError(Exception):
 
 
 class Cancelled(AccyError):
-    """The call was cancelled by the caller (one the daemon's side cancelled is
-    ``Unavailable``, reason ``CANCELLED_BY_DAEMON``)."""
+    """The call was cancelled by the caller (one cancelled on the daemon's side is
+    ``Unavailable``: ``accy._failures``)."""
 
     code = grpc.StatusCode.CANCELLED
 
@@ -444,21 +443,4 @@ def from_rpc_error(error: grpc.RpcError) -> AccyError:
         status = rpc_status.from_call(error)
     except ValueError:  # details that disagree with the status line: keep the line
         status = None
-    if code == grpc.StatusCode.CANCELLED and status is None and not _cancelled_here(error):
-        return Unavailable(
-            f"the daemon's side ended the call ({message}), most likely as it stopped: "
-            "nobody here cancelled it; retry (against its successor, if it restarts)",
-            reason=CANCELLED_THERE,
-        )
     return from_status(code, message, status)
-
-
-CANCELLED_THERE = "CANCELLED_BY_DAEMON"
-"""The reason of a call cancelled on the daemon's side (gRPC's own cancel as a server
-stops): ``Unavailable``, where ``Cancelled`` would read as if this process cancelled it."""
-
-
-def _cancelled_here(error: grpc.Call) -> bool:
-    """Whether this process cancelled the call (``call.cancel()``)."""
-    cancelled = getattr(error, "cancelled", None)
-    return bool(cancelled()) if callable(cancelled) else False

@@ -338,13 +338,6 @@ class Server:
             if self._calls_ended:
                 log.info("calls ended at the deadline", calls=self._calls_ended)
 
-    async def _cancel_rest(self, deadline: float) -> None:
-        """Past the deadline, once the calls ended then are answered (or a moment more),
-        have gRPC cancel the calls it still runs: those it does not admit."""
-        await asyncio.sleep(deadline + ABANDON_SECONDS - asyncio.get_running_loop().time())
-        await self._admitting.in_flight.wait_none(ANSWER_SECONDS)
-        await self._grpc.stop(None)
-
     def request_stop(self, reason: str) -> None:
         """Begin the ordered shutdown (from the event loop's thread)."""
         log.info("stop requested", reason=reason)
@@ -382,7 +375,8 @@ class Server:
             self._grpc.stop(grace if faulted else grace + STOP_SLACK_SECONDS)
         )
         ending = loop.call_at(deadline, self._end_calls)
-        cancelling = None if faulted else asyncio.create_task(self._cancel_rest(deadline))
+        rest = self._admitting.in_flight.cancel_rest(self._grpc, deadline + ABANDON_SECONDS)
+        cancelling = asyncio.create_task(rest)
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
@@ -412,8 +406,7 @@ class Server:
         # successor cannot start before it does), nor a drained one from stopping.
         await within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
         ending.cancel()
-        if cancelling is not None:
-            cancelling.cancel()
+        cancelling.cancel()
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await within(self.servicer.wait_detached(), detach_within, "client detach")
@@ -448,8 +441,6 @@ STOP_SLACK_SECONDS = 5.0
 ABANDON_SECONDS = 0.5
 """How long a stop that drops the device's work gives the detaches (they wait for it), and
 how long past the grace gRPC lets the calls it does not admit run."""
-ANSWER_SECONDS = 2.0
-"""How long the calls a stop ended may take to be answered before gRPC cancels them."""
 _SHUTTING_DOWN = ShuttingDown(
     "the daemon is shutting down and its grace ran out before this call finished; "
     "retry against its successor"

@@ -8,6 +8,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from accy import errors
+from accy._failures import CANCELLED_THERE, translate
 
 
 def _status(code: int, *details: object) -> status_pb2.Status:
@@ -147,10 +148,13 @@ class _Ended(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return False
 
 
+def _translated(details: str, here: bool) -> errors.AccyError:
+    return translate(_Ended(details, here), target="unix:/x.sock", secure=False, has_token=False)
+
+
 def test_a_call_the_daemons_side_cancelled_is_unavailable_not_cancelled() -> None:
     """A call gRPC cancelled as the daemon stopped read as if the user had cancelled it."""
-    there = errors.from_rpc_error(_Ended("CANCELLED", here=False))
+    there = _translated("CANCELLED", here=False)
     assert isinstance(there, errors.Unavailable) and not isinstance(there, errors.Cancelled)
-    assert there.reason == errors.CANCELLED_THERE and "retry" in there.message
-    here = errors.from_rpc_error(_Ended("Locally cancelled by application!", here=True))
-    assert isinstance(here, errors.Cancelled)
+    assert there.reason == CANCELLED_THERE and "retry" in there.message
+    assert isinstance(_translated("Locally cancelled by application!", here=True), errors.Cancelled)

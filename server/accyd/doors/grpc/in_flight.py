@@ -22,7 +22,10 @@ from accyd.doors.grpc.status import to_status
 from accyd.errors import AccyError
 from accyd.tokens import Principal
 
-__all__ = ["Admitted", "InFlight"]
+__all__ = ["ANSWER_SECONDS", "Admitted", "InFlight"]
+
+ANSWER_SECONDS = 2.0
+"""How long the calls a stop ended may take to be answered before gRPC cancels the rest."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -113,6 +116,14 @@ class InFlight:
         except TimeoutError:
             return False
         return True
+
+    async def cancel_rest(self, server: grpc.aio.Server, at: float) -> None:
+        """At loop time ``at``, once the calls ended by then are answered (or
+        ``ANSWER_SECONDS`` more passed), have gRPC cancel the calls it still runs: those
+        nobody admitted (health, reflection)."""
+        await asyncio.sleep(at - asyncio.get_running_loop().time())
+        await self.wait_none(ANSWER_SECONDS)
+        await server.stop(None)
 
     async def ended(self, context: Context, task: asyncio.Task[Any]) -> None:
         """Abort a call this ended with its error; re-raise any other cancellation."""
