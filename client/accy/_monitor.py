@@ -27,7 +27,8 @@ _T = TypeVar("_T")
 
 
 class Monitor:
-    """Unattached calls to one daemon: ``status()`` and ``pipelines()``.
+    """Unattached calls to one daemon: ``status()``, ``pipelines()`` and, for an ``admin``
+    token, ``reload_catalog()``.
 
     Takes the target, credentials and ``timeout`` of ``Client``; errors are the same
     typed ``AccyError`` a client's calls raise.
@@ -76,6 +77,17 @@ class Monitor:
         """Every pipeline in the daemon's catalog."""
         response = self._call(self._stub.ListPipelines, pb.ListPipelinesRequest())
         return [PipelineInfo.from_proto(p) for p in response.pipelines]
+
+    def reload_catalog(self) -> dict[str, Any]:
+        """Have the daemon read its catalog folders again (an ``admin`` token): the pipelines
+        added, replaced and removed, as ``target vN``, and the catalog's generation."""
+        reply = self._call(self._stub.ReloadCatalog, pb.ReloadCatalogRequest())
+        return {
+            "added": list(reply.added),
+            "replaced": list(reply.replaced),
+            "removed": list(reply.removed),
+            "generation": reply.generation,
+        }
 
     def close(self) -> None:
         self._channel.close()

@@ -83,6 +83,7 @@ class Stub:
         self.Attach = us("Attach", pb.AttachRequest, pb.AttachEvent)
         self.Ping = uu("Ping", pb.PingRequest, pb.PingResponse)
         self.ListPipelines = uu("ListPipelines", pb.ListPipelinesRequest, pb.ListPipelinesResponse)
+        self.ReloadCatalog = uu("ReloadCatalog", pb.ReloadCatalogRequest, pb.ReloadCatalogResponse)
         self.LoadPipeline = uu("LoadPipeline", pb.LoadPipelineRequest, pb.LoadPipelineResponse)
         self.AllocateIntermediates = uu(
             "AllocateIntermediates",

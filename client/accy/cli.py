@@ -126,6 +126,17 @@ def _status(monitor: Monitor, args: argparse.Namespace) -> int:
     return 0 if status.serving else EXIT_CHECK_FAILED
 
 
+def _reload(monitor: Monitor, args: argparse.Namespace) -> int:
+    change = monitor.reload_catalog()
+    if args.json:
+        print(json.dumps(change, indent=2))
+        return 0
+    print(f"catalog generation {change['generation']}")
+    for what in ("added", "replaced", "removed"):
+        print(f"{what}: {', '.join(change[what]) or '-'}")
+    return 0
+
+
 def _value_text(name: str, value: Any) -> str:
     """One status value for people: sizes also in binary units, unset as ``-``."""
     if value is None:
@@ -245,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = commands.add_parser(
+        "reload-catalog",
+        help="have the daemon read its catalog folders again (admin token)",
+        description="The daemon reads its --catalog folders again and serves them once "
+        "every kernel is made; a broken manifest or kernel changes nothing. Sessions keep "
+        "the pipeline they loaded until released.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = commands.add_parser(
         "run", help="run a pipeline on random inputs and time it", epilog=_EPILOG
     )
     p.add_argument("pipeline", help="pipeline target, e.g. accy.kernel.device_scan")
@@ -279,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 _MONITORING: dict[str, Callable[[Monitor, argparse.Namespace], int]] = {
     "pipelines": _pipelines,
     "status": _status,
+    "reload-catalog": _reload,
 }
 """Commands that only ask (a ``status`` token may run them): they do not attach."""
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {

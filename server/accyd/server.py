@@ -16,6 +16,7 @@ configured; metrics are served on a port of their own when asked for.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from accyd.backends.base import Backend
 from accyd.backends.queues import MAX_CONNECTIONS_ENV
 from accyd.backends.worker.front.pool import DevicePool
 from accyd.catalog import load_catalog
+from accyd.core.catalogs import check_kernels
 from accyd.core.daemon import CatalogView, Daemon
 from accyd.core.limits import daemon_limits, raise_descriptor_limit
 from accyd.devices import open_backends, replace_device
@@ -98,6 +100,7 @@ class Server:
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
         self._stop_requested: asyncio.Event | None = None
+        self._reloads: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._stopped = False
         self._calls_ended: int | None = None  # by the stop itself, once it ended them
@@ -116,7 +119,10 @@ class Server:
             backends, self._pool = open_backends(
                 config, lambda device, fault: self.daemon.device_lost(device, fault)
             )
-        catalog = self._catalog or load_catalog(config.catalog_dirs, builtin=config.builtin_catalog)
+        source = functools.partial(
+            load_catalog, config.catalog_dirs, builtin=config.builtin_catalog
+        )
+        catalog = self._catalog or source()
         kinds = {backend.kind.value for backend in backends.values()}
         kinds_served = set(kinds)
         self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
@@ -139,7 +145,12 @@ class Server:
             on_fault=on_fault,
             on_quota_refused=metrics.quota_refused,
             isolated=isolated,
+            catalog_source=None if self._catalog else source,
         )
+        # Every kernel made for the devices before the first client: a broken one stops the
+        # start naming its file and line, and the compile cache is warm for the first loads.
+        made = await asyncio.to_thread(check_kernels, backends.values(), catalog.registry)
+        log.info("catalog kernels made", kernels=made, pipelines=len(catalog.pipelines))
         self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
         if tokens is not None:  # SM partitions and stream priorities, made once here
             await asyncio.to_thread(self.daemon.split_sms, tokens.partitions, tokens.placements)
@@ -303,6 +314,29 @@ class Server:
         self.exit_code = EXIT_DEVICE_FAULT
         asyncio.get_running_loop().create_task(self.health.set_serving(False))
         self.request_stop("device fault")
+
+    def reload(self) -> None:
+        """SIGHUP: the tokens file now, the catalog on a thread (each one that does not load
+        changes nothing)."""
+        self.reload_tokens()
+        task = asyncio.get_running_loop().create_task(self.reload_catalog())
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def reload_catalog(self) -> None:
+        """Read the catalog folders again and serve them once every kernel is made; a broken
+        manifest or kernel is logged and the old catalog stays."""
+        try:
+            change = await asyncio.to_thread(self.daemon.reload_catalog)
+        except AccyError as error:
+            log.error("catalog not reloaded; the old catalog stays", error=error.message)
+            return
+        log.info(
+            "catalog reloaded",
+            added=list(change.added),
+            replaced=list(change.replaced),
+            removed=list(change.removed),
+        )
 
     def reload_tokens(self) -> None:
         """Read the tokens file again (SIGHUP; one that does not load changes nothing): the

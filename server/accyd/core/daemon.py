@@ -27,6 +27,7 @@ from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, EngineCounts, Ledger
 from accyd.core.arguments import Tensor
 from accyd.core.buffers import Transfer
+from accyd.core.catalogs import CatalogChange, Catalogs
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceState
 from accyd.core.executor import allocate_intermediates, intermediate_byte_sizes
@@ -85,9 +86,11 @@ class Daemon:
         on_fault: Callable[[DeviceFault], None] | None = None,
         on_quota_refused: Callable[[str, str], None] | None = None,
         isolated: bool = False,
+        catalog_source: Callable[[], CatalogView] | None = None,
     ) -> None:
         """``isolated``: each backend runs in a process of its own, so a fault on one device
-        is that device's alone (``on_fault`` then replaces it: ``replace_device``)."""
+        is that device's alone (``on_fault`` then replaces it: ``replace_device``).
+        ``catalog_source`` reads the catalog again, for ``reload_catalog``."""
         if not backends:
             raise ValueError("the daemon needs at least one device")
         lock = threading.RLock()
@@ -105,7 +108,7 @@ class Daemon:
         self._launching = Launching(self._t)
         self._replacing = Replacing(self._t)
         self._extensions: list[Extension] = []
-        self.catalog = catalog
+        self._catalogs = Catalogs(catalog, lock, catalog_source)
         self.instance_id = new_id(INSTANCE, 9)
         self.started_at = time.monotonic()
         # The operations that are the parts' own, as they are.
@@ -223,6 +226,25 @@ class Daemon:
         self._t.ledger.refund(client, usage)
 
     # Catalog ----------------------------------------------------------------
+
+    @property
+    def catalog(self) -> CatalogView:
+        """The catalog new loads see (sessions keep the pipeline they were loaded with)."""
+        return self._catalogs.current
+
+    @property
+    def catalog_generation(self) -> int:
+        """How many times the catalog was replaced (a door's kept lookups go when it moves)."""
+        return self._catalogs.generation
+
+    def replace_catalog(self, catalog: CatalogView) -> CatalogChange:
+        """*Blocking*: serve ``catalog`` once its kernels are made on every device's backend
+        (``CatalogError`` naming the first that is not; the old catalog stays)."""
+        return self._catalogs.replace(catalog, self._t.backends.values())
+
+    def reload_catalog(self) -> CatalogChange:
+        """*Blocking*: ``replace_catalog`` with the catalog read again from its folders."""
+        return self._catalogs.reload(self._t.backends.values())
 
     def pipelines(self) -> tuple[Pipeline, ...]:
         return self.catalog.pipelines

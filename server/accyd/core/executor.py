@@ -41,6 +41,7 @@ __all__ = [
     "PipelineLaunch",
     "PoolEntry",
     "allocate_intermediates",
+    "artifact_request",
     "check_intermediates",
     "check_pool",
     "intermediate_byte_sizes",
@@ -169,7 +170,7 @@ class LaunchPlan:
 _GROUP = {BufferRole.OPERAND: 0, BufferRole.RESULT: 1, BufferRole.INTERMEDIATE: 2}
 
 
-def _artifact_request(entry: KernelEntry, diagnostic_id: str | None = None) -> ArtifactRequest:
+def artifact_request(entry: KernelEntry, diagnostic_id: str | None = None) -> ArtifactRequest:
     return ArtifactRequest(
         kernel_name=entry.entry_name,
         format=entry.format,
@@ -208,7 +209,7 @@ def load_pipeline_artifacts(
     made: list[PoolEntry] = []
     try:
         for entry in entries:
-            artifact = backend.create_artifact(_artifact_request(entry))
+            artifact = backend.create_artifact(artifact_request(entry))
             try:
                 loaded = backend.load_artifact(artifact)
             except BaseException:
@@ -433,7 +434,7 @@ def _launch_stage(
         launch(pool_entry.artifact, pool_entry.loaded)
         return
 
-    artifact = backend.create_artifact(_artifact_request(plan.entry, request.diagnostic_id))
+    artifact = backend.create_artifact(artifact_request(plan.entry, request.diagnostic_id))
     try:
         kernel = backend.load_artifact(artifact)
         try:

@@ -1,7 +1,7 @@
 """The ``accyd serve`` process: one ``Server`` run under its signals until it stops.
 
 The first SIGTERM or SIGINT drains, a second forces the exit (under a supervisor the
-supervisor forces), SIGHUP reloads the tokens file. A failure before the server is
+supervisor forces), SIGHUP reloads the tokens file and the catalog. A failure before the server is
 ready is ``NeverReady``, whose message says what to fix, without a traceback.
 """
 
@@ -27,7 +27,8 @@ class NeverReady(Exception):
 async def serve(config: Config) -> int:
     """Run a server until SIGTERM or SIGINT (a second one forces exit); returns the exit status.
 
-    SIGHUP reloads the tokens file. A failure before the server is ready is ``NeverReady``.
+    SIGHUP reloads the tokens file and the catalog. A failure before the server is ready
+    is ``NeverReady``.
     """
     server = Server(config)
     loop = asyncio.get_running_loop()
@@ -40,7 +41,7 @@ async def serve(config: Config) -> int:
     with capture_signals(
         drain=lambda signum: server.request_stop(signum.name),
         force=None if server.supervised else force,
-        reload=lambda signum: server.reload_tokens(),
+        reload=lambda signum: server.reload(),
         loop=loop,
     ):
         try:

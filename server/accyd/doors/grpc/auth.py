@@ -74,6 +74,7 @@ ADMIN_SCOPE = "admin"
 _METHOD_SCOPES: dict[str, tuple[str, ...]] = {
     "GetStatus": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
     "ListPipelines": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
+    "ReloadCatalog": (ADMIN_SCOPE,),
 }
 """The scopes that admit a call of each method (any one of them); others need ``launch``."""
 

@@ -403,6 +403,18 @@ class LaunchServicer(SegmentHandlers):
         await self._serving.shielded(serve(), "ring stream")
 
     @unary
+    async def ReloadCatalog(
+        self, request: pb.ReloadCatalogRequest, call: Call
+    ) -> pb.ReloadCatalogResponse:
+        change = await asyncio.to_thread(self.daemon.reload_catalog)  # one at a time, inside
+        return pb.ReloadCatalogResponse(
+            added=change.added,
+            replaced=change.replaced,
+            removed=change.removed,
+            generation=change.generation,
+        )
+
+    @unary
     async def GetStatus(self, request: pb.GetStatusRequest, call: Call) -> pb.GetStatusResponse:
         principal = self._principal()
         admin = ADMIN_SCOPE in principal.scopes

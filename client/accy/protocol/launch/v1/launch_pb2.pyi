@@ -134,6 +134,22 @@ class ListPipelinesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReloadCatalogRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadCatalogResponse(_message.Message):
+    __slots__ = ("added", "replaced", "removed", "generation")
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    added: _containers.RepeatedScalarFieldContainer[str]
+    replaced: _containers.RepeatedScalarFieldContainer[str]
+    removed: _containers.RepeatedScalarFieldContainer[str]
+    generation: int
+    def __init__(self, added: _Optional[_Iterable[str]] = ..., replaced: _Optional[_Iterable[str]] = ..., removed: _Optional[_Iterable[str]] = ..., generation: _Optional[int] = ...) -> None: ...
+
 class BufferInfo(_message.Message):
     __slots__ = ("name", "dtype", "extent", "shape")
     NAME_FIELD_NUMBER: _ClassVar[int]

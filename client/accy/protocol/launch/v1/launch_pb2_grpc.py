@@ -104,6 +104,11 @@ class LaunchServiceStub:
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ReloadCatalog = channel.unary_unary(
+                '/accy.launch.v1.LaunchService/ReloadCatalog',
+                request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogRequest.SerializeToString,
+                response_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogResponse.FromString,
+                _registered_method=True)
         self.OpenRing = channel.unary_unary(
                 '/accy.launch.v1.LaunchService/OpenRing',
                 request_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.OpenRingRequest.SerializeToString,
@@ -239,6 +244,16 @@ class LaunchServiceServicer:
 
     def GetStatus(self, request, context):
         """The daemon's state as this client may see it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReloadCatalog(self, request, context):
+        """Read the daemon's catalog folders again and serve them once every kernel is
+        made for its devices (admin scope). A broken manifest or kernel refuses the
+        whole catalog (FAILED_PRECONDITION naming the file) and the old one stays.
+        Sessions keep the pipeline they were loaded with until released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -380,6 +395,11 @@ def add_LaunchServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.FromString,
                     response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ReloadCatalog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReloadCatalog,
+                    request_deserializer=accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogRequest.FromString,
+                    response_serializer=accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogResponse.SerializeToString,
             ),
             'OpenRing': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenRing,
@@ -790,6 +810,33 @@ class LaunchService:
             '/accy.launch.v1.LaunchService/GetStatus',
             accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusRequest.SerializeToString,
             accy_dot_launch_dot_v1_dot_launch__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReloadCatalog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accy.launch.v1.LaunchService/ReloadCatalog',
+            accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogRequest.SerializeToString,
+            accy_dot_launch_dot_v1_dot_launch__pb2.ReloadCatalogResponse.FromString,
             options,
             channel_credentials,
             insecure,
