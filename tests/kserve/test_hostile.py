@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import threading
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from accyd.catalog import Catalog
+from accyd.catalog.model import Pipeline
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, STREAM_UNSENT_BYTES
@@ -181,3 +183,32 @@ def test_a_large_catalog_is_listed_and_searched_in_linear_time(tmp_path: Path) -
     finally:
         door.close()
         running.stop()
+
+
+def test_the_door_lists_and_finds_the_catalog_served_now(tmp_path: Path) -> None:
+    """The door keeps what it found in a catalog (models by name, RepositoryIndex's answer):
+    a catalog replaced (a reload) must not leave it answering from the old one."""
+    simple = next(p for p in CATALOG.pipelines if p.target == "simple")
+    catalog = Catalog(CATALOG.registry, [*CATALOG.pipelines, simple_as("m.gone", simple)])
+    running = ServerThread(make_config(tmp_path, "tcp"), catalog=catalog)
+    door = Door(running.address)
+    try:
+        gone = simple_request(INTS, INTS)
+        gone.model_name = "m.gone"
+        door("ModelInfer", gone)  # found, and kept
+        listed = {m.name for m in door("RepositoryIndex", pb.RepositoryIndexRequest()).models}
+        assert "m.gone" in listed and "m.new" not in listed
+        replaced = Catalog(CATALOG.registry, [*CATALOG.pipelines, simple_as("m.new", simple)])
+        running.call(asyncio.to_thread(running.server.daemon.replace_catalog, replaced))
+        listed = {m.name for m in door("RepositoryIndex", pb.RepositoryIndexRequest()).models}
+        assert "m.new" in listed and "m.gone" not in listed
+        assert door.refusal("ModelInfer", gone).code() == grpc.StatusCode.NOT_FOUND
+        gone.model_name = "m.new"
+        door("ModelInfer", gone)
+    finally:
+        door.close()
+        running.stop()
+
+
+def simple_as(name: str, simple: Pipeline) -> Pipeline:
+    return dataclasses.replace(simple, target=name)

@@ -103,8 +103,8 @@ class KServeServicer:
         self.stats = Statistics(None if metrics is None else metrics.triton)
         self.streams = Streams(calls)
         self._models: dict[tuple[str, str], Model] = {}
-        self._indexed: object = None
-        """The catalog ``_index`` and what is kept below were made from."""
+        self._indexed = -1
+        """The catalog generation ``_index`` and what is kept below were made from."""
         self._index_of = Models(())
         self._listings: dict[bool, pb.RepositoryIndexResponse] = {}
         """RepositoryIndex's answer, by its ``ready`` flag."""
@@ -160,12 +160,12 @@ class KServeServicer:
         return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
 
     def _index(self) -> Models:
-        """The catalog's models, indexed once (the catalog is the daemon's for life; what is
-        kept of one is dropped with it)."""
-        catalog = self.daemon.catalog
-        if self._indexed is not catalog:
+        """The catalog's models, indexed once per catalog (a reload replaces it: what was
+        kept of the old one goes)."""
+        generation = self.daemon.catalog_generation
+        if self._indexed != generation:
             self._index_of = Models(self.daemon.pipelines())
-            self._indexed = catalog
+            self._indexed = generation
             self._models.clear()
             self._listings.clear()
         return self._index_of
