@@ -150,7 +150,6 @@ class Server:
         # Every kernel made for the devices before the first client: a broken one stops the
         # start naming its file and line, and the compile cache is warm for the first loads.
         made = await asyncio.to_thread(check_kernels, backends.values(), catalog.registry)
-        log.info("catalog kernels made", kernels=made, pipelines=len(catalog.pipelines))
         self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
         if tokens is not None:  # SM partitions and stream priorities, made once here
             await asyncio.to_thread(self.daemon.split_sms, tokens.partitions, tokens.placements)
@@ -241,7 +240,9 @@ class Server:
             self._watching = loop.create_task(self._watch_supervisor())
         backend = self.daemon.backend
         log.info(
-            "accyd serving",
+            "accyd serving",  # the first line: what serves, and the kernels made for it
+            kernels=made,
+            pipelines=len(catalog.pipelines),
             backend=backend.kind.value,
             requested_backend=config.backend,
             device=backend.device_name,
