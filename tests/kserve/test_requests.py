@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,6 +155,40 @@ def test_typed_contents_are_taken_and_checked() -> None:
     wrong = r"go in contents\.int_contents; they came in contents\.fp32"
     with pytest.raises(InvalidRequest, match=wrong):
         check_request(simple, made, LIMIT)
+
+
+DTYPES = load_catalog([Path(__file__).parents[1] / "catalogs" / "host_dtypes"]).pipelines
+
+
+@pytest.mark.parametrize(
+    ("target", "datatype", "contents", "values", "expected"),
+    [
+        ("dt.copy_i8", "INT8", "int_contents", [1, -2, 3, -128], np.int8),
+        ("dt.copy_i16", "INT16", "int_contents", [1, -2, 3, 300], np.int16),
+        ("dt.copy_u16", "UINT16", "uint_contents", [1, 2, 3, 65535], np.uint16),
+        ("dt.copy_bool", "BOOL", "bool_contents", [True, False, True, True], np.bool_),
+    ],
+)
+def test_typed_contents_of_every_type_a_list_carries(
+    target: str, datatype: str, contents: str, values: list[object], expected: type
+) -> None:
+    """They failed INTERNAL (a KeyError: the table named the first seven types alone)."""
+    made = pb.ModelInferRequest(model_name=target)
+    getattr(made.inputs.add(name="x", datatype=datatype, shape=[4]).contents, contents).extend(
+        values
+    )
+    checked = check_request(find_model(DTYPES, target, 0), made, LIMIT)
+    assert checked.inputs[0].data == np.array(values, dtype=expected).tobytes()
+
+
+def test_typed_contents_of_fp16_say_to_send_raw_bytes() -> None:
+    made = pb.ModelInferRequest(model_name="dt.axpy_f16")
+    for name in ("x", "y"):
+        made.inputs.add(name=name, datatype="FP16", shape=[4]).contents.fp32_contents.extend(
+            [1.0] * 4
+        )
+    with pytest.raises(InvalidRequest, match="raw_input_contents"):
+        check_request(find_model(DTYPES, "dt.axpy_f16", 0), made, LIMIT)
 
 
 def test_outputs_past_the_largest_message_are_refused() -> None:

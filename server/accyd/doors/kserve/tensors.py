@@ -60,8 +60,13 @@ _CONTENTS = {
     DType.I64: "int64_contents",
     DType.U64: "uint64_contents",
     DType.U8: "uint_contents",
+    DType.I8: "int_contents",
+    DType.I16: "int_contents",
+    DType.U16: "uint_contents",
+    DType.BOOL: "bool_contents",
 }
-"""The typed-contents list that carries each element type."""
+"""The typed-contents list that carries each element type (none carries FP16, BF16 or fp8:
+their values come as raw bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,19 +249,25 @@ def _byte_size(spec: BufferSpec, dims: Sequence[int], field: str) -> tuple[tuple
 
 
 def _typed(spec: BufferSpec, contents: pb.InferTensorContents, size: int, field: str) -> bytes:
-    values = getattr(contents, _CONTENTS[spec.dtype])
+    wanted = _CONTENTS.get(spec.dtype)
+    if wanted is None:
+        raise InvalidRequest(
+            f"input {spec.name!r} is {datatype_of(spec.dtype)}, which no typed contents list "
+            f"carries: send its bytes in raw_input_contents (or a {REGION})",
+            field=f"{field}.contents",
+        )
+    values = getattr(contents, wanted)
     count = size // spec.dtype.itemsize
-    elsewhere = [f.name for f, _ in contents.ListFields() if f.name != _CONTENTS[spec.dtype]]
+    elsewhere = [f.name for f, _ in contents.ListFields() if f.name != wanted]
     if elsewhere and not values:
         raise InvalidRequest(
             f"input {spec.name!r} is {datatype_of(spec.dtype)}: its {count} values go in "
-            f"contents.{_CONTENTS[spec.dtype]}; they came in contents.{elsewhere[0]}",
+            f"contents.{wanted}; they came in contents.{elsewhere[0]}",
             field=f"{field}.contents.{elsewhere[0]}",
         )
     if len(values) != count:
         raise InvalidRequest(
-            f"input {spec.name!r} needs {count} values in contents.{_CONTENTS[spec.dtype]}; "
-            f"it has {len(values)}",
+            f"input {spec.name!r} needs {count} values in contents.{wanted}; it has {len(values)}",
             field=f"{field}.contents",
         )
     array = np.asarray(values)
