@@ -149,7 +149,6 @@ class Server:
         # Every kernel made for the devices before the first client: a broken one stops the
         # start naming its file and line, and the compile cache is warm for the first loads.
         made = await asyncio.to_thread(check_kernels, backends.values(), catalog.registry)
-        log.info("catalog kernels made", kernels=made, pipelines=len(catalog.pipelines))
         self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
         if tokens is not None:  # SM partitions and stream priorities, made once here
             await asyncio.to_thread(self.daemon.split_sms, tokens.partitions, tokens.placements)
@@ -247,6 +246,8 @@ class Server:
             engine=None if self.ring_doors is None else self.ring_doors.engine.kind,
             engine_threads=None if self.ring_doors is None else self.ring_doors.engine.threads,
             instance_id=self.daemon.instance_id,
+            pipelines=len(catalog.pipelines),
+            kernels_made=made,
             pid=os.getpid(),
             tls=credentials is not None,
             mutual_tls=config.tls_client_ca is not None,

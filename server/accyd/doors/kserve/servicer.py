@@ -103,6 +103,7 @@ class KServeServicer:
         self.memory = SharedMemory(self.owners, calls, cuda)
         self.stats = Statistics(None if metrics is None else metrics.triton)
         self._models: dict[tuple[str, str], Model] = {}
+        self._generation = daemon.catalog_generation
         self._inference = Inference(
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
         )
@@ -143,7 +144,11 @@ class KServeServicer:
         return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
 
     def _model(self, name: str, version: str) -> Model:
-        """The model asked for; found models are kept (the catalog is the daemon's for life)."""
+        """The model asked for; found models are kept for one catalog generation (a
+        reloaded catalog drops them: docs/architecture.md, the catalog's one rule)."""
+        if self._generation != self.daemon.catalog_generation:
+            self._models.clear()
+            self._generation = self.daemon.catalog_generation
         key = (name, version)
         found = self._models.get(key)
         if found is None:
