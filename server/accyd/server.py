@@ -240,9 +240,7 @@ class Server:
             self._watching = loop.create_task(self._watch_supervisor())
         backend = self.daemon.backend
         log.info(
-            "accyd serving",  # the first line: what serves, and the kernels made for it
-            kernels=made,
-            pipelines=len(catalog.pipelines),
+            "accyd serving",
             backend=backend.kind.value,
             requested_backend=config.backend,
             device=backend.device_name,
@@ -251,6 +249,8 @@ class Server:
             engine=None if self.ring_doors is None else self.ring_doors.engine.kind,
             engine_threads=None if self.ring_doors is None else self.ring_doors.engine.threads,
             instance_id=self.daemon.instance_id,
+            pipelines=len(catalog.pipelines),
+            kernels_made=made,
             pid=os.getpid(),
             tls=credentials is not None,
             mutual_tls=config.tls_client_ca is not None,

@@ -1,5 +1,6 @@
 """SM partitions on a GPU: green contexts made once, the primary context's kernels, graphs,
-buffers and events working on their streams, and a tenant's ring launches confined there."""
+buffers and events working on their streams, their blocks on the partition's SMs only
+(launched and replayed as a graph), and a tenant's ring launches confined there."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from accyd.backends.base import ArtifactRequest, LaunchRequest, Stream
 from accyd.backends.cuda import cuda_available
 from accyd.backends.partitions import PartitionSpec
-from accyd.catalog import load_catalog
+from accyd.catalog import ArtifactFormat, load_catalog
 from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.entries import FixedGeometry
 from accyd.core.daemon import Daemon
 from accyd.core.tenants import Placement
 from accyd.errors import FailedPrecondition, UnsupportedOperation
@@ -25,6 +28,16 @@ pytestmark = [
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 16
+BLOCKS = 1024
+SMID = r"""
+extern "C" __global__ void accy_test_smid(unsigned int* out, unsigned int spin) {
+    unsigned int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    const long long start = clock64();
+    while (clock64() - start < (long long)spin) {}
+    if (threadIdx.x == 0) out[blockIdx.x] = id;
+}
+"""
 
 
 @pytest.fixture
@@ -64,6 +77,51 @@ def test_more_sms_than_the_device_has_leave_it_unconfined(backend: object) -> No
     assert split.partitions == () and "more than the device's" in split.unconfined
     with pytest.raises(UnsupportedOperation):
         backend.create_stream("huge")
+
+
+def test_blocks_run_on_the_partitions_sms_launched_and_replayed(backend: object) -> None:
+    """Each block writes the SM it ran on: launched on a partition's stream, and replayed as
+    a prepared graph there, a grid of 1024 blocks uses at most the partition's 16 SMs (a
+    graph captured on a primary-context stream used every SM of the GPU); on the whole
+    device, more."""
+    from accyd.backends.cuda.backend import CudaBackend
+
+    assert isinstance(backend, CudaBackend)
+    split = backend.split_sms([PartitionSpec("small", sms=16)])
+    assert split.unconfined == "", split.unconfined
+    artifact = backend.create_artifact(
+        ArtifactRequest("accy_test_smid", ArtifactFormat.CUDA_CPP, 2, 1, SMID, origin="smid.cu")
+    )
+    kernel = backend.load_artifact(artifact)
+    artifact.close()
+    out = backend.allocate_buffer(4 * BLOCKS)
+    confined, whole = backend.create_stream("small"), backend.create_stream()
+
+    geometry = FixedGeometry((BLOCKS, 1, 1), (64, 1, 1))
+
+    def sms_used(stream: Stream, prepared: bool) -> int:
+        request = LaunchRequest(None, kernel, [out], [Scalar.u32(20_000)], geometry, stream)
+        if prepared:
+            graph = backend.prepare([request])
+            graph.launch(stream)
+            backend.synchronize(stream)
+            graph.close()
+        else:
+            backend.launch(request)
+            backend.synchronize(stream)
+        ids = np.empty(BLOCKS, np.uint32)
+        backend.read_into(out, 0, ids, None)
+        return len(set(ids.tolist()))
+
+    try:
+        assert sms_used(confined, prepared=False) <= 16
+        assert sms_used(confined, prepared=True) <= 16
+        assert sms_used(whole, prepared=True) > 16
+    finally:
+        backend.destroy_stream(confined)
+        backend.destroy_stream(whole)
+        backend.destroy(out)
+        backend.destroy(kernel)
 
 
 def test_a_confined_tenants_launches_compute_on_its_partition(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from accyd.backends.cuda.compile_cache import CompileCache, KernelCompileError
+from accyd.backends.cuda.compile_cache import CompileCache, KernelCompileError, KernelImage
 from accyd.errors import FailedPrecondition
 
 USER = Path(__file__).parents[1] / "catalogs" / "user_kernels"
@@ -40,26 +40,23 @@ extern "C" __global__ void h(__half* x, __nv_bfloat16* y) { x[0] = __hadd(x[0], 
 """
 
 
+def _half(cache: CompileCache) -> KernelImage:
+    return cache.compile(
+        HALF,
+        arch=(9, 0),
+        name="half.cu",
+        headers=[("mine.cuh", "#define TWO 2.0f\n")],
+        name_expressions=["twice<float>"],
+        options=["--use_fast_math"],
+    )
+
+
 def test_cuda_headers_local_headers_and_name_expressions(tmp_path: Path) -> None:
     cache = CompileCache(tmp_path / "cache")
-    image = cache.compile(
-        HALF,
-        arch=(9, 0),
-        name="half.cu",
-        headers=[("mine.cuh", "#define TWO 2.0f\n")],
-        name_expressions=["twice<float>"],
-        options=["--use_fast_math"],
-    )
+    image = _half(cache)
     assert image.kind in ("cubin", "ptx") and image.data
     assert image.symbol("twice<float>") == "_Z5twiceIfEvPT_"
-    again = cache.compile(
-        HALF,
-        arch=(9, 0),
-        name="half.cu",
-        headers=[("mine.cuh", "#define TWO 2.0f\n")],
-        name_expressions=["twice<float>"],
-        options=["--use_fast_math"],
-    )
+    again = _half(cache)
     assert again.from_cache and again.lowered == image.lowered  # the lowered name is kept
     other = cache.key(HALF, (9, 0), ["--use_fast_math"], [("mine.cuh", "#define TWO 3.0f\n")])
     assert other != image.key  # a header's text is part of the key

@@ -291,3 +291,42 @@ def test_a_wrong_manifest_is_refused_at_load(
         client.load(f"wrong.{name}")
     assert says in str(caught.value)
     assert "kernel" in str(caught.value)
+
+
+def _kserve(daemon: RunningDaemon, model: str, inputs: list[tuple[str, str, np.ndarray]],
+            **parameters: float) -> Any:  # fmt: skip
+    """One ModelInfer through the KServe door, raw tensors, as tritonclient sends them."""
+    from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+    from tests.kserve.harness import Door
+
+    request = pb.ModelInferRequest(model_name=model)
+    for name, datatype, array in inputs:
+        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    for name, value in parameters.items():
+        request.parameters[name].double_param = value
+    door = Door(daemon.unix_target)
+    try:
+        return door("ModelInfer", request)
+    finally:
+        door.close()
+
+
+def test_through_the_kserve_door(daemon: RunningDaemon, catalog: dict[str, Any]) -> None:
+    x, y = (RNG.standard_normal(4096).astype(np.float16) for _ in range(2))
+    reply = _kserve(daemon, "user.axpy_f16", [("x", "FP16", x), ("y", "FP16", y)], a=2.0)
+    assert reply.outputs[0].datatype == "FP16" and list(reply.outputs[0].shape) == [4096]
+    out = np.frombuffer(reply.raw_output_contents[0], dtype=np.float16)
+    _close(out, (2.0 * x.astype(np.float32) + y).astype(np.float16), 2e-3)
+    a = RNG.standard_normal((32, 48)).astype(np.float16)
+    b = RNG.standard_normal((48, 64)).astype(np.float16)
+    reply = _kserve(daemon, "user.wmma_gemm", [("a", "FP16", a), ("b", "FP16", b)])
+    assert list(reply.outputs[0].shape) == [32, 64]  # the pipeline's own dims
+    c = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(32, 64)
+    _close(c, a.astype(np.float32) @ b.astype(np.float32), 1e-3)
+    if catalog["triton"]:
+        m = RNG.standard_normal((10, 300)).astype(np.float32)
+        reply = _kserve(daemon, "triton.softmax", [("x", "FP32", m)])
+        soft = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32).reshape(10, 300)
+        e = np.exp(m - m.max(axis=1, keepdims=True))
+        _close(soft, e / e.sum(axis=1, keepdims=True), 1e-5)

@@ -31,3 +31,32 @@ def test_every_series_runs_on_the_host_backend(tmp_path: Path) -> None:
     assert "SM partitions not made on device 0: the host backend" in line
     table = done.stdout[done.stdout.rindex("| series |") :]
     assert "victim, aggressor confined" in table and "goal <= 1.2" in table
+
+
+def test_the_aggressors_rates_compare_work_not_kernels() -> None:
+    """Each variant calibrates the aggressor's kernel to the same length: confined to fewer
+    SMs, a kernel does less, so equal kernels/s is less work (on the H200, 523 confined and
+    513 unconfined kernels/s read as 1.02x whether or not the partition held)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from contention import table
+    finally:
+        sys.path.remove(str(BENCH))
+    victim = {"p50_us": 30.0, "p99_us": 40.0}
+    report = {
+        "noisy": {
+            "unconfined": {
+                "alone": victim,
+                "victim": victim,
+                "aggressor": {"per_second": 500.0, "iters": 50_000},
+            },
+            "confined": {
+                "victim": victim,
+                "aggressor": {"per_second": 500.0, "iters": 42_500},
+                "partition_log": [],
+            },
+        }
+    }
+    shown = table(report)
+    assert "aggressor 500 x 42,500 iters" in shown
+    assert "(kernels/s x iters) / unconfined: 0.85 (goal >= 0.8)" in shown, shown

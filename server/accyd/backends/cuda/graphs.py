@@ -2,7 +2,10 @@
 
 One ``cuGraphLaunch`` replaces a launch per stage. The graph bakes in the
 buffers' device addresses and the scalars, so its owner (the core's prepared
-launch cache) must drop it before any of those buffers is freed.
+launch cache) must drop it before any of those buffers is freed. Its kernel nodes
+also keep the context of the stream they were captured on: a graph captured on a
+primary-context stream runs on every SM even when launched on a green context's
+stream, so the capture stream is made in the requests' SM partition.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ class _Capturing(Protocol):
     _check: ErrorCheck
     _closed: bool
 
-    def create_stream(self) -> Stream: ...
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream: ...
 
     def destroy_stream(self, stream: Stream) -> None: ...
 
@@ -34,19 +37,27 @@ class _Capturing(Protocol):
     def _stream_handle(self, stream: Stream | None) -> Any: ...
 
 
+def _partition_of(requests: Sequence[LaunchRequest]) -> str | None:
+    """The SM partition of the requests' stream (a prepared launch is one session's, on its
+    one stream); ``None``: the whole device."""
+    stream = requests[0].stream if requests else None
+    return None if stream is None else stream.partition
+
+
 class GraphLaunch:
     """An instantiated graph of one pipeline launch, made by ``CudaBackend.prepare``.
 
     Owns its ``CUgraphExec`` and frees it in ``close()`` (idempotent), which must
     come after the work it launched finished or was ordered before any free.
-    Launched on whatever stream the caller passes, in that stream's order.
+    Launched on whatever stream the caller passes, in that stream's order; its kernels run
+    on the SMs of the partition its requests' stream was in, whichever stream that is.
     """
 
     def __init__(self, backend: _Capturing, requests: Sequence[LaunchRequest]) -> None:
         self._backend = backend
         cu = backend._cu
         check = backend._check
-        capture = backend.create_stream()
+        capture = backend.create_stream(_partition_of(requests))
         graph: Any = None
         try:
             mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

@@ -171,7 +171,8 @@ class KServeServicer:
         return self._index_of
 
     def _model(self, name: str, version: str) -> Model:
-        """The model asked for; found models are kept."""
+        """The model asked for; found models are kept for one catalog generation (a
+        reloaded catalog drops them: docs/architecture.md, the catalog's one rule)."""
         key = (name, version)
         index = self._index()
         found = self._models.get(key)
