@@ -150,3 +150,38 @@ def test_a_reload_under_load_loses_no_call(
         worker.join(30)
     assert not failures, failures
     assert launched > 10
+
+
+def test_kserve_repository_calls_change_the_catalog_for_an_admin(
+    daemon: tuple[RunningDaemon, dict[str, str]],
+) -> None:
+    from accyd.doors.kserve.protocol import open_inference_pb2 as kpb
+    from tests.kserve.harness import Door
+
+    running, tokens = daemon
+    assert running.tcp_target is not None
+    admin, user = (
+        Door(running.tcp_target, tokens["admin"]),
+        Door(running.tcp_target, tokens["user"]),
+    )
+    try:
+
+        def ready(name: str) -> bool:
+            return bool(user("ModelReady", kpb.ModelReadyRequest(name=name)).ready)
+
+        assert ready("dt.transpose")
+        user("RepositoryModelUnload", kpb.RepositoryModelUnloadRequest(model_name="dt.transpose"))
+        assert ready("dt.transpose")  # a user's unload drops its own session, nothing more
+        admin("RepositoryModelUnload", kpb.RepositoryModelUnloadRequest(model_name="dt.transpose"))
+        assert not ready("dt.transpose")
+        index = user("RepositoryIndex", kpb.RepositoryIndexRequest())
+        assert "dt.transpose" not in {m.name for m in index.models}
+        admin("RepositoryModelLoad", kpb.RepositoryModelLoadRequest(model_name="dt.transpose"))
+        assert ready("dt.transpose")  # the catalog's folders read again
+        refused = admin.refusal(
+            "RepositoryModelLoad", kpb.RepositoryModelLoadRequest(model_name="dt.nothing")
+        )
+        assert refused.code().name == "NOT_FOUND"
+    finally:
+        admin.close()
+        user.close()

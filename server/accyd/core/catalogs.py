@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import structlog
 
 from accyd.backends.base import Backend
+from accyd.catalog.catalog import Catalog
 from accyd.catalog.model import Pipeline, Registry
+from accyd.clipping import clip
 from accyd.core.executor import artifact_request
 from accyd.core.holdings import CatalogView
-from accyd.errors import AccyError, CatalogError, FailedPrecondition
+from accyd.errors import AccyError, CatalogError, FailedPrecondition, NotFound
 
 __all__ = ["CatalogChange", "Catalogs", "check_kernels"]
 
@@ -91,6 +93,16 @@ class Catalogs:
                 raise FailedPrecondition(
                     f"catalog not reloaded, the old one stays: {error.message}"
                 ) from error
+
+    def without(self, target: str, backends: Iterable[Backend]) -> CatalogChange:
+        """*Blocking*: serve the current catalog less every version of ``target`` (until a
+        reload reads it again); ``NotFound`` if it serves none."""
+        with self._replacing:
+            current = self.current
+            kept = [p for p in current.pipelines if p.target != target]
+            if len(kept) == len(current.pipelines):
+                raise NotFound(f"no pipeline {clip(target)!r} to remove", field="name")
+            return self._replace(Catalog(current.registry, kept), backends)
 
     def replace(self, catalog: CatalogView, backends: Iterable[Backend]) -> CatalogChange:
         """*Blocking*: check ``catalog``'s kernels, then serve it; what changed."""

@@ -246,6 +246,10 @@ class Daemon:
         """*Blocking*: ``replace_catalog`` with the catalog read again from its folders."""
         return self._catalogs.reload(self._t.backends.values())
 
+    def remove_pipeline(self, target: str) -> CatalogChange:
+        """*Blocking*: stop serving every version of ``target`` until the next reload."""
+        return self._catalogs.without(target, self._t.backends.values())
+
     def pipelines(self) -> tuple[Pipeline, ...]:
         return self.catalog.pipelines
 

@@ -75,6 +75,9 @@ _METHOD_SCOPES: dict[str, tuple[str, ...]] = {
     "GetStatus": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
     "ListPipelines": (STATUS_SCOPE, LAUNCH_SCOPE, ADMIN_SCOPE),
     "ReloadCatalog": (ADMIN_SCOPE,),
+    # KServe's: a caller's own load or unload, or for an admin the catalog's.
+    "RepositoryModelLoad": (LAUNCH_SCOPE, ADMIN_SCOPE),
+    "RepositoryModelUnload": (LAUNCH_SCOPE, ADMIN_SCOPE),
 }
 """The scopes that admit a call of each method (any one of them); others need ``launch``."""
 

@@ -11,6 +11,7 @@ TraceSetting and LogSettings answer UNIMPLEMENTED.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import TypeVar
@@ -21,7 +22,7 @@ import structlog
 import accyd
 from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.daemon import Daemon
-from accyd.doors.grpc.auth import Admitting, current_principal, default_principal
+from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.infer import Inference
@@ -325,6 +326,11 @@ class KServeServicer:
                 "models come from the operator's catalog: a load takes no config or files",
                 field="parameters",
             )
+        if ADMIN_SCOPE in self._principal().scopes:
+            # An operator's load: the catalog folders read again (the model new or changed).
+            await asyncio.to_thread(self.daemon.reload_catalog)
+            self._model(request.model_name, "")  # NotFound if the catalog still lacks it
+            return pb.RepositoryModelLoadResponse()
         model = self._model(request.model_name, "")
         pipeline = model.pipeline
 
@@ -341,6 +347,10 @@ class KServeServicer:
         self, request: pb.RepositoryModelUnloadRequest, call: Call
     ) -> pb.RepositoryModelUnloadResponse:
         model = self._model(request.model_name, "")
+        if ADMIN_SCOPE in self._principal().scopes:
+            # An operator's unload: no new load finds the model until a reload reads it again.
+            await asyncio.to_thread(self.daemon.remove_pipeline, model.name)
+            return pb.RepositoryModelUnloadResponse()
         owner = await self._found(call)
         if owner is not None:
             await owner.models.unload(model.name)
