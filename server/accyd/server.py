@@ -43,6 +43,7 @@ from accyd.doors.grpc.tls import server_credentials
 from accyd.doors.hostmem import Segments
 from accyd.doors.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.doors.kserve.servicer import KServeServicer
+from accyd.doors.kserve_http.door import KServeHttpDoor, tls_context
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
@@ -99,6 +100,8 @@ class Server:
         self._health_grpc: grpc.aio.Server | None = None
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
+        self.kserve_http: KServeHttpDoor | None = None
+        """The KServe HTTP/REST door (``--kserve-http-listen``), once serving."""
         self._stop_requested: asyncio.Event | None = None
         self._reloads: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -232,6 +235,14 @@ class Server:
             self.ring_doors.start()
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
+        if self.kserve is not None and config.kserve_http_listen:
+            self.kserve_http = KServeHttpDoor(
+                self.kserve,
+                self._admitting,
+                max_body_bytes=config.max_message_bytes,
+                shutdown_seconds=config.grace_seconds,
+            )
+            await self.kserve_http.start(config.kserve_http_listen, tls_context(config))
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -255,6 +266,7 @@ class Server:
             unix_trusted=config.unix_trusted,
             metrics_port=self.metrics_port,
             health_listen=self.health_address,
+            kserve_http=None if self.kserve_http is None else self.kserve_http.addresses,
             loop_spin_us=round(self._loop_spin * 1e6),
             malloc_keep_bytes=config.malloc_keep_bytes if self._malloc_tuned else None,
             cuda_max_connections=os.environ.get(MAX_CONNECTIONS_ENV),
@@ -399,6 +411,9 @@ class Server:
         stopping = asyncio.create_task(
             self._grpc.stop(grace if faulted else grace + ABANDON_SECONDS)
         )
+        http_stopping = (  # no new HTTP requests; those in flight drain as gRPC calls do
+            None if self.kserve_http is None else asyncio.create_task(self.kserve_http.close())
+        )
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
@@ -426,6 +441,8 @@ class Server:
         # Bounded: a stop that hangs must not keep a faulted daemon from exiting (its
         # successor cannot start before it does), nor a drained one from stopping.
         await within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
+        if http_stopping is not None:
+            await within(http_stopping, grace + STOP_SLACK_SECONDS, "KServe HTTP door stop")
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await within(self.servicer.wait_detached(), detach_within, "client detach")

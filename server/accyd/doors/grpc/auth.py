@@ -289,6 +289,13 @@ class Admitting:
         )
         self._server.add_registered_method_handlers(service, wrapped)
 
+    def admitted(self, service: str, name: str, behavior: _Behavior) -> _Behavior:
+        """``behavior`` (a handler taking request and context) admitted as this service's
+        method ``name`` is, and counted in ``in_flight``: for a door whose calls reach a
+        registered service's handlers through a context of its own (the KServe HTTP door)."""
+        admit = self._interceptor.admitter(f"/{service}/{name}")
+        return _admitted(behavior, admit, None if name in UNTRACKED else self.in_flight)
+
 
 def _wrap(
     handler: _Handler[_Req, _Resp],
