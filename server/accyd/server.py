@@ -43,7 +43,7 @@ from accyd.doors.grpc.tls import server_credentials
 from accyd.doors.hostmem import Segments
 from accyd.doors.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.doors.kserve.servicer import KServeServicer
-from accyd.doors.kserve_http.door import KServeHttpDoor, tls_context
+from accyd.doors.kserve_http.door import KServeHttpDoor, serve_http
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
@@ -100,8 +100,7 @@ class Server:
         self._health_grpc: grpc.aio.Server | None = None
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
-        self.kserve_http: KServeHttpDoor | None = None
-        """The KServe HTTP/REST door (``--kserve-http-listen``), once serving."""
+        self.kserve_http: KServeHttpDoor | None = None  # --kserve-http-listen
         self._stop_requested: asyncio.Event | None = None
         self._reloads: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -236,13 +235,7 @@ class Server:
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
         if self.kserve is not None and config.kserve_http_listen:
-            self.kserve_http = KServeHttpDoor(
-                self.kserve,
-                self._admitting,
-                max_body_bytes=config.max_message_bytes,
-                shutdown_seconds=config.grace_seconds,
-            )
-            await self.kserve_http.start(config.kserve_http_listen, tls_context(config))
+            self.kserve_http = await serve_http(self.kserve, self._admitting, config)
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -411,9 +404,8 @@ class Server:
         stopping = asyncio.create_task(
             self._grpc.stop(grace if faulted else grace + ABANDON_SECONDS)
         )
-        http_stopping = (  # no new HTTP requests; those in flight drain as gRPC calls do
-            None if self.kserve_http is None else asyncio.create_task(self.kserve_http.close())
-        )
+        http = self.kserve_http  # its requests in flight drain as the gRPC calls do
+        http_stopping = asyncio.create_task(http.close()) if http is not None else None
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False

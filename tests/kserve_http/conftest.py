@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +11,25 @@ from pathlib import Path
 import pytest
 
 from accy.testing import RunningDaemon, free_port, running_daemon
-from tests.kserve.conftest import tools
-from tests.kserve.harness import TENANTS
+from tests.kserve.conftest import tools as grpc_tools
+from tests.kserve.harness import TENANTS, Tools
 from tests.security.harness import write_tokens
 
-__all__ = ["tools"]
+__all__ = ["grpc_tools"]
+
+
+@pytest.fixture(scope="session")
+def tools(grpc_tools: Tools) -> Tools:
+    """The KServe tools, with tritonclient's http extra (installed since it was added)."""
+    done = subprocess.run(
+        [str(grpc_tools.python), "-c", "import tritonclient.http"], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        message = "tritonclient.http is not installed: run scripts/kserve_tools.sh again"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return grpc_tools
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ outputs = [
     httpclient.InferRequestedOutput("OUTPUT1", binary_data=True),
 ]
 async_requests = [
-    triton_client.async_infer(model_name=model_name, inputs=inputs, outputs=outputs, headers=headers)
+    triton_client.async_infer(
+        model_name=model_name, inputs=inputs, outputs=outputs, headers=headers
+    )
     for _ in range(request_count)
 ]
 for async_request in async_requests:

@@ -7,7 +7,8 @@ parameters say ``binary_data_size``, in the order of the inputs. An output is
 answered in binary (after the JSON, its size in its ``binary_data_size``
 parameter) where its ``binary_data`` parameter says so, or, without one, where
 the request's ``binary_data_output`` parameter does. An output written to
-shared memory is answered with its region's parameters and no data.
+shared memory is answered with its name, datatype and shape alone (as Triton does:
+perf_analyzer's client takes an output with parameters for a binary one).
 
 Only the JSON is checked here (its structure, each input's values against its
 shape and datatype); everything else is the gRPC door's checks
@@ -46,7 +47,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"
 BINARY_DATA = "binary_data"
 BINARY_DATA_OUTPUT = "binary_data_output"
-_REGION_KEYS = (REGION, "shared_memory_byte_size", "shared_memory_offset")
 _INT64 = 1 << 63
 
 
@@ -57,8 +57,8 @@ class HttpInference:
     request: pb.ModelInferRequest
     binary: dict[str, bool] = field(default_factory=dict)
     """Outputs asked for by name: whether each is answered in binary."""
-    regions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Outputs written to shared memory: their region parameters, as asked."""
+    regions: set[str] = field(default_factory=set)
+    """Outputs written to shared memory."""
     binary_default: bool = False
     """The request's ``binary_data_output``."""
 
@@ -151,7 +151,7 @@ def parse_request(
             inference.binary_default if binary_data is None else binary_data
         )
         if REGION in given:
-            inference.regions[output.name] = {k: given[k] for k in _REGION_KEYS if k in given}
+            inference.regions.add(output.name)
         rest = {k: v for k, v in given.items() if k != BINARY_DATA}
         for key, parameter in parameters_of(rest, f"{where}.parameters").items():
             output.parameters[key].CopyFrom(parameter)
@@ -270,9 +270,8 @@ def answer(inference: HttpInference, response: pb.ModelInferResponse) -> tuple[b
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        region = inference.regions.get(tensor.name)
-        if region is not None:
-            out["parameters"] = region
+        if tensor.name in inference.regions:
+            pass  # no data and no parameters: perf_analyzer reads parameters as binary
         elif inference.binary.get(tensor.name, inference.binary_default):
             out["parameters"] = {BINARY_SIZE: len(raw)}
             tail.append(raw)

@@ -25,7 +25,7 @@ from accyd.errors import Unavailable
 from accyd.process.socket_claim import umask
 from accyd.settings.config import Config
 
-__all__ = ["KServeHttpDoor", "tls_context"]
+__all__ = ["KServeHttpDoor", "serve_http", "tls_context"]
 
 log = structlog.get_logger("accyd.doors.kserve_http")
 
@@ -127,3 +127,17 @@ class KServeHttpDoor:
         """Stop listening, let the requests in flight end (up to the shutdown time), close."""
         await self._runner.cleanup()
         log.info("kserve http door closed")
+
+
+async def serve_http(
+    servicer: KServeServicer, admitting: Admitting, config: Config
+) -> KServeHttpDoor:
+    """The door as ``accyd serve`` runs it, listening where its flags say."""
+    door = KServeHttpDoor(
+        servicer,
+        admitting,
+        max_body_bytes=config.max_message_bytes,
+        shutdown_seconds=config.grace_seconds,
+    )
+    await door.start(config.kserve_http_listen, tls_context(config))
+    return door

@@ -67,8 +67,10 @@ def refusal_of(error: BaseException) -> Refused:
 
 def error_response(refused: Refused) -> web.Response:
     """The HTTP answer of a refusal: its status and ``{"error": message}``."""
+    status = refused.http_status
     return web.Response(
-        status=refused.http_status,
+        status=status,
         body=json.dumps({"error": refused.message}).encode(),
         content_type="application/json",
+        headers={"WWW-Authenticate": "Bearer"} if status == 401 else None,
     )
