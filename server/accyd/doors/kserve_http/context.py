@@ -7,7 +7,9 @@ Here the metadata are the request's headers, named in lower case as gRPC's
 are; the peer is written as gRPC writes it (``ipv4:127.0.0.1:5123``,
 ``ipv6:[::1]:5123``, ``unix:``), so an HTTP caller on the loopback is the same
 KServe client as its gRPC calls from the same user and tenant; and an abort
-raises ``Refused``.
+raises ``Refused``. aiohttp runs each request in a task of its own (a copy of the
+connection's context), so what the admission sets for a call (its principal, its log
+fields) ends with the request, as it ends with a gRPC call.
 """
 
 from __future__ import annotations
