@@ -182,3 +182,19 @@ def test_tokens_are_needed_and_tenants_kept_apart(
     assert beta[0]["inference_count"] == 0
     alpha = call(base, "/v2/models/simple/stats", token=tokens["alpha"]).json()["model_stats"]
     assert alpha[0]["inference_count"] >= 1
+
+
+def test_large_json_tensors_both_ways(plain_http: HttpDaemon) -> None:
+    """Past 64 KiB the JSON is parsed and written off the event loop: the same answer."""
+    n = 50_000
+    body = {"inputs": [{"name": "x", "shape": [n], "datatype": "FP32", "data": [1.0] * n}]}
+    answer = call(plain_http.base, "/v2/models/accy.kernel.device_scan/infer", body)
+    assert answer.status == 200, answer
+    (output,) = answer.json()["outputs"]
+    assert output["shape"] == [n] and output["data"][-1] == float(n)
+
+
+def test_json_nested_too_deep_is_refused(plain_http: HttpDaemon) -> None:
+    body = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    answer = call(plain_http.base, "/v2/models/simple/infer", body)
+    assert answer.status == 400 and "nests too deep" in answer.error

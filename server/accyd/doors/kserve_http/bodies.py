@@ -122,6 +122,8 @@ def parse_request(
         ) from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("the request's JSON header is not UTF-8 JSON", field="body") from None
+    except RecursionError:
+        raise InvalidRequest("the request's JSON header nests too deep", field="body") from None
     body = _object(body, "the request")
     request = pb.ModelInferRequest(model_name=name, model_version=version)
     request.id = _text(body.get("id", ""), "id")
@@ -221,11 +223,17 @@ def _add_input(
 
 
 def _flat(values: Any) -> list[Any]:
-    if not isinstance(values, list):
-        return [values]
+    """Nested lists as one list, row-major (without recursion: any depth JSON parsed)."""
     out: list[Any] = []
-    for value in values:
-        out.extend(_flat(value) if isinstance(value, list) else (value,))
+    stack = [iter(values if isinstance(values, list) else [values])]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            out.append(value)
+        else:
+            stack.pop()
     return out
 
 

@@ -11,6 +11,7 @@ never past the door's bound.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from accyd.doors.grpc.auth import Admitting
 from accyd.doors.grpc.calls import Context
+from accyd.doors.kserve.infer import INLINE_BYTES
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.servicer import SERVICE_NAME, KServeServicer
 from accyd.doors.kserve_http.bodies import (
@@ -175,9 +177,16 @@ class Routes:
         except AccyError:  # answered by the gRPC door's handler, as it words it
             model = None
         view = memoryview(body)
-        inference = parse_request(view[:split].tobytes(), view[split:], name, version, model)
+        parse = (view[:split].tobytes(), view[split:], name, version, model)
+        if split <= INLINE_BYTES:
+            inference = parse_request(*parse)
+        else:  # a large JSON header takes the loop long: parsed on a thread
+            inference = await asyncio.to_thread(parse_request, *parse)
         response = await self._call(request)(inference.request, context)
-        header, tail = answer(inference, response)
+        if sum(map(len, response.raw_output_contents)) <= INLINE_BYTES:
+            header, tail = answer(inference, response)
+        else:  # JSON of large outputs too
+            header, tail = await asyncio.to_thread(answer, inference, response)
         return web.Response(body=b"".join((header, *tail)), headers=response_headers(header, tail))
 
     # Statistics and repository ------------------------------------------------------
