@@ -22,6 +22,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -43,7 +44,6 @@ from accyd.doors.grpc.tls import server_credentials
 from accyd.doors.hostmem import Segments
 from accyd.doors.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.doors.kserve.servicer import KServeServicer
-from accyd.doors.kserve_http.door import KServeHttpDoor, serve_http
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
@@ -57,6 +57,9 @@ from accyd.settings.config import Config
 from accyd.telemetry.logs import flush_left_out
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
+
+if TYPE_CHECKING:
+    from accyd.doors.kserve_http.door import KServeHttpDoor
 
 __all__ = ["EXIT_DEVICE_FAULT", "Server"]
 
@@ -235,6 +238,8 @@ class Server:
         if config.health_listen:
             self.health_address = await self._serve_health(config.health_listen)
         if self.kserve is not None and config.kserve_http_listen:
+            from accyd.doors.kserve_http.door import serve_http  # aiohttp: only when asked for
+
             self.kserve_http = await serve_http(self.kserve, self._admitting, config)
         await self.health.set_serving(True)
         if self.supervised:
