@@ -122,7 +122,7 @@ class Routes:
             return {}
         try:
             value = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise InvalidRequest("the request body is not JSON", field="body") from None
         if not isinstance(value, dict):
             raise InvalidRequest("the request body must be a JSON object", field="body")
@@ -239,7 +239,10 @@ class Routes:
             asked.raw_handle = _base64(text)
             fields: tuple[str, ...] = ("device_id", "byte_size")
         else:
-            asked.key = body.get("key") if isinstance(body.get("key"), str) else ""
+            key = body.get("key", "")
+            if not isinstance(key, str):
+                raise InvalidRequest("key must be a string (as shm_open takes it)", field="key")
+            asked.key = key
             fields = ("offset", "byte_size")
         for key in fields:
             value = body.get(key, 0)
