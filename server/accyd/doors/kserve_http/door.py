@@ -22,7 +22,7 @@ from accyd.doors.kserve.servicer import KServeServicer
 from accyd.doors.kserve_http.refusals import error_response, refusal_of
 from accyd.doors.kserve_http.routes import Routes
 from accyd.errors import Unavailable
-from accyd.process.socket_claim import umask
+from accyd.process.socket_claim import SocketClaim, umask
 from accyd.settings.config import Config
 
 __all__ = ["KServeHttpDoor", "serve_http", "tls_context"]
@@ -86,6 +86,7 @@ class KServeHttpDoor:
             self.app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_seconds
         )
         self.addresses: list[str] = []
+        self._claims: list[SocketClaim] = []
 
     async def start(self, addresses: tuple[str, ...], tls: ssl.SSLContext | None) -> list[str]:
         """Listen at each address; returns where (a port 0 resolved)."""
@@ -94,7 +95,7 @@ class KServeHttpDoor:
             for address in addresses:
                 self.addresses.append(await self._listen(address, tls))
         except BaseException:
-            await self._runner.cleanup()
+            await self.close()
             raise
         return self.addresses
 
@@ -103,9 +104,13 @@ class KServeHttpDoor:
         site: web.BaseSite
         if address.startswith("unix:"):
             path = Path(address.removeprefix("unix:")).expanduser()
+            claim = SocketClaim(path)  # one daemon per path; only a stale socket replaced
+            claim.take()
+            self._claims.append(claim)
             site = web.UnixSite(self._runner, str(path))
             with umask(0o117):
                 await self._start(site, address)
+            claim.bound()
             return f"unix:{path}"
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
@@ -126,6 +131,8 @@ class KServeHttpDoor:
     async def close(self) -> None:
         """Stop listening, let the requests in flight end (up to the shutdown time), close."""
         await self._runner.cleanup()
+        for claim in self._claims:
+            claim.release()
         log.info("kserve http door closed")
 
 
