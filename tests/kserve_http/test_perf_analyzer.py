@@ -10,6 +10,7 @@ gone /dev/shm has no name more than before.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,24 @@ def test_perf_analyzer_over_http(
     assert "Server:" in done.stdout, done.stdout  # it read the statistics route
     assert launches_total(plain_http.daemon) - before == REQUESTS
     assert shm_names() <= names, f"left in /dev/shm: {shm_names() - names}"
+
+
+def test_perf_analyzer_over_http_with_a_token(
+    tools: Tools, guarded_http: HttpDaemon, http_tokens: tuple[Path, dict[str, str]]
+) -> None:
+    """Every call perf_analyzer makes (metadata, regions, infer, statistics) carries its
+    ``-H`` header; the same run without it is refused."""
+    command = [
+        str(tools.perf_analyzer), "-m", "simple", "-u", guarded_http.http, "-i", "http",
+        "--request-count", "100", "--concurrency-range", "2", "--shared-memory", "system",
+    ]  # fmt: skip
+    token = http_tokens[1]["alpha"]
+    done = subprocess.run(
+        [*command, "-H", f"authorization: Bearer {token}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "Request count: 100" in done.stdout, done.stdout
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode != 0
+    assert "authorization" in refused.stdout + refused.stderr
