@@ -11,6 +11,8 @@
 #                 (--shared-memory none, system, cuda), 300 requests at concurrency 8
 #   latency_*     bench/kserve_latency.py on CUDA: ModelInfer against a raw echo of the same
 #                 bytes, tritonclient and accy's own client (simple; device_scan n=1024)
+#   http_latency_* bench/kserve_http_latency.py on CUDA: the HTTP door's infer against a raw
+#                 aiohttp echo of the same bytes, and the gRPC door's beside it
 # A short table is printed last.
 set -u
 source bench/device_env.sh || exit 1
@@ -68,6 +70,10 @@ step latency_simple 300 $PY bench/kserve_latency.py --backend cuda --model simpl
   --tritonclient "$TRITON" --json "$OUT/latency_simple.json" ${LATENCY_ARGS:-}
 step latency_scan 300 $PY bench/kserve_latency.py --backend cuda --model accy.kernel.device_scan \
   --n 1024 --tritonclient "$TRITON" --json "$OUT/latency_scan.json" ${LATENCY_ARGS:-}
+step http_latency_simple 300 $PY bench/kserve_http_latency.py --backend cuda --model simple \
+  --json "$OUT/http_latency_simple.json" ${LATENCY_ARGS:-}
+step http_latency_scan 300 $PY bench/kserve_http_latency.py --backend cuda \
+  --model accy.kernel.device_scan --n 1024 --json "$OUT/http_latency_scan.json" ${LATENCY_ARGS:-}
 
 echo "==== env"; cat "$OUT/env.txt"
 echo "==== steps"; cat "$OUT/steps.txt"
@@ -84,4 +90,6 @@ for log in "$OUT"/perf_*.log; do
   printf '%-28s %10s %10s\n' "$name" "${line:-failed}" "${p50:--}"
 done
 echo "==== ModelInfer latency"; tail -8 "$OUT/latency_simple.log"; tail -8 "$OUT/latency_scan.log"
+echo "==== HTTP infer latency"
+tail -6 "$OUT/http_latency_simple.log"; tail -6 "$OUT/http_latency_scan.log"
 exit 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the outside clients the KServe door's tests run against, into .kserve-tools/
 # (ignored by git; nothing is cached elsewhere):
-#   venv/               tritonclient[grpc], pinned, in an environment of its own (the tests
+#   venv/               tritonclient[grpc,http], pinned, in an environment of its own (the tests
 #                       run it as an outside client would, in a process of its own)
 #   perf_analyzer/      perf_analyzer's binary from its PyPI wheel
 #   runtime/            where this system's C library is older than the binary needs (2.38),
@@ -17,7 +17,7 @@ tools=${ACCY_KSERVE_TOOLS:-$root/.kserve-tools}
 TRITONCLIENT=2.73.0
 PERF_ANALYZER=2.60.0
 RUNTIME_SUITE=trixie
-stamp="tritonclient=$TRITONCLIENT perf_analyzer=$PERF_ANALYZER runtime=$RUNTIME_SUITE"
+stamp="tritonclient[grpc,http]=$TRITONCLIENT perf_analyzer=$PERF_ANALYZER runtime=$RUNTIME_SUITE"
 
 if [[ "${1:-}" == "--device-wheels" ]]; then
   dir=${2:?--device-wheels DIR}
@@ -28,7 +28,7 @@ if [[ "${1:-}" == "--device-wheels" ]]; then
   done
   ${PYTHON:-python3} -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
     "${platforms[@]}" --python-version 3.12 --implementation cp -d "$dir" \
-    "tritonclient[grpc,cuda]==$TRITONCLIENT" "perf-analyzer==$PERF_ANALYZER" 2>&1 \
+    "tritonclient[grpc,http,cuda]==$TRITONCLIENT" "perf-analyzer==$PERF_ANALYZER" 2>&1 \
     | grep -v "is ignored: it is neither" || true
   ls "$dir"
   exit 0
@@ -48,8 +48,8 @@ mkdir -p "$tools/bin"
 python=${PYTHON:-python3}
 "$python" -m venv "$tools/venv"
 "$tools/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "tritonclient[grpc]==$TRITONCLIENT" 2>&1 | grep -v "is ignored: it is neither" || true
-"$tools/venv/bin/python" -c "import tritonclient.grpc, tritonclient.utils.shared_memory"
+  "tritonclient[grpc,http]==$TRITONCLIENT" 2>&1 | grep -v "is ignored: it is neither" || true
+"$tools/venv/bin/python" -c "import tritonclient.grpc, tritonclient.http, tritonclient.utils.shared_memory"
 
 # The wheel is tagged manylinux_2_38, which pip will not pick on an older system: fetch it
 # for that platform by name and take the binary out of it.

@@ -112,6 +112,16 @@ def test_grpc_is_imported_only_by_the_doors_and_the_server_that_serves_them() ->
     assert not outside, f"grpc imported outside the doors: {sorted(outside)}"
 
 
+def test_aiohttp_is_imported_only_by_the_kserve_http_door() -> None:
+    importing = {
+        name
+        for name, path in modules("accyd").items()
+        if any(other == "aiohttp" or other.startswith("aiohttp.") for other in imported(name, path))
+    }
+    outside = {name for name in importing if not name.startswith("accyd.doors.kserve_http")}
+    assert importing and not outside, f"aiohttp imported outside its door: {sorted(outside)}"
+
+
 def test_the_core_imports_no_door() -> None:
     edges = graph("accyd")
     reaching = {

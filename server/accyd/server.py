@@ -22,6 +22,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -56,6 +57,9 @@ from accyd.settings.config import Config
 from accyd.telemetry.logs import flush_left_out
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
+
+if TYPE_CHECKING:
+    from accyd.doors.kserve_http.door import KServeHttpDoor
 
 __all__ = ["EXIT_DEVICE_FAULT", "Server"]
 
@@ -99,6 +103,7 @@ class Server:
         self._health_grpc: grpc.aio.Server | None = None
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
+        self.kserve_http: KServeHttpDoor | None = None  # --kserve-http-listen
         self._stop_requested: asyncio.Event | None = None
         self._reloads: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -235,6 +240,10 @@ class Server:
             self._health_grpc, self.health_address = await self.health.serve_alone(
                 config.health_listen
             )
+        if self.kserve is not None and config.kserve_http_listen:
+            from accyd.doors.kserve_http.door import serve_http  # aiohttp: only when asked for
+
+            self.kserve_http = await serve_http(self.kserve, self._admitting, config)
         await self.health.set_serving(True)
         if self.supervised:
             self._watching = loop.create_task(self._watch_supervisor())
@@ -258,6 +267,7 @@ class Server:
             unix_trusted=config.unix_trusted,
             metrics_port=self.metrics_port,
             health_listen=self.health_address,
+            kserve_http=None if self.kserve_http is None else self.kserve_http.addresses,
             loop_spin_us=round(self._loop_spin * 1e6),
             malloc_keep_bytes=config.malloc_keep_bytes if self._malloc_tuned else None,
             cuda_max_connections=os.environ.get(MAX_CONNECTIONS_ENV),
@@ -412,6 +422,8 @@ class Server:
         ending = loop.call_at(deadline, self._end_calls)
         rest = self._admitting.in_flight.cancel_rest(self._grpc, deadline + ABANDON_SECONDS)
         cancelling = asyncio.create_task(rest)
+        http = self.kserve_http  # its requests in flight drain as the gRPC calls do
+        http_stopping = asyncio.create_task(http.close()) if http is not None else None
         await asyncio.sleep(0)  # the listeners close: hand the socket paths over now
         self._release_sockets()
         busy = False
@@ -442,6 +454,8 @@ class Server:
         await within(stopping, grace + STOP_SLACK_SECONDS, "gRPC server stop")
         ending.cancel()
         cancelling.cancel()
+        if http_stopping is not None:
+            await within(http_stopping, grace + STOP_SLACK_SECONDS, "KServe HTTP door stop")
         abandon = faulted or busy  # what the device still runs is dropped with the process
         detach_within = ABANDON_SECONDS if abandon else STOP_SLACK_SECONDS
         await within(self.servicer.wait_detached(), detach_within, "client detach")

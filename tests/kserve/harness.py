@@ -57,10 +57,16 @@ def url_of(daemon: RunningDaemon, transport: str) -> str:
 
 
 def run_program(
-    tools: Tools, name: str, url: str, token: str | None, *args: str, timeout: float = 90
+    tools: Tools,
+    name: str,
+    url: str,
+    token: str | None,
+    *args: str,
+    timeout: float = 90,
+    folder: Path = PROGRAMS,
 ) -> subprocess.CompletedProcess[str]:
-    """Run one of ``programs/`` with tritonclient's Python; it must exit 0."""
-    command = [str(tools.python), str(PROGRAMS / f"{name}.py"), "-u", url, *args]
+    """Run one of ``folder``'s programs with tritonclient's Python; it must exit 0."""
+    command = [str(tools.python), str(folder / f"{name}.py"), "-u", url, *args]
     if token is not None:
         command += ["--token", token]
     try:

@@ -169,6 +169,13 @@ class Config:
         "made no call this long (a closed loopback connection's at once)", float_text,
         metavar="SECONDS", group="tuning",
     )  # fmt: skip
+    kserve_http_listen: tuple[str, ...] = setting(
+        (), "also serve the KServe v2 HTTP/REST door (for tritonclient.http, perf_analyzer -i "
+        "http, curl) at host:port or unix:/path (repeatable); TCP needs TLS and tokens unless "
+        "--insecure, as --listen does", str, metavar="ADDR", separator=",",
+        shown_default="off",
+    )  # fmt: skip
+    """Where the KServe HTTP door listens (``accyd.doors.kserve_http``); empty: it is off."""
     no_rings: bool = setting(
         False, "hand out no same-host submission rings: local clients launch over gRPC",
         bool_text, switch=True,
@@ -350,7 +357,9 @@ class Config:
                 raise ValueError(f"quota {item.name} must not be negative")
         if self.restart_max < 0 or self.restart_window_seconds <= 0:
             raise ValueError("restart_max must not be negative and restart_window positive")
-        for address in self.listen_addresses:
+        if self.kserve_http_listen and not self.kserve:
+            raise ValueError("--kserve-http-listen serves the KServe door: drop --no-kserve")
+        for address in (*self.listen_addresses, *self.kserve_http_listen):
             refusal = self.tcp_refusal(address)
             if refusal:
                 raise ValueError(refusal)

@@ -278,6 +278,16 @@ class Admitting:
         )
         self._server.add_registered_method_handlers(service, wrapped)
 
+    def admitted(self, service: str, name: str, behavior: _Behavior) -> _Behavior:
+        """``behavior`` (a handler taking request and context) admitted as this service's
+        method ``name`` is, and counted in ``in_flight``: for a door whose calls reach a
+        registered service's handlers through a context of its own (the KServe HTTP door)."""
+        admit = self._interceptor.admitter(f"/{service}/{name}")
+        enter = functools.partial(
+            self.in_flight.enter, scopes=scopes_of(name), drained=name not in UNDRAINED
+        )
+        return _admitted(behavior, admit, enter, self.in_flight)
+
 
 _Enter = Callable[..., asyncio.Task[Any]]
 """``InFlight.enter`` with the method's scopes and drain given: (context, principal)."""
