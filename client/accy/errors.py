@@ -433,8 +433,9 @@ def with_hint(error: AccyError, hint: str) -> AccyError:
 
 
 def from_rpc_error(error: grpc.RpcError) -> AccyError:
-    """Turn a failed gRPC call into the typed exception for its status and details."""
-    if not isinstance(error, grpc.Call):
+    """Turn a failed gRPC call into the typed exception for its status and details (a
+    blocking call's, or a ``grpc.aio`` one's: its error carries the same status)."""
+    if not isinstance(error, grpc.Call | grpc.aio.AioRpcError):
         return Unknown(str(error) or type(error).__name__)
     code = error.code()
     message = error.details() or code.name

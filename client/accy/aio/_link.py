@@ -1,0 +1,249 @@
+"""The asyncio client's attachment: its ``grpc.aio`` channel, Attach stream, pings and calls.
+
+Errors are translated here, once, by the blocking client's own function
+(``accy._failures.translate``): a failed call raises the same typed ``AccyError``
+with the same message. The Attach stream is read by a task for as long as the
+client lives; when it ends (the daemon restarted or detached the client) every
+later call raises why: this client does not attach again by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf.message import Message
+
+from accy._connection import UNSET
+from accy._failures import translate
+from accy._link import device_lost, names_client
+from accy._models import Attachment
+from accy._rpc import method_path, open_aio_channel
+from accy.errors import AccyError, ClientClosed, DeadlineExceeded, Unavailable
+from accy.protocol import CLIENT_ID_METADATA
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["AioLink", "AioStub"]
+
+_Req = TypeVar("_Req", bound=Message)
+_Resp = TypeVar("_Resp", bound=Message)
+_T = TypeVar("_T")
+
+
+class AioStub:
+    """One typed ``grpc.aio`` multi-callable per launch-service method the asyncio client calls."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        def uu(
+            name: str, req: type[_Req], resp: type[_Resp]
+        ) -> grpc.aio.UnaryUnaryMultiCallable[_Req, _Resp]:
+            return channel.unary_unary(method_path(name), req.SerializeToString, resp.FromString)
+
+        self.Attach = channel.unary_stream(
+            method_path("Attach"), pb.AttachRequest.SerializeToString, pb.AttachEvent.FromString
+        )
+        self.Ping = uu("Ping", pb.PingRequest, pb.PingResponse)
+        self.ListPipelines = uu("ListPipelines", pb.ListPipelinesRequest, pb.ListPipelinesResponse)
+        self.LoadPipeline = uu("LoadPipeline", pb.LoadPipelineRequest, pb.LoadPipelineResponse)
+        self.AllocateIntermediates = uu(
+            "AllocateIntermediates",
+            pb.AllocateIntermediatesRequest,
+            pb.AllocateIntermediatesResponse,
+        )
+        self.Launch = uu("Launch", pb.LaunchRequest, pb.LaunchResponse)
+        self.WaitLaunch = uu("WaitLaunch", pb.WaitLaunchRequest, pb.WaitLaunchResponse)
+        self.Release = uu("Release", pb.ReleaseRequest, pb.ReleaseResponse)
+        self.AllocateBuffer = uu(
+            "AllocateBuffer", pb.AllocateBufferRequest, pb.AllocateBufferResponse
+        )
+        self.WriteBuffer = channel.stream_unary(
+            method_path("WriteBuffer"),
+            pb.WriteBufferChunk.SerializeToString,
+            pb.WriteBufferResponse.FromString,
+        )
+        self.ReadBuffer = channel.unary_stream(
+            method_path("ReadBuffer"),
+            pb.ReadBufferRequest.SerializeToString,
+            pb.ReadBufferChunk.FromString,
+        )
+        self.FreeBuffer = uu("FreeBuffer", pb.FreeBufferRequest, pb.FreeBufferResponse)
+        self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
+        self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)
+
+
+class AioLink:
+    """One attachment of an asyncio client: calls go out with its client id and come back typed.
+
+    Made and closed on one event loop (``grpc.aio`` channels belong to the loop
+    they were made on).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        *,
+        server_name: str | None,
+        auth: tuple[tuple[str, str], ...],
+        has_token: bool,
+        timeout: float | None,
+        chunk_size: int,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.chunk_size = chunk_size
+        self.secure = credentials is not None
+        self._has_token = has_token
+        self._auth = auth
+        self.channel = open_aio_channel(target, credentials, server_name=server_name)
+        self.stub = AioStub(self.channel)
+        self.metadata = auth
+        """Sent with every call: the credentials, then (once attached) the client's id."""
+        self.attachment: Attachment | None = None
+        self.lost: AccyError | None = None
+        """Why the attachment ended, once it did: every call then raises it."""
+        self.closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._attach: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent] | None = None
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def translate(self, error: grpc.RpcError) -> AccyError:
+        """The typed error of a failed call: the blocking client's translation, unchanged."""
+        return translate(error, target=self.target, secure=self.secure, has_token=self._has_token)
+
+    def judged(self, failure: AccyError) -> AccyError:
+        """``failure``, after ending the attachment if it shows the daemon forgot this client."""
+        if (device_lost(failure) or names_client(failure)) and self.lost is None:
+            self.lost = failure
+        return failure
+
+    def check_open(self) -> None:
+        """Raise why no call may go out: the client closed, or its attachment ended."""
+        if self.closed:
+            raise ClientClosed(f"the client of {self.target} is closed; make a new AsyncClient")
+        if self.lost is not None:
+            raise Unavailable(
+                f"this client's attachment to {self.target} ended ({self.lost.message}); "
+                "make a new AsyncClient",
+                reason=self.lost.reason or "DETACHED",
+                metadata=dict(self.lost.metadata),
+            )
+
+    def timeout_of(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is UNSET else timeout
+
+    # -- attaching ------------------------------------------------------------------------
+
+    async def attach(self, name: str, liveness: int, timeout: float) -> Attachment:
+        """Open the Attach stream and wait (``timeout`` seconds at most) for the daemon to name
+        the client; then keep the stream read, and ping every quarter of ``liveness``."""
+        request = pb.AttachRequest(client_name=name, liveness_seconds=liveness)
+        call = self.stub.Attach(request, metadata=self._auth)
+        self._attach = call
+        try:
+            event = await asyncio.wait_for(call.read(), timeout)
+        except TimeoutError:
+            call.cancel()
+            raise DeadlineExceeded(f"the daemon did not answer Attach within {timeout} s") from None
+        except grpc.RpcError as error:
+            raise self.translate(error) from None
+        if event is grpc.aio.EOF:
+            raise Unavailable("the Attach stream ended before naming the client")
+        assert isinstance(event, pb.AttachEvent)
+        if event.WhichOneof("event") != "attached":
+            call.cancel()
+            raise Unavailable("the Attach stream did not begin by naming the client")
+        self.attachment = Attachment.from_proto(event.attached)
+        self.metadata = (*self._auth, (CLIENT_ID_METADATA, self.attachment.client_id))
+        self._tasks.append(asyncio.create_task(self._pump(call), name="accy-aio-attach"))
+        if liveness:
+            self._tasks.append(asyncio.create_task(self._ping(liveness / 4), name="accy-aio-ping"))
+        return self.attachment
+
+    async def _pump(self, call: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent]) -> None:
+        """Read the Attach stream's heartbeats until it ends; then note why."""
+        try:
+            async for _ in call:
+                pass
+        except grpc.RpcError as error:
+            if not self.closed and self.lost is None:
+                self.lost = self.translate(error)
+            return
+        if not self.closed and self.lost is None:
+            self.lost = Unavailable(
+                "the daemon ended this client's Attach stream", reason="DETACHED"
+            )
+
+    async def _ping(self, period: float) -> None:
+        """Tell the daemon this client lives, four times per liveness period."""
+        request = pb.PingRequest()
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(grpc.RpcError):
+                await self.stub.Ping(request, metadata=self.metadata, timeout=period)
+
+    # -- calls ----------------------------------------------------------------------------
+
+    async def call(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[Any, _T],
+        request: Any,
+        timeout: float | None = UNSET,
+    ) -> _T:
+        """One unary call; a failure raises its typed error ``from`` the gRPC one."""
+        self.check_open()
+        try:
+            return await method(request, metadata=self.metadata, timeout=self.timeout_of(timeout))
+        except grpc.RpcError as error:
+            raise self.judged(self.translate(error)) from error
+
+    async def stream_in(
+        self,
+        method: grpc.aio.StreamUnaryMultiCallable[Any, _T],
+        requests: Iterator[Any],
+        timeout: float | None,
+    ) -> _T:
+        """A client-streaming call (a buffer's writes)."""
+        self.check_open()
+        try:
+            return await method(requests, metadata=self.metadata, timeout=timeout)
+        except grpc.RpcError as error:
+            raise self.judged(self.translate(error)) from error
+
+    async def stream_out(
+        self,
+        method: grpc.aio.UnaryStreamMultiCallable[Any, _T],
+        request: Any,
+        timeout: float | None,
+        take: Callable[[_T], None],
+    ) -> None:
+        """A server-streaming call (a buffer's reads): each answer to ``take``; cancelled if left
+        early."""
+        self.check_open()
+        call = method(request, metadata=self.metadata, timeout=timeout)
+        try:
+            async for answer in call:
+                take(answer)
+        except grpc.RpcError as error:
+            raise self.judged(self.translate(error)) from error
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        """End the Attach stream (the daemon frees what the client made) and the channel."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._attach is not None:
+            self._attach.cancel()
+        await self.channel.close()

@@ -1,0 +1,304 @@
+"""What an ``AsyncClient`` makes on the daemon: ``AsyncSession``, its ``AsyncLaunch``es, and
+``AsyncBuffer``.
+
+Each builds its requests and refuses bad input with the blocking client's own
+helpers (``accy._requests``, ``accy._scalars``), so the same mistake raises the same
+error from either client. Launches are unary ``Launch`` calls awaited on the event
+loop; a launch made with ``wait=True`` is one call that the daemon answers once the
+work finished, so cancelling the task that awaits it cancels the call, not the work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from accy import _chunks, _dtypes
+from accy._chunks import Progress
+from accy._connection import UNSET
+from accy._dtypes import DTypeLike
+from accy._models import PipelineInfo
+from accy._requests import (
+    freed_error,
+    launch_request,
+    read_plan,
+    released_error,
+    shaped_read,
+    write_data,
+)
+from accy._scalars import pack_scalars
+from accy.aio._link import AioLink
+from accy.errors import AccyError
+from accy.protocol.launch.v1 import launch_pb2 as pb
+
+__all__ = ["AsyncBuffer", "AsyncLaunch", "AsyncSession"]
+
+
+class AsyncSession:
+    """A loaded pipeline with its own stream on the daemon: ``await launch(...)`` many times,
+    then ``await release()`` (or use it as ``async with``). Made by ``AsyncClient.load``."""
+
+    id: str
+    device: int
+    created: bool
+    format: str
+    info: PipelineInfo
+    _link: AioLink
+    _released: bool
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("an AsyncSession is made by AsyncClient.load()")
+
+    @classmethod
+    def _made(cls, link: AioLink, response: pb.LoadPipelineResponse) -> AsyncSession:
+        session = object.__new__(cls)
+        session._link = link
+        session._released = False
+        session.id = response.session_id
+        session.device = response.device
+        session.created = response.created
+        session.format = response.format
+        session.info = PipelineInfo.from_proto(response.pipeline)
+        return session
+
+    def __repr__(self) -> str:
+        state = " released" if self._released else ""
+        info = self.info
+        return (
+            f"<accy.aio.AsyncSession {self.id} {info.target} v{info.version} {self.format}{state}>"
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._released
+
+    def id_on(self, link: object) -> str:
+        """This session's id for a call; a released session raises as the blocking one does."""
+        if self._released:
+            raise released_error(self.id, self.info.target)
+        return self.id
+
+    async def allocate_intermediates(self, **scalars: float) -> int:
+        """Allocate the session's scratch once for these scalars; returns its size in bytes."""
+        request = pb.AllocateIntermediatesRequest(
+            session_id=self.id_on(self._link),
+            runtime_scalars=pack_scalars(self.info.runtime_scalars, scalars),
+        )
+        link = self._link
+        response = await link.call(link.stub.AllocateIntermediates, request)
+        return response.byte_size
+
+    async def launch(
+        self,
+        operands: Sequence[AsyncBuffer | str] = (),
+        results: Sequence[AsyncBuffer | str] = (),
+        wait: bool = True,
+        *,
+        timeout: float | None = UNSET,
+        **scalars: float,
+    ) -> AsyncLaunch:
+        """Enqueue the pipeline on this session's stream; with ``wait``, return once it finished.
+
+        Scalars and buffers are checked before anything is sent, as by ``Session.launch``;
+        the daemon's refusal raises here. Cancelling the awaiting task cancels the call:
+        the launch, once enqueued, still runs, and ``wait()`` (or the session's) finds it.
+        """
+        link = self._link
+        request = launch_request(self, operands, results, scalars, wait, link)
+        response = await link.call(link.stub.Launch, request, timeout)
+        return AsyncLaunch(self, response)
+
+    async def wait(self, timeout: float | None = UNSET) -> None:
+        """Wait for every launch of this session so far."""
+        link = self._link
+        request = pb.WaitLaunchRequest(session_id=self.id_on(link))
+        await link.call(link.stub.WaitLaunch, request, timeout)
+
+    async def release(self) -> None:
+        """Let this load go (idempotent); the daemon frees the session once its work ended."""
+        if self._released:
+            return
+        self._released = True
+        link = self._link
+        if link.closed or link.lost is not None:
+            return  # the daemon freed it with the client
+        await link.call(link.stub.Release, pb.ReleaseRequest(session_id=self.id))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()
+
+
+class AsyncLaunch:
+    """One launch of an ``AsyncSession``: done if it was waited for, else ``await wait()``."""
+
+    __slots__ = ("completed", "elapsed_seconds", "enqueue_seconds", "id", "session")
+
+    record = None
+    """Launches of ``accy.aio`` go as calls, never as ring records."""
+
+    def __init__(self, session: AsyncSession, response: pb.LaunchResponse) -> None:
+        self.session = session
+        self.id: str = response.launch_id
+        """The daemon's id of the launch (``lau_...``)."""
+        self.completed: bool = response.completed
+        self.enqueue_seconds: float = response.enqueue_seconds
+        self.elapsed_seconds: float = response.elapsed_seconds
+
+    def __repr__(self) -> str:
+        state = "completed" if self.completed else "enqueued"
+        return f"<accy.aio.AsyncLaunch {self.id} of {self.session.id} {state}>"
+
+    async def wait(self, timeout: float | None = UNSET) -> AsyncLaunch:
+        """Until this launch finished on the device; returns ``self``. A refusal raises why."""
+        if self.completed:
+            return self
+        link = self.session._link
+        request = pb.WaitLaunchRequest(session_id=self.session.id, launch_id=self.id)
+        await link.call(link.stub.WaitLaunch, request, timeout)
+        self.completed = True
+        return self
+
+
+class AsyncBuffer:
+    """A device buffer owned by an ``AsyncClient``: ``await write``/``read`` in streamed chunks,
+    then ``await free()`` (or use it as ``async with``). Made by ``AsyncClient.buffer`` and
+    ``AsyncClient.empty``."""
+
+    id: str
+    nbytes: int
+    capacity: int
+    dtype: np.dtype[Any] | None
+    device: int
+    shape: tuple[int, ...] | None
+    _link: AioLink
+    _freed: bool
+
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("an AsyncBuffer is made by AsyncClient.buffer() or AsyncClient.empty()")
+
+    @classmethod
+    def _made(
+        cls,
+        link: AioLink,
+        response: pb.AllocateBufferResponse,
+        nbytes: int,
+        dtype: np.dtype[Any] | None,
+        shape: tuple[int, ...] | None,
+    ) -> AsyncBuffer:
+        buffer = object.__new__(cls)
+        buffer._link = link
+        buffer._freed = False
+        buffer.id = response.buffer_id
+        buffer.nbytes = nbytes
+        buffer.capacity = response.byte_size
+        buffer.dtype = dtype
+        buffer.device = response.device
+        buffer.shape = shape
+        return buffer
+
+    def __repr__(self) -> str:
+        state = " freed" if self._freed else ""
+        kind = _dtypes.name_of(self.dtype)
+        return f"<accy.aio.AsyncBuffer {self.id} {self.nbytes} bytes {kind}{state}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._freed
+
+    @property
+    def size(self) -> int:
+        """Elements of ``dtype`` the buffer holds (bytes when it has no dtype)."""
+        return self.nbytes // (self.dtype.itemsize if self.dtype is not None else 1)
+
+    def on(self, link: object) -> str:
+        """This buffer's id for a call (a launch names it); a freed buffer raises."""
+        if self._freed:
+            raise freed_error(self.id)
+        return self.id
+
+    async def write(
+        self,
+        array: np.ndarray[Any, Any] | Sequence[Any],
+        offset: int = 0,
+        *,
+        chunk_size: int | None = None,
+        progress: Progress | None = None,
+        timeout: float | None = UNSET,
+    ) -> int:
+        """Upload ``array`` at byte ``offset`` in chunks; returns the bytes written (checked as
+        ``Buffer.write`` checks)."""
+        raw = write_data(self.id, self.dtype, self.nbytes, array, offset)
+        self.on(self._link)
+        link = self._link
+        size = _chunks.check_chunk_size(chunk_size or link.chunk_size)
+        chunks = _chunks.write_chunks(self.id, raw, offset, size, progress)
+        answer = await link.stream_in(link.stub.WriteBuffer, chunks, link.timeout_of(timeout))
+        return int(answer.bytes_written)
+
+    async def read(
+        self,
+        dtype: DTypeLike | None = None,
+        count: int | None = None,
+        *,
+        offset: int = 0,
+        out: np.ndarray[Any, Any] | None = None,
+        chunk_size: int | None = None,
+        progress: Progress | None = None,
+        timeout: float | None = UNSET,
+    ) -> np.ndarray[Any, Any]:
+        """Download ``count`` elements (default: to the end, or ``out``'s size) from byte
+        ``offset``; with ``out`` fill and return it (as ``Buffer.read``)."""
+        plan = read_plan(self.id, self.nbytes, self.dtype, dtype, count, offset, out)
+        self.on(self._link)
+        if plan.size == 0:
+            return np.empty(0, dtype=plan.kind) if out is None else out
+        link = self._link
+        chunk = _chunks.check_chunk_size(chunk_size or link.chunk_size)
+        request = pb.ReadBufferRequest(
+            buffer_id=self.id, offset=offset, size=plan.size, chunk_size=chunk
+        )
+        gathered = _chunks.Gathered(offset, plan.size, progress)
+        await link.stream_out(
+            link.stub.ReadBuffer, request, link.timeout_of(timeout), gathered.take
+        )
+        got = gathered.result()
+        if out is not None:
+            out.reshape(-1).view(np.uint8)[:] = got
+            return out
+        return shaped_read(got, plan, offset, self.dtype, self.shape, self.size)
+
+    async def free(self) -> None:
+        """Free the buffer on the daemon; later calls do nothing."""
+        if self._freed:
+            return
+        self._freed = True
+        link = self._link
+        if link.closed or link.lost is not None:
+            return  # the daemon freed it with the client
+        try:
+            await link.call(link.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id))
+        except AccyError:
+            if link.lost is None:
+                raise
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.free()

@@ -1,0 +1,265 @@
+"""``accy.aio`` against a real daemon (host backend): many launches awaited at once from one
+event loop, a wait cancelled midway, and the blocking client's errors for the same mistakes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from accy.aio import AsyncBuffer, AsyncClient, AsyncSession
+from accy.client import Client
+from accy.errors import AccyError, ClientClosed
+from accy.protocol.ring import RING_ENV
+from accy.testing import RunningDaemon, running_daemon
+
+SLOW_CATALOG = Path(__file__).parents[1] / "catalogs" / "slow"
+SAXPY = "accy.kernel.saxpy"
+SLOW = "accy.test.slow"
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[RunningDaemon]:
+    """``accyd serve --backend host`` with the built-in catalog and the slow pipeline."""
+    with running_daemon(backend="host", tcp=False, extra=["--catalog", str(SLOW_CATALOG)]) as d:
+        yield d
+        assert d.process.poll() is None, f"accyd died during the tests:\n{d.log_text()}"
+
+
+def daemon_holds(target: str) -> tuple[int, int, int]:
+    """(clients, sessions, buffers) the daemon holds for everyone, asked by a client of its
+    own (counted among the clients)."""
+    with Client(target, client_name="observer") as observer:
+        status = observer.status()
+        return status.clients, status.sessions, status.buffers
+
+
+def test_a_hundred_launches_awaited_at_once_from_one_loop(daemon: RunningDaemon) -> None:
+    n = 256
+    x = np.arange(n, dtype=np.float32)
+    y = np.full(n, 3.0, dtype=np.float32)
+
+    async def main() -> list[np.ndarray[Any, Any]]:
+        async with AsyncClient(daemon.unix_target) as client:
+            xb, yb = await client.buffer(x), await client.buffer(y)
+            outs = await asyncio.gather(*(client.empty(n, "f32") for _ in range(100)))
+            async with await client.load(SAXPY) as session:
+                launches = await asyncio.gather(
+                    *(
+                        session.launch([xb, yb], [out], n=n, a=float(i))
+                        for i, out in enumerate(outs)
+                    )
+                )
+                assert all(launch.completed for launch in launches)
+                assert len({launch.id for launch in launches}) == 100
+                return list(await asyncio.gather(*(out.read() for out in outs)))
+
+    results = asyncio.run(main())
+    for i, got in enumerate(results):
+        np.testing.assert_array_equal(got, np.float32(i) * x + y)
+    assert daemon_holds(daemon.unix_target) == (1, 0, 0)  # everything went with the client
+
+
+def test_launches_without_waiting_then_awaited(daemon: RunningDaemon) -> None:
+    x = np.arange(8, dtype=np.float32)
+
+    async def main() -> np.ndarray[Any, Any]:
+        async with AsyncClient(daemon.unix_target) as client:
+            xb, yb = await client.buffer(x), await client.buffer(x)
+            session = await client.load(SAXPY)
+            first = await session.launch([xb, yb], [yb], wait=False, n=8, a=1.0)
+            await session.launch([xb, yb], [yb], wait=False, n=8, a=1.0)
+            assert (await first.wait()).completed
+            await session.wait()
+            got = await yb.read()
+            await session.release()
+            await session.release()  # idempotent
+            return got
+
+    np.testing.assert_array_equal(asyncio.run(main()), 3 * x)
+
+
+def test_a_wait_cancelled_midway_leaks_nothing_and_the_client_goes_on(
+    daemon: RunningDaemon,
+) -> None:
+    x = np.arange(4, dtype=np.float32)
+
+    async def main() -> None:
+        async with AsyncClient(daemon.unix_target) as client:
+            xb, yb = await client.buffer(x), await client.empty(4, "f32")
+            session = await client.load(SLOW)
+            # a launch awaited with wait=True, cancelled while the daemon runs it
+            task = asyncio.create_task(session.launch([xb], [yb], n=4, ms=1500))
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert time.monotonic() - started < 0.5  # the loop was never blocked
+            # a launch's own wait, cancelled midway
+            enqueued = await session.launch([xb], [yb], wait=False, n=4, ms=800)
+            waiting = asyncio.create_task(enqueued.wait())
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert not enqueued.completed
+            # the work itself ran to its end, and the client goes on as before
+            await (await enqueued.wait()).wait()
+            np.testing.assert_array_equal(await yb.read(), x)
+            status = await client.status()
+            assert (status.my_sessions, status.my_buffers) == (1, 2)
+            await session.release()
+            await xb.free()
+            await yb.free()
+            status = await client.status()
+            assert (status.my_sessions, status.my_buffers) == (0, 0)
+            (ran,) = await client.run(SAXPY, x, x, a=2.0)
+            np.testing.assert_array_equal(ran, 3 * x)
+        assert client.closed
+        with pytest.raises(ClientClosed):
+            await client.status()
+        left = [task for task in asyncio.all_tasks() if task.get_name().startswith("accy-aio")]
+        assert not left  # its Attach reader and pinger ended with it
+
+    asyncio.run(main())
+    assert daemon_holds(daemon.unix_target) == (1, 0, 0)
+
+
+# -- the same mistakes, the same errors ------------------------------------------------------
+
+Mistake = Callable[[Any, Any, Any, Any], Any]
+"""``mistake(client, session, x, out)``: one wrong use, for either client (awaited if async)."""
+
+MISTAKES: dict[str, Mistake] = {
+    "launch: too few operands": lambda c, s, x, out: s.launch([x], [out], n=4, a=1.0),
+    "launch: too many results": lambda c, s, x, out: s.launch([x, x], [out, out], n=4, a=1.0),
+    "launch: a numpy array for a buffer": lambda c, s, x, out: s.launch(
+        [np.zeros(4, np.float32), x], [out], n=4, a=1.0
+    ),
+    "launch: scalar below its type": lambda c, s, x, out: s.launch([x, x], [out], n=-1, a=1.0),
+    "launch: scalar past its type": lambda c, s, x, out: s.launch([x, x], [out], n=2**32, a=1.0),
+    "launch: scalar past the pipeline's bound": lambda c, s, x, out: s.launch(
+        [x, x], [out], n=2**31, a=1.0
+    ),
+    "launch: scalar past the buffers": lambda c, s, x, out: s.launch([x, x], [out], n=5, a=1.0),
+    "launch: scalar missing": lambda c, s, x, out: s.launch([x, x], [out], n=4),
+    "launch: scalar unknown": lambda c, s, x, out: s.launch([x, x], [out], n=4, a=1.0, b=2),
+    "launch: float for an integer": lambda c, s, x, out: s.launch([x, x], [out], n=4.0, a=1.0),
+    "intermediates: scalar unknown": lambda c, s, x, out: s.allocate_intermediates(m=1),
+    "load: unknown pipeline": lambda c, s, x, out: c.load("accy.kernel.nothing"),
+    "load: unknown version": lambda c, s, x, out: c.load(SAXPY, 99),
+    "run: unknown pipeline": lambda c, s, x, out: c.run("accy.kernel.nothing", np.ones(4)),
+    "run: wrong operand count": lambda c, s, x, out: c.run(SAXPY, np.ones(4, np.float32)),
+    "run: wrong dtype": lambda c, s, x, out: c.run(SAXPY, np.ones(4), np.ones(4), a=1.0),
+    "run: scalar out of bounds": lambda c, s, x, out: c.run(
+        SAXPY, np.ones(4, np.float32), np.ones(4, np.float32), a=1e39
+    ),
+    "buffer: negative size": lambda c, s, x, out: c.buffer(-1),
+    "write: wrong dtype": lambda c, s, x, out: x.write(np.ones(4)),
+    "write: past the end": lambda c, s, x, out: x.write(np.ones(4, np.float32), 4),
+    "read: past the end": lambda c, s, x, out: x.read(count=5),
+    "read: out of another size": lambda c, s, x, out: x.read(count=3, out=np.empty(4, np.float32)),
+}
+
+
+def blocking_error(target: str, mistake: Mistake) -> tuple[str, AccyError]:
+    with Client(target) as client:
+        x = client.buffer(np.ones(4, np.float32))
+        out = client.empty(4, "f32")
+        session = client.load(SAXPY)
+        with pytest.raises(AccyError) as caught:
+            mistake(client, session, x, out)
+        return _ids_out(caught.value, session.id, x.id, out.id)
+
+
+def async_error(target: str, mistake: Mistake) -> tuple[str, AccyError]:
+    async def main() -> tuple[str, AccyError]:
+        async with AsyncClient(target) as client:
+            x: AsyncBuffer = await client.buffer(np.ones(4, np.float32))
+            out: AsyncBuffer = await client.empty(4, "f32")
+            session: AsyncSession = await client.load(SAXPY)
+            with pytest.raises(AccyError) as caught:
+                made = mistake(client, session, x, out)
+                assert isinstance(made, Awaitable), "an accy.aio call that is not awaitable"
+                await made
+            return _ids_out(caught.value, session.id, x.id, out.id)
+
+    return asyncio.run(main())
+
+
+def _ids_out(error: AccyError, *ids: str) -> tuple[str, AccyError]:
+    """The error's text with this client's own ids in it named by role (they differ)."""
+    text = str(error)
+    for role, one in zip(("<session>", "<x>", "<out>"), ids, strict=True):
+        text = text.replace(one, role)
+    return text, error
+
+
+@pytest.mark.parametrize("ring", ["ring", "calls"])
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_a_mistake_raises_what_the_blocking_client_raises(
+    daemon: RunningDaemon, monkeypatch: pytest.MonkeyPatch, mistake: str, ring: str
+) -> None:
+    """The same class, message, reason and fields. Against the blocking client launching by
+    calls, every mistake; against its ring, the ones it refuses before sending (the ring
+    says which record a refusal of the daemon's was, as a call needs not)."""
+    wrong = MISTAKES[mistake]
+    if ring == "calls":
+        monkeypatch.setenv(RING_ENV, "0")
+    blocking_text, blocking = blocking_error(daemon.unix_target, wrong)
+    async_text, raised = async_error(daemon.unix_target, wrong)
+    assert type(raised) is type(blocking)
+    assert raised.reason == blocking.reason
+    if ring == "ring" and "record" in blocking.metadata:  # the daemon refused a ring record
+        said = async_text.removeprefix(f"{raised.code.name}: ").split(" [")[0]
+        assert said in blocking_text  # the daemon's words, after the record's name
+        return
+    assert async_text == blocking_text
+    assert raised.fields == blocking.fields
+
+
+def test_a_freed_buffer_and_a_released_session_say_so_as_the_blocking_ones_do(
+    daemon: RunningDaemon,
+) -> None:
+    def blocking() -> list[str]:
+        with Client(daemon.unix_target) as client:
+            x = client.buffer(np.ones(4, np.float32))
+            session = client.load(SAXPY)
+            x.free()
+            session.release()
+            said = []
+            for wrong in (lambda: x.read(), lambda: session.launch([x, x], [x], n=4, a=1.0)):
+                with pytest.raises(AccyError) as caught:
+                    wrong()
+                said.append(_ids_out(caught.value, session.id, x.id, "-")[0])
+            return said
+
+    async def awaited() -> list[str]:
+        async with AsyncClient(daemon.unix_target) as client:
+            x = await client.buffer(np.ones(4, np.float32))
+            session = await client.load(SAXPY)
+            await x.free()
+            await session.release()
+            said = []
+            for wrong in (lambda: x.read(), lambda: session.launch([x, x], [x], n=4, a=1.0)):
+                with pytest.raises(AccyError) as caught:
+                    await wrong()
+                said.append(_ids_out(caught.value, session.id, x.id, "-")[0])
+            return said
+
+    assert asyncio.run(awaited()) == blocking()
+
+
+def test_an_unopened_client_says_how_to_open_it() -> None:
+    async def main() -> None:
+        client = AsyncClient("unix:/nonexistent/accy.sock")
+        with pytest.raises(ClientClosed, match="async with AsyncClient"):
+            await client.status()
+
+    asyncio.run(main())
