@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 from google.rpc.error_details_pb2 import (  # type: ignore[import-untyped, unused-ignore]
@@ -440,7 +441,8 @@ def from_rpc_error(error: grpc.RpcError) -> AccyError:
     code = error.code()
     message = error.details() or code.name
     try:
-        status = rpc_status.from_call(error)
+        # an AioRpcError has the code(), details() and trailing_metadata() it reads
+        status = rpc_status.from_call(cast(grpc.Call, error))
     except ValueError:  # details that disagree with the status line: keep the line
         status = None
     return from_status(code, message, status)

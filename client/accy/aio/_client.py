@@ -39,9 +39,11 @@ class AsyncClient:
 
     Opening (``await client.open()``, or ``async with``) attaches; ``close()``
     detaches and the daemon frees every session and buffer the client made. Make
-    and use it on one event loop. Launches are unary calls (no ring), and the
-    client does not attach again by itself: once its daemon restarted or detached
-    it, calls raise ``Unavailable`` saying so.
+    and use it on one event loop. On the daemon's own host launches go through its
+    ring, as the blocking client's do, their waits awaited on the loop
+    (``accy.aio._ring``); elsewhere (TCP, ``ACCY_RING=0``) as unary calls. The client
+    does not attach again by itself: once its daemon restarted or detached it, calls
+    raise ``Unavailable`` saying so.
     """
 
     def __init__(

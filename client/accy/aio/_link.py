@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -26,6 +26,9 @@ from accy._rpc import method_path, open_aio_channel
 from accy.errors import AccyError, ClientClosed, DeadlineExceeded, Unavailable
 from accy.protocol import CLIENT_ID_METADATA
 from accy.protocol.launch.v1 import launch_pb2 as pb
+
+if TYPE_CHECKING:
+    from accy.aio._ring import AioRing
 
 __all__ = ["AioLink", "AioStub"]
 
@@ -73,6 +76,7 @@ class AioStub:
         self.FreeBuffer = uu("FreeBuffer", pb.FreeBufferRequest, pb.FreeBufferResponse)
         self.Run = uu("Run", pb.RunRequest, pb.RunResponse)
         self.GetStatus = uu("GetStatus", pb.GetStatusRequest, pb.GetStatusResponse)
+        self.OpenRing = uu("OpenRing", pb.OpenRingRequest, pb.OpenRingResponse)
 
 
 class AioLink:
@@ -107,6 +111,10 @@ class AioLink:
         self.lost: AccyError | None = None
         """Why the attachment ended, once it did: every call then raises it."""
         self.closed = False
+        self.ring: AioRing | None = None
+        """The ring launches go through (``accy.aio._ring``), once the first launch opened it."""
+        self.ring_tried = False
+        self.ring_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._attach: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent] | None = None
 
@@ -116,23 +124,33 @@ class AioLink:
         """The typed error of a failed call: the blocking client's translation, unchanged."""
         return translate(error, target=self.target, secure=self.secure, has_token=self._has_token)
 
-    def judged(self, failure: AccyError) -> AccyError:
-        """``failure``, after ending the attachment if it shows the daemon forgot this client."""
+    def judged(self, failure: AccyError, link: object = None) -> AccyError:
+        """``failure``, after ending the attachment if it shows the daemon forgot this client
+        (``link``: this one, as the ring's launches name it)."""
         if (device_lost(failure) or names_client(failure)) and self.lost is None:
             self.lost = failure
         return failure
 
+    def closed_error(self) -> ClientClosed:
+        return ClientClosed(f"the client of {self.target} is closed; make a new AsyncClient")
+
+    def lost_error(self, what: str) -> Unavailable:
+        """Why nothing more goes out once the attachment ended (``what``: the work it took)."""
+        lost = self.lost
+        assert lost is not None
+        return Unavailable(
+            f"{what}: this client's attachment to {self.target} ended ({lost.message}); "
+            "make a new AsyncClient",
+            reason=lost.reason or "DETACHED",
+            metadata=dict(lost.metadata),
+        )
+
     def check_open(self) -> None:
         """Raise why no call may go out: the client closed, or its attachment ended."""
         if self.closed:
-            raise ClientClosed(f"the client of {self.target} is closed; make a new AsyncClient")
+            raise self.closed_error()
         if self.lost is not None:
-            raise Unavailable(
-                f"this client's attachment to {self.target} ended ({self.lost.message}); "
-                "make a new AsyncClient",
-                reason=self.lost.reason or "DETACHED",
-                metadata=dict(self.lost.metadata),
-            )
+            raise self.lost_error("no call can go out")
 
     def timeout_of(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is UNSET else timeout
@@ -197,6 +215,8 @@ class AioLink:
     ) -> _T:
         """One unary call; a failure raises its typed error ``from`` the gRPC one."""
         self.check_open()
+        if self.ring is not None:
+            await self.ring.settle()
         try:
             return await method(request, metadata=self.metadata, timeout=self.timeout_of(timeout))
         except grpc.RpcError as error:
@@ -210,6 +230,8 @@ class AioLink:
     ) -> _T:
         """A client-streaming call (a buffer's writes)."""
         self.check_open()
+        if self.ring is not None:
+            await self.ring.settle()
         try:
             return await method(requests, metadata=self.metadata, timeout=timeout)
         except grpc.RpcError as error:
@@ -225,6 +247,8 @@ class AioLink:
         """A server-streaming call (a buffer's reads): each answer to ``take``; cancelled if left
         early."""
         self.check_open()
+        if self.ring is not None:
+            await self.ring.settle()
         call = method(request, metadata=self.metadata, timeout=timeout)
         try:
             async for answer in call:
@@ -239,6 +263,8 @@ class AioLink:
         if self.closed:
             return
         self.closed = True
+        if self.ring is not None:
+            self.ring.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

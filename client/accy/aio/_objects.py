@@ -3,9 +3,9 @@
 
 Each builds its requests and refuses bad input with the blocking client's own
 helpers (``accy._requests``, ``accy._scalars``), so the same mistake raises the same
-error from either client. Launches are unary ``Launch`` calls awaited on the event
-loop; a launch made with ``wait=True`` is one call that the daemon answers once the
-work finished, so cancelling the task that awaits it cancels the call, not the work.
+error from either client. A launch goes through the link's ring where it has one
+(``accy.aio._ring``), else as a unary ``Launch`` call; either way it is awaited on
+the event loop, and cancelling the task that awaits it cancels the wait, not the work.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from accy._requests import (
     shaped_read,
     write_data,
 )
-from accy._scalars import pack_scalars
+from accy._scalars import check_scalars, pack_scalars
+from accy._transport import Ticket
 from accy.aio._link import AioLink
+from accy.aio._ring import AioRing, ring_of
 from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -103,19 +105,34 @@ class AsyncSession:
         """Enqueue the pipeline on this session's stream; with ``wait``, return once it finished.
 
         Scalars and buffers are checked before anything is sent, as by ``Session.launch``;
-        the daemon's refusal raises here. Cancelling the awaiting task cancels the call:
-        the launch, once enqueued, still runs, and ``wait()`` (or the session's) finds it.
+        the daemon's refusal raises here (through a ring, a refusal of a launch nobody
+        waited for is raised by the session's next launch or wait, naming its record).
+        Cancelling the awaiting task cancels the wait: the launch, once sent, still runs,
+        and ``wait()`` (or the session's) finds it.
         """
         link = self._link
-        request = launch_request(self, operands, results, scalars, wait, link)
-        response = await link.call(link.stub.Launch, request, timeout)
-        return AsyncLaunch(self, response)
+        if not link.ring_tried:
+            check_scalars(self.info, scalars)  # a launch refused here opens no ring
+        ring = await ring_of(link)
+        if ring is None:
+            request = launch_request(self, operands, results, scalars, wait, link)
+            response = await link.call(link.stub.Launch, request, timeout)
+            return AsyncLaunch._called(self, response)
+        launch = AsyncLaunch._ringed(
+            self, ring, await ring.launch(self, operands, results, scalars, timeout)
+        )
+        if wait:
+            await launch.wait(timeout)
+        return launch
 
     async def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far."""
         link = self._link
-        request = pb.WaitLaunchRequest(session_id=self.id_on(link))
-        await link.call(link.stub.WaitLaunch, request, timeout)
+        session_id = self.id_on(link)
+        if link.ring is not None:
+            await link.ring.wait(None, session_id, timeout)
+            return
+        await link.call(link.stub.WaitLaunch, pb.WaitLaunchRequest(session_id=session_id), timeout)
 
     async def release(self) -> None:
         """Let this load go (idempotent); the daemon frees the session once its work ended."""
@@ -125,6 +142,8 @@ class AsyncSession:
         link = self._link
         if link.closed or link.lost is not None:
             return  # the daemon freed it with the client
+        if link.ring is not None:
+            link.ring.forget(self.id)  # before the call, which the daemon takes after it
         await link.call(link.stub.Release, pb.ReleaseRequest(session_id=self.id))
 
     async def __aenter__(self) -> Self:
@@ -142,30 +161,66 @@ class AsyncSession:
 class AsyncLaunch:
     """One launch of an ``AsyncSession``: done if it was waited for, else ``await wait()``."""
 
-    __slots__ = ("completed", "elapsed_seconds", "enqueue_seconds", "id", "session")
+    __slots__ = (
+        "_ring",
+        "_ticket",
+        "completed",
+        "elapsed_seconds",
+        "enqueue_seconds",
+        "id",
+        "record",
+        "session",
+    )
 
-    record = None
-    """Launches of ``accy.aio`` go as calls, never as ring records."""
+    session: AsyncSession
+    completed: bool
+    id: str | None
+    """The daemon's id of a launch made by a call (``lau_...``); ``None`` through a ring."""
+    record: int | None
+    """The ring record that carried the launch (the daemon's errors name it); ``None`` for a
+    launch made by a call."""
+    enqueue_seconds: float | None
+    elapsed_seconds: float | None
+    _ring: AioRing | None
+    _ticket: Ticket | None
 
-    def __init__(self, session: AsyncSession, response: pb.LaunchResponse) -> None:
-        self.session = session
-        self.id: str = response.launch_id
-        """The daemon's id of the launch (``lau_...``)."""
-        self.completed: bool = response.completed
-        self.enqueue_seconds: float = response.enqueue_seconds
-        self.elapsed_seconds: float = response.elapsed_seconds
+    def __init__(self, *_: object, **__: object) -> None:
+        raise TypeError("an AsyncLaunch is made by AsyncSession.launch()")
+
+    @classmethod
+    def _called(cls, session: AsyncSession, response: pb.LaunchResponse) -> AsyncLaunch:
+        launch = object.__new__(cls)
+        launch.session, launch._ring, launch._ticket = session, None, None
+        launch.id, launch.record = response.launch_id, None
+        launch.completed = response.completed
+        launch.enqueue_seconds = response.enqueue_seconds
+        launch.elapsed_seconds = response.elapsed_seconds
+        return launch
+
+    @classmethod
+    def _ringed(cls, session: AsyncSession, ring: AioRing, ticket: Ticket) -> AsyncLaunch:
+        launch = object.__new__(cls)
+        launch.session, launch._ring, launch._ticket = session, ring, ticket
+        launch.id, launch.record = None, ticket.record
+        launch.completed = False
+        launch.enqueue_seconds = launch.elapsed_seconds = None
+        return launch
 
     def __repr__(self) -> str:
+        what = f"ring record {self.record}" if self.record is not None else self.id
         state = "completed" if self.completed else "enqueued"
-        return f"<accy.aio.AsyncLaunch {self.id} of {self.session.id} {state}>"
+        return f"<accy.aio.AsyncLaunch {what} of {self.session.id} {state}>"
 
     async def wait(self, timeout: float | None = UNSET) -> AsyncLaunch:
         """Until this launch finished on the device; returns ``self``. A refusal raises why."""
         if self.completed:
             return self
-        link = self.session._link
-        request = pb.WaitLaunchRequest(session_id=self.session.id, launch_id=self.id)
-        await link.call(link.stub.WaitLaunch, request, timeout)
+        if self._ring is not None:
+            await self._ring.wait(self._ticket, None, timeout)
+        else:
+            link = self.session._link
+            request = pb.WaitLaunchRequest(session_id=self.session.id, launch_id=self.id or "")
+            await link.call(link.stub.WaitLaunch, request, timeout)
         self.completed = True
         return self
 
@@ -286,6 +341,8 @@ class AsyncBuffer:
         link = self._link
         if link.closed or link.lost is not None:
             return  # the daemon freed it with the client
+        if link.ring is not None:
+            link.ring.forget(self.id)  # before the call, which the daemon takes after it
         try:
             await link.call(link.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id))
         except AccyError:
