@@ -62,8 +62,9 @@ class AioRing:
     ) -> Ticket:
         """Write one launch record (once there is room) without waiting for it."""
         ring, left = self.ring, self._timeout(timeout)
-        if ring.head - ring.done > ring.slots - ROOM:
-            room = await self._until(lambda: ring.head - ring.done <= ring.slots - ROOM, left)
+        most = ring.slots - min(ROOM, ring.slots // 2)  # records not done it may hold first
+        if ring.head - ring.done > most:
+            room = await self._until(lambda: ring.head - ring.done <= most, left)
             if not room:  # closed: the launch below says so, as the blocking client does
                 left = 0.0
         return self.launches.launch(owner, operands, results, scalars, False, left)
