@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from accy.aio import AsyncBuffer, AsyncClient, AsyncSession
+from accy.aio import AsyncBuffer, AsyncClient, AsyncLaunch, AsyncSession
 from accy.aio import _ring as aio_ring
 from accy.client import Client
-from accy.errors import AccyError, ClientClosed
+from accy.errors import AccyError, ClientClosed, Unavailable
 from accy.protocol.ring import RING_ENV
 from accy.testing import RunningDaemon, running_daemon
 from tests.waiting import eventually
@@ -288,3 +288,71 @@ def test_a_ring_wait_is_woken_by_the_daemon_not_by_looking_again(
             return time.monotonic() - started
 
     assert asyncio.run(main()) < 4.0
+
+
+def test_a_refusal_nobody_waited_for_is_raised_where_the_blocking_client_raises_it(
+    daemon: RunningDaemon, way: str
+) -> None:
+    def blocking() -> str:
+        with Client(daemon.unix_target) as client:
+            x, out = client.buffer(np.ones(4, np.float32)), client.empty(4, "f32")
+            session = client.load(SAXPY)
+            with pytest.raises(AccyError) as caught:  # a call's refusal: at the launch
+                session.launch([x, x], [out], wait=False, n=5, a=1.0)  # past the buffers
+                session.wait()
+            session.launch([x, x], [out], n=4, a=1.0)  # reported once: the session goes on
+            return _ids_out(caught.value, session.id, x.id, out.id)[0]
+
+    async def awaited() -> str:
+        async with AsyncClient(daemon.unix_target) as client:
+            x, out = await client.buffer(np.ones(4, np.float32)), await client.empty(4, "f32")
+            session = await client.load(SAXPY)
+            try:
+                await session.launch([x, x], [out], wait=False, n=5, a=1.0)
+                await session.wait()
+            except AccyError as error:
+                said = _ids_out(error, session.id, x.id, out.id)[0]
+            else:
+                raise AssertionError("the refusal was not raised")
+            await session.launch([x, x], [out], n=4, a=1.0)
+            return said
+
+    said = asyncio.run(awaited())
+    assert said == blocking()
+    assert ("ring record <n> was refused" in said) == (way == "ring")
+
+
+def test_launches_are_calls_where_the_daemon_offers_no_ring() -> None:
+    with running_daemon(backend="host", tcp=False, extra=["--no-rings"]) as daemon:
+
+        async def main() -> AsyncLaunch:
+            async with AsyncClient(daemon.unix_target) as client:
+                x, out = await client.buffer(np.ones(4, np.float32)), await client.empty(4, "f32")
+                session = await client.load(SAXPY)
+                launch = await session.launch([x, x], [out], n=4, a=2.0)
+                np.testing.assert_array_equal(await out.read(), np.full(4, 3, np.float32))
+                return launch
+
+        launch = asyncio.run(main())
+    assert launch.id is not None and launch.record is None
+
+
+def test_a_client_whose_daemon_went_away_says_so_and_does_not_hang(tmp_path: Path) -> None:
+    with running_daemon(backend="host", tcp=False) as daemon:
+
+        async def main() -> None:
+            async with AsyncClient(daemon.unix_target, timeout=10) as client:
+                session = await client.load(SAXPY)
+                x = await client.buffer(np.ones(4, np.float32))
+                await session.launch([x, x], [x], n=4, a=1.0)
+                await asyncio.to_thread(daemon.stop)
+                started = time.monotonic()
+                with pytest.raises(Unavailable):
+                    await session.launch([x, x], [x], n=4, a=1.0)
+                with pytest.raises(Unavailable) as caught:
+                    await client.status()
+                assert "make a new AsyncClient" in caught.value.message
+                assert not client.attached
+                assert time.monotonic() - started < 5
+
+        asyncio.run(main())

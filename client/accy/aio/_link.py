@@ -23,7 +23,13 @@ from accy._failures import translate
 from accy._link import device_lost, names_client
 from accy._models import Attachment
 from accy._rpc import method_path, open_aio_channel
-from accy.errors import AccyError, ClientClosed, DeadlineExceeded, Unavailable
+from accy.errors import (
+    AccyError,
+    ClientClosed,
+    DaemonUnreachable,
+    DeadlineExceeded,
+    Unavailable,
+)
 from accy.protocol import CLIENT_ID_METADATA
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -31,6 +37,10 @@ if TYPE_CHECKING:
     from accy.aio._ring import AioRing
 
 __all__ = ["AioLink", "AioStub"]
+
+LOSS_GRACE = 1.0
+"""How long a call that found no daemon waits to learn whether the daemon went away (the
+Attach stream ends) rather than being out of reach for a moment."""
 
 _Req = TypeVar("_Req", bound=Message)
 _Resp = TypeVar("_Resp", bound=Message)
@@ -116,6 +126,8 @@ class AioLink:
         self.ring_tried = False
         self.ring_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._ended = asyncio.Event()
+        """Set once the Attach stream ended."""
         self._attach: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent] | None = None
 
     # -- errors ---------------------------------------------------------------------------
@@ -144,6 +156,18 @@ class AioLink:
             reason=lost.reason or "DETACHED",
             metadata=dict(lost.metadata),
         )
+
+    async def failed(self, error: grpc.RpcError) -> AccyError:
+        """The error a failed call raises: its own, unless it found no daemon because the
+        daemon went away (the Attach stream ends within ``LOSS_GRACE``): then why the
+        attachment ended, which says what to do."""
+        failure = self.judged(self.translate(error))
+        if isinstance(failure, DaemonUnreachable) and self.lost is None and not self.closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ended.wait(), LOSS_GRACE)
+        if self.lost is not None and self.lost is not failure and not self.closed:
+            return self.lost_error(f"the call failed ({failure.message})")
+        return failure
 
     def check_open(self) -> None:
         """Raise why no call may go out: the client closed, or its attachment ended."""
@@ -185,22 +209,23 @@ class AioLink:
 
     async def _pump(self, call: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent]) -> None:
         """Read the Attach stream's heartbeats until it ends; then note why."""
+        why: AccyError = Unavailable(
+            "the daemon ended this client's Attach stream", reason="DETACHED"
+        )
         try:
-            async for _ in call:
+            while await call.read() is not grpc.aio.EOF:  # read(), as attach() began: not both ways
                 pass
         except grpc.RpcError as error:
+            why = self.translate(error)
+        finally:
             if not self.closed and self.lost is None:
-                self.lost = self.translate(error)
-            return
-        if not self.closed and self.lost is None:
-            self.lost = Unavailable(
-                "the daemon ended this client's Attach stream", reason="DETACHED"
-            )
+                self.lost = why
+            self._ended.set()
 
     async def _ping(self, period: float) -> None:
         """Tell the daemon this client lives, four times per liveness period."""
         request = pb.PingRequest()
-        while True:
+        while self.lost is None:
             await asyncio.sleep(period)
             with contextlib.suppress(grpc.RpcError):
                 await self.stub.Ping(request, metadata=self.metadata, timeout=period)
@@ -220,7 +245,7 @@ class AioLink:
         try:
             return await method(request, metadata=self.metadata, timeout=self.timeout_of(timeout))
         except grpc.RpcError as error:
-            raise self.judged(self.translate(error)) from error
+            raise await self.failed(error) from error
 
     async def stream_in(
         self,
@@ -235,7 +260,7 @@ class AioLink:
         try:
             return await method(requests, metadata=self.metadata, timeout=timeout)
         except grpc.RpcError as error:
-            raise self.judged(self.translate(error)) from error
+            raise await self.failed(error) from error
 
     async def stream_out(
         self,
@@ -254,7 +279,7 @@ class AioLink:
             async for answer in call:
                 take(answer)
         except grpc.RpcError as error:
-            raise self.judged(self.translate(error)) from error
+            raise await self.failed(error) from error
         finally:
             call.cancel()
 
