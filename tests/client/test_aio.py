@@ -4,6 +4,7 @@ event loop, a wait cancelled midway, and the blocking client's errors for the sa
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -356,3 +357,25 @@ def test_a_client_whose_daemon_went_away_says_so_and_does_not_hang(tmp_path: Pat
                 assert time.monotonic() - started < 5
 
         asyncio.run(main())
+
+
+def test_a_buffer_and_a_session_dropped_unfreed_are_freed_in_the_background(
+    daemon: RunningDaemon, way: str
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(daemon.unix_target) as client:
+            x = await client.buffer(np.ones(4, np.float32))
+            session = await client.load(SAXPY)
+            await session.launch([x, x], [x], n=4, a=1.0)
+            kept = await client.empty(4, "f32")
+            del x, session
+            gc.collect()
+            for _ in range(200):
+                status = await client.status()
+                if (status.my_sessions, status.my_buffers) == (0, 1):
+                    break
+                await asyncio.sleep(0.01)
+            assert (status.my_sessions, status.my_buffers) == (0, 1)
+            await kept.free()
+
+    asyncio.run(main())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -126,6 +126,8 @@ class AioLink:
         self.ring_tried = False
         self.ring_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop = asyncio.get_running_loop()
+        self._later: set[asyncio.Task[None]] = set()
         self._ended = asyncio.Event()
         """Set once the Attach stream ended."""
         self._attach: grpc.aio.UnaryStreamCall[Any, pb.AttachEvent] | None = None
@@ -283,6 +285,21 @@ class AioLink:
         finally:
             call.cancel()
 
+    def later(self, work: Callable[[], Awaitable[object]]) -> None:
+        """Run ``work()`` soon on this link's loop, ignoring its errors: for a cleanup asked
+        from a finalizer, which may run on any thread and must not block or raise."""
+        loop = self._loop
+
+        def start() -> None:
+            if self.closed or self.lost is not None:
+                return  # the daemon frees it all with the client
+            task = loop.create_task(_quietly(work()))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: so is the client
+            loop.call_soon_threadsafe(start)
+
     async def close(self) -> None:
         """End the Attach stream (the daemon frees what the client made) and the channel."""
         if self.closed:
@@ -298,3 +315,8 @@ class AioLink:
         if self._attach is not None:
             self._attach.cancel()
         await self.channel.close()
+
+
+async def _quietly(work: Awaitable[object]) -> None:
+    with contextlib.suppress(AccyError):
+        await work

@@ -10,6 +10,7 @@ the event loop, and cancelling the task that awaits it cancels the wait, not the
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -39,6 +40,28 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 __all__ = ["AsyncBuffer", "AsyncLaunch", "AsyncSession"]
 
 
+def _release_dropped(link: AioLink, session_id: str) -> None:
+    """A session collected unreleased: release it soon on its loop."""
+
+    async def release() -> None:
+        if link.ring is not None:
+            link.ring.forget(session_id)
+        await link.call(link.stub.Release, pb.ReleaseRequest(session_id=session_id))
+
+    link.later(release)
+
+
+def _free_dropped(link: AioLink, buffer_id: str) -> None:
+    """A buffer collected unfreed: free it soon on its loop."""
+
+    async def free() -> None:
+        if link.ring is not None:
+            link.ring.forget(buffer_id)
+        await link.call(link.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=buffer_id))
+
+    link.later(free)
+
+
 class AsyncSession:
     """A loaded pipeline with its own stream on the daemon: ``await launch(...)`` many times,
     then ``await release()`` (or use it as ``async with``). Made by ``AsyncClient.load``."""
@@ -50,6 +73,8 @@ class AsyncSession:
     info: PipelineInfo
     _link: AioLink
     _released: bool
+    _net: weakref.finalize[Any, Any]
+    """The safety net: a session collected unreleased is released in the background."""
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("an AsyncSession is made by AsyncClient.load()")
@@ -59,6 +84,8 @@ class AsyncSession:
         session = object.__new__(cls)
         session._link = link
         session._released = False
+        session._net = weakref.finalize(session, _release_dropped, link, response.session_id)
+        session._net.atexit = False  # at exit the daemon frees it all when the client goes
         session.id = response.session_id
         session.device = response.device
         session.created = response.created
@@ -139,6 +166,7 @@ class AsyncSession:
         if self._released:
             return
         self._released = True
+        self._net.detach()
         link = self._link
         if link.closed or link.lost is not None:
             return  # the daemon freed it with the client
@@ -238,6 +266,8 @@ class AsyncBuffer:
     shape: tuple[int, ...] | None
     _link: AioLink
     _freed: bool
+    _net: weakref.finalize[Any, Any]
+    """The safety net: a buffer collected unfreed is freed in the background."""
 
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("an AsyncBuffer is made by AsyncClient.buffer() or AsyncClient.empty()")
@@ -254,6 +284,8 @@ class AsyncBuffer:
         buffer = object.__new__(cls)
         buffer._link = link
         buffer._freed = False
+        buffer._net = weakref.finalize(buffer, _free_dropped, link, response.buffer_id)
+        buffer._net.atexit = False
         buffer.id = response.buffer_id
         buffer.nbytes = nbytes
         buffer.capacity = response.byte_size
@@ -338,6 +370,7 @@ class AsyncBuffer:
         if self._freed:
             return
         self._freed = True
+        self._net.detach()
         link = self._link
         if link.closed or link.lost is not None:
             return  # the daemon freed it with the client
