@@ -379,3 +379,29 @@ def test_a_buffer_and_a_session_dropped_unfreed_are_freed_in_the_background(
             await kept.free()
 
     asyncio.run(main())
+
+
+def test_a_scan_with_scratch_and_reads_into_an_array(daemon: RunningDaemon, way: str) -> None:
+    n = 10_000
+    x = np.random.default_rng(7).random(n, dtype=np.float32)
+    got = np.empty(n, np.float32)
+    seen: list[tuple[int, int]] = []
+
+    async def main() -> np.ndarray[Any, Any]:
+        async with AsyncClient(daemon.unix_target, chunk_size=16 << 10) as client:
+            xs = await client.empty(n, "f32")
+            await xs.write(x[: n // 2])
+            await xs.write(
+                x[n // 2 :], 4 * (n // 2), progress=lambda done, _: seen.append((done, _))
+            )
+            ys = await client.empty(n, "f32")
+            async with await client.load("accy.kernel.device_scan") as scan:
+                assert await scan.allocate_intermediates(n=n) > 0
+                await scan.launch([xs], [ys], n=n)
+            assert await ys.read(out=got) is got
+            return await xs.read(offset=4 * 10, count=5)
+
+    part = asyncio.run(main())
+    np.testing.assert_allclose(got, np.cumsum(x, dtype=np.float64), rtol=1e-4)
+    np.testing.assert_array_equal(part, x[10:15])
+    assert seen[-1] == (2 * n, 2 * n) and len(seen) > 1  # bytes, chunk by chunk
