@@ -4,7 +4,9 @@ event loop, a wait cancelled midway, and the blocking client's errors for the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -405,3 +407,27 @@ def test_a_scan_with_scratch_and_reads_into_an_array(daemon: RunningDaemon, way:
     np.testing.assert_allclose(got, np.cumsum(x, dtype=np.float64), rtol=1e-4)
     np.testing.assert_array_equal(part, x[10:15])
     assert seen[-1] == (2 * n, 2 * n) and len(seen) > 1  # bytes, chunk by chunk
+
+
+def test_launches_cancelled_as_the_ring_opens_leave_no_descriptor_behind(
+    daemon: RunningDaemon,
+) -> None:
+    async def main(cancel_after: int) -> None:
+        async with AsyncClient(daemon.unix_target) as client:
+            x = await client.buffer(np.ones(4, np.float32))
+            session = await client.load(SAXPY)
+            task = asyncio.create_task(session.launch([x, x], [x], n=4, a=1.0))
+            for _ in range(cancel_after):  # cancelled at each step on the way to its record,
+                await asyncio.sleep(0)  # the ring's handoff (on a thread) among them
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await session.launch([x, x], [x], n=4, a=1.0)
+
+    asyncio.run(main(0))  # gRPC's own descriptors, made once per process
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for steps in range(1, 40):
+        asyncio.run(main(steps))
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before  # (a ring is two eventfds and a map)

@@ -170,7 +170,22 @@ async def _open(link: AioLink) -> AioRing | None:
     try:
         offer = await link.call(link.stub.OpenRing, pb.OpenRingRequest())
         handoff = socket_path.with_name(offer.handoff_name)
-        ring = await asyncio.to_thread(Ring.connect, handoff, offer.ring_id, offer.ticket)
+        taking = asyncio.ensure_future(
+            asyncio.to_thread(Ring.connect, handoff, offer.ring_id, offer.ticket)
+        )
+        try:
+            ring = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the ring still comes: close it then, not leak it
+            taking.add_done_callback(_close_taken)
+            raise
     except (AccyError, OSError, RingClosed):
         return None
+    if link.closed:
+        ring.close()
+        return None
     return AioRing(link, ring)
+
+
+def _close_taken(taking: asyncio.Future[Ring]) -> None:
+    if not taking.cancelled() and taking.exception() is None:
+        taking.result().close()
