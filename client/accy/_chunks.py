@@ -13,6 +13,7 @@ from accy.protocol.launch.v1 import launch_pb2
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "MAX_CHUNK_SIZE",
+    "Gathered",
     "Progress",
     "as_bytes",
     "check_chunk_size",
@@ -67,6 +68,39 @@ def write_chunks(
             progress(start + len(piece), total)
 
 
+class Gathered:
+    """Read chunks placed by their offsets into ``size`` bytes that start at byte ``offset``,
+    one at a time (``take``), for a stream read by a loop or by an iterator alike."""
+
+    def __init__(self, offset: int, size: int, progress: Progress | None = None) -> None:
+        self.out = np.empty(size, dtype=np.uint8)
+        self._offset = offset
+        self._size = size
+        self._progress = progress
+        self._received = 0
+
+    def take(self, chunk: launch_pb2.ReadBufferChunk) -> None:
+        """Place one chunk; one outside the requested bytes raises ``DataLoss``."""
+        data = chunk.data  # each access copies the bytes out of the message: once only
+        start = chunk.offset - self._offset
+        end = start + len(data)
+        if start < 0 or end > self._size:
+            raise DataLoss(
+                f"read chunk at offset {chunk.offset} ({len(data)} bytes) "
+                f"falls outside the requested bytes {self._offset}..{self._offset + self._size}"
+            )
+        self.out[start:end] = np.frombuffer(data, dtype=np.uint8)
+        self._received += len(data)
+        if self._progress is not None:
+            self._progress(self._received, self._size)
+
+    def result(self) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The bytes, once every chunk came; ``DataLoss`` if some did not."""
+        if self._received != self._size:
+            raise DataLoss(f"read returned {self._received} of {self._size} bytes")
+        return self.out
+
+
 def gather(
     chunks: Iterable[launch_pb2.ReadBufferChunk],
     offset: int,
@@ -74,21 +108,7 @@ def gather(
     progress: Progress | None = None,
 ) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """Place each chunk by its offset into ``size`` bytes that start at byte ``offset``."""
-    out = np.empty(size, dtype=np.uint8)
-    received = 0
+    gathered = Gathered(offset, size, progress)
     for chunk in chunks:
-        data = chunk.data  # each access copies the bytes out of the message: once only
-        start = chunk.offset - offset
-        end = start + len(data)
-        if start < 0 or end > size:
-            raise DataLoss(
-                f"read chunk at offset {chunk.offset} ({len(data)} bytes) "
-                f"falls outside the requested bytes {offset}..{offset + size}"
-            )
-        out[start:end] = np.frombuffer(data, dtype=np.uint8)
-        received += len(data)
-        if progress is not None:
-            progress(received, size)
-    if received != size:
-        raise DataLoss(f"read returned {received} of {size} bytes")
-    return out
+        gathered.take(chunk)
+    return gathered.result()

@@ -14,6 +14,7 @@ __all__ = [
     "PemSource",
     "auth_metadata",
     "channel_credentials",
+    "client_credentials",
     "read_pem",
     "resolve_token",
 ]
@@ -69,4 +70,21 @@ def channel_credentials(
         root_certificates=None if tls_ca is None else read_pem(tls_ca, "TLS CA"),
         private_key=None if tls_key is None else read_pem(tls_key, "TLS key"),
         certificate_chain=None if tls_cert is None else read_pem(tls_cert, "TLS certificate"),
+    )
+
+
+def client_credentials(
+    credentials: grpc.ChannelCredentials | None,
+    *,
+    tls: bool,
+    tls_ca: PemSource | None,
+    tls_cert: PemSource | None,
+    tls_key: PemSource | None,
+) -> grpc.ChannelCredentials | None:
+    """A client's channel credentials: ``credentials`` given, else the TLS options'
+    (``channel_credentials``); both at once are refused."""
+    if credentials is not None and (tls or tls_ca or tls_cert or tls_key):
+        raise ValueError("pass either credentials or the tls options, not both")
+    return credentials or channel_credentials(
+        tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
     )

@@ -21,6 +21,13 @@ from accy._connection import UNSET, Connection
 from accy._dtypes import DTypeLike
 from accy._export import ExportedBuffer, map_export
 from accy._link import Link, device_lost, device_replaced
+from accy._requests import (
+    allocation_request,
+    freed_error,
+    read_plan,
+    shaped_read,
+    write_data,
+)
 from accy._target import unix_socket_of
 from accy.errors import (
     AccyError,
@@ -91,14 +98,7 @@ def allocate(
     exportable: bool = False,
 ) -> Buffer:
     """A new buffer of ``nbytes`` bytes on the daemon (for ``Client.buffer`` and ``empty``)."""
-    if nbytes < 0:
-        raise InvalidArgument(
-            f"a buffer cannot hold {nbytes} bytes",
-            field_violations=[FieldViolation("byte_size", "must not be negative")],
-        )
-    request = pb.AllocateBufferRequest(
-        byte_size=nbytes, dtype=_dtypes.to_wire(dtype), device=device, exportable=exportable
-    )
+    request = allocation_request(nbytes, dtype, device, exportable)
     response, link = conn.call(conn.stub.AllocateBuffer, request)
     return new_buffer(
         conn,
@@ -194,11 +194,7 @@ class Buffer(Resource):
         ):
             return self.id
         if self.closed:
-            raise InvalidArgument(
-                f"buffer {self.id} was freed; make a new one",
-                reason="BUFFER_FREED",
-                field_violations=[FieldViolation("buffer_id", "the buffer was freed")],
-            )
+            raise freed_error(self.id)
         mine = self._link
         if mine.lost is not None:
             raise BufferLost(self.id, mine.lost, session=mine.fault_session)
@@ -229,13 +225,6 @@ class Buffer(Resource):
         self._link.transport.forget(self.id)  # records kept may name it
         return BufferLost(self.id, self._gone[0], session=session)
 
-    def _range(self, offset: int, size: int) -> None:
-        if offset < 0 or size < 0 or offset + size > self.nbytes:
-            why = f"bytes {offset}..{offset + size} are outside 0..{self.nbytes}"
-            raise InvalidArgument(
-                f"buffer {self.id}: {why}", field_violations=[FieldViolation("offset", why)]
-            )
-
     def write(
         self,
         array: np.ndarray[Any, Any] | Sequence[Any],
@@ -250,15 +239,7 @@ class Buffer(Resource):
         An ndarray must have the buffer's dtype (no silent conversion); a plain
         sequence is converted to it.
         """
-        data = array if isinstance(array, np.ndarray) else np.asarray(array, dtype=self.dtype)
-        kind = _dtypes.to_numpy(data.dtype)
-        if self.dtype is not None and kind != self.dtype:
-            why = f"is {data.dtype}, the buffer holds {_dtypes.name_of(self.dtype)}"
-            raise InvalidArgument(
-                f"buffer {self.id}: data {why}", field_violations=[FieldViolation("data", why)]
-            )
-        raw = _chunks.as_bytes(data, kind)
-        self._range(offset, len(raw))
+        raw = write_data(self.id, self.dtype, self.nbytes, array, offset)
         conn = self._conn
         size = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
         with self._using() as link:
@@ -279,18 +260,11 @@ class Buffer(Resource):
     ) -> np.ndarray[Any, Any]:
         """Download ``count`` elements (default: to the end, or ``out``'s size) from byte
         ``offset``, in chunks; with ``out`` (a writable C-contiguous array) fill and return it."""
-        kind = _dtypes.to_numpy(dtype) if dtype is not None else self.dtype
-        kind = kind if kind is not None else np.dtype(np.uint8)
-        if out is not None:
-            kind = _check_out(out, kind, count)
-            count = out.size
-        if count is None:
-            count = max(self.nbytes - offset, 0) // kind.itemsize
-        size = count * kind.itemsize
-        self._range(offset, size)
+        plan = read_plan(self.id, self.nbytes, self.dtype, dtype, count, offset, out)
+        size = plan.size
         self.on(self._link)
         if size == 0:
-            return np.empty(0, dtype=kind) if out is None else out
+            return np.empty(0, dtype=plan.kind) if out is None else out
         conn = self._conn
         chunk = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
         with self._using() as link:
@@ -299,10 +273,7 @@ class Buffer(Resource):
             )
         if out is not None:
             return out
-        whole = self.shape is not None and offset == 0 and kind == self.dtype
-        return (
-            got.view(kind).reshape(self.shape) if whole and count == self.size else got.view(kind)
-        )
+        return shaped_read(got, plan, offset, self.dtype, self.shape, self.size)
 
     def export(self, timeout: float | None = UNSET) -> ExportedBuffer:
         """This buffer's memory mapped in this process, with no copy, once the daemon's work
@@ -348,18 +319,6 @@ class Buffer(Resource):
         except AccyError:
             if link.lost is None:
                 raise
-
-
-def _check_out(out: np.ndarray[Any, Any], kind: np.dtype[Any], count: int | None) -> np.dtype[Any]:
-    """The element type to read into ``out``, which must fit the read."""
-    why = ""
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        why = "must be a writable, C-contiguous array"
-    elif count is not None and count != out.size:
-        why = f"holds {out.size} elements, the read asks for {count}"
-    if why:
-        raise InvalidArgument(f"out {why}", field_violations=[FieldViolation("out", why)])
-    return _dtypes.to_numpy(out.dtype)
 
 
 def operand_arrays(

@@ -344,6 +344,30 @@ class Ring:
             finally:
                 self._halves[layout.CLIENT_WAITS_HALF] = 0
 
+    # Waiting on an event loop (accy.aio) -------------------------------------------------
+
+    @property
+    def complete_fd(self) -> int:
+        """The ``complete`` eventfd, for an event loop to watch (``loop.add_reader``)."""
+        return self._complete_fd
+
+    def sleeping(self, asleep: bool) -> None:
+        """Say whether a waiter sleeps on ``complete`` (the daemon then writes it as ``done``
+        moves), as a blocking wait does around its poll."""
+        if not self._closed:
+            self._halves[layout.CLIENT_WAITS_HALF] = 1 if asleep else 0
+
+    def woken(self) -> None:
+        """Read ``complete`` once it is readable (it counts wakes; the count is not needed)."""
+        with self._fd_lock, contextlib.suppress(BlockingIOError):
+            if not self._closed:
+                os.eventfd_read(self._complete_fd)
+
+    @property
+    def closed_by_daemon(self) -> bool:
+        """Whether the daemon closed the ring (detached, stopping, or the ring was misused)."""
+        return self._closed or bool(self._u32(layout.CLOSED))
+
     # Errors -----------------------------------------------------------------------------
 
     def has_errors(self) -> bool:

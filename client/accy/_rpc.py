@@ -9,7 +9,14 @@ from google.protobuf.message import Message
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-__all__ = ["SERVICE_NAME", "Stub", "channel_options", "open_channel"]
+__all__ = [
+    "SERVICE_NAME",
+    "Stub",
+    "channel_options",
+    "method_path",
+    "open_aio_channel",
+    "open_channel",
+]
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["LaunchService"]
 SERVICE_NAME = _SERVICE.full_name
@@ -44,15 +51,36 @@ def open_channel(
     ``server_name`` is the name to check the daemon's certificate against,
     where it differs from the target's host.
     """
-    options: list[tuple[str, Any]] = list(channel_options())
+    options = _options(credentials, server_name)
     if credentials is None:
         return grpc.insecure_channel(target, options)
-    if server_name:
-        options.append(("grpc.ssl_target_name_override", server_name))
     return grpc.secure_channel(target, credentials, options)
 
 
-def _path(name: str) -> str:
+def open_aio_channel(
+    target: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    *,
+    server_name: str | None = None,
+) -> grpc.aio.Channel:
+    """``open_channel``'s channel for asyncio (``grpc.aio``), with the same options."""
+    options = _options(credentials, server_name)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options)
+    return grpc.aio.secure_channel(target, credentials, options)
+
+
+def _options(
+    credentials: grpc.ChannelCredentials | None, server_name: str | None
+) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = list(channel_options())
+    if credentials is not None and server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+def method_path(name: str) -> str:
+    """The full path of one method of the launch service (``/accy.launch.v1.../Launch``)."""
     return f"/{SERVICE_NAME}/{_SERVICE.methods_by_name[name].name}"
 
 
@@ -63,22 +91,22 @@ class Stub:
         def uu(
             name: str, req: type[_Req], resp: type[_Resp]
         ) -> grpc.UnaryUnaryMultiCallable[_Req, _Resp]:
-            return channel.unary_unary(_path(name), req.SerializeToString, resp.FromString)
+            return channel.unary_unary(method_path(name), req.SerializeToString, resp.FromString)
 
         def us(
             name: str, req: type[_Req], resp: type[_Resp]
         ) -> grpc.UnaryStreamMultiCallable[_Req, _Resp]:
-            return channel.unary_stream(_path(name), req.SerializeToString, resp.FromString)
+            return channel.unary_stream(method_path(name), req.SerializeToString, resp.FromString)
 
         def su(
             name: str, req: type[_Req], resp: type[_Resp]
         ) -> grpc.StreamUnaryMultiCallable[_Req, _Resp]:
-            return channel.stream_unary(_path(name), req.SerializeToString, resp.FromString)
+            return channel.stream_unary(method_path(name), req.SerializeToString, resp.FromString)
 
         def ss(
             name: str, req: type[_Req], resp: type[_Resp]
         ) -> grpc.StreamStreamMultiCallable[_Req, _Resp]:
-            return channel.stream_stream(_path(name), req.SerializeToString, resp.FromString)
+            return channel.stream_stream(method_path(name), req.SerializeToString, resp.FromString)
 
         self.Attach = us("Attach", pb.AttachRequest, pb.AttachEvent)
         self.Ping = uu("Ping", pb.PingRequest, pb.PingResponse)

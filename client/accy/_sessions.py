@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from accy._connection import UNSET, Connection
 from accy._link import Link, device_replaced, names_client
 from accy._models import PipelineInfo
+from accy._requests import released_error
 from accy._resources import Buffer, Resource
 from accy._scalars import pack_scalars
 from accy._transport import Ticket
-from accy.errors import AccyError, FailedPrecondition, SessionLost, Unavailable
+from accy.errors import AccyError, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["Launch", "Session", "new_session"]
@@ -156,11 +157,7 @@ class Session(Resource):
     def id_on(self, link: Link) -> str:
         """This session's id for a call on ``link``, loading it there first if need be."""
         if self.closed:
-            raise FailedPrecondition(
-                f"session {self._id} ({self.info.target}) was released; load the pipeline "
-                "again to use it",
-                reason="SESSION_RELEASED",
-            )
+            raise released_error(self._id, self.info.target)
         if self._link is not link or self._replaced:
             self._move(link)
         if self._failure is not None:

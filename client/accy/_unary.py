@@ -19,8 +19,8 @@ from accy import _chunks
 from accy._chunks import Progress
 from accy._connection import Connection
 from accy._link import Link, device_lost
-from accy._scalars import check_scalars
-from accy._transport import BufferRef, LaunchOwner, Ticket, ids_of
+from accy._requests import launch_request
+from accy._transport import BufferRef, LaunchOwner, Ticket
 from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -48,13 +48,7 @@ class UnaryLaunches:
         timeout: Any,
     ) -> Ticket:
         link = self._link
-        request = pb.LaunchRequest(
-            runtime_scalars=check_scalars(owner.info, scalars),
-            session_id=owner.id_on(link),
-            operands=ids_of(operands, link, "operands"),
-            results=ids_of(results, link, "results"),
-            wait=wait,
-        )
+        request = launch_request(owner, operands, results, scalars, wait, link)
         conn = self._conn
         response, _ = conn.call(conn.stub.Launch, request, timeout, link=link)
         return Ticket(

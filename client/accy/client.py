@@ -22,21 +22,19 @@ import numpy as np
 from accy import _chunks, _dtypes, _transports
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import DEFAULT_WINDOW, UNSET, Connection
-from accy._credentials import PemSource, auth_metadata, channel_credentials, resolve_token
+from accy._credentials import PemSource, auth_metadata, client_credentials, resolve_token
 from accy._dtypes import DTypeLike
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
+from accy._requests import pick_pipeline, run_request, run_results
 from accy._resources import Buffer, allocate, operand_arrays
 from accy._rpc import open_channel
-from accy._scalars import pack_scalars
 from accy._sessions import Launch, Session, new_session
 from accy._target import resolve_target
 from accy.errors import (
     BufferLost,
     DeadlineExceeded,
-    FieldViolation,
-    InvalidArgument,
     NotFound,
     Unavailable,
 )
@@ -68,6 +66,13 @@ def _check_window(window: int) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"launch_window must be a whole number of launches, 1 or more: {window!r}")
     return window
+
+
+def check_liveness(liveness: float | None) -> int:
+    """The whole seconds of silence the daemon may allow (0: no limit); under 1 is refused."""
+    if liveness is not None and liveness < 1:
+        raise ValueError(f"liveness must be at least 1 second (or None), not {liveness}")
+    return 0 if liveness is None else math.ceil(liveness)
 
 
 class Client:
@@ -124,13 +129,10 @@ class Client:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
         chunk = _chunks.check_chunk_size(chunk_size)
-        if credentials is not None and (tls or tls_ca or tls_cert or tls_key):
-            raise ValueError("pass either credentials or the tls options, not both")
-        if liveness is not None and liveness < 1:
-            raise ValueError(f"liveness must be at least 1 second (or None), not {liveness}")
-        secure = credentials or channel_credentials(
-            tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        secure = client_credentials(
+            credentials, tls=tls, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
         )
+        check_liveness(liveness)
         window = _check_window(launch_window)
         token = resolve_token(token)
         self._conn = Connection(
@@ -148,7 +150,7 @@ class Client:
         self._attacher = Attacher(
             self._conn,
             name=client_name or f"accy-python/{os.getpid()}",
-            liveness=0 if liveness is None else math.ceil(liveness),
+            liveness=check_liveness(liveness),
             attach_timeout=attach_timeout,
             reattach_timeout=reattach_timeout,
             on_reattach=on_reattach,
@@ -304,14 +306,7 @@ class Client:
             self.pipelines()
             with conn.cond:
                 known = self._pipelines[1].get(target, [])
-        matches = [p for p in known if version in (0, p.version)]
-        if not matches:
-            what = f"{target} version {version}" if version else target
-            raise NotFound(
-                f"the daemon has no pipeline {what}",
-                field_violations=[FieldViolation("target", f"unknown pipeline {what}")],
-            )
-        return max(matches, key=lambda p: p.version)
+        return pick_pipeline(known, target, version)
 
     def status(self) -> Status:
         """The daemon's state as this client may see it."""
@@ -412,39 +407,6 @@ class Client:
         """
         info = self.pipeline(target, version)
         arrays = operand_arrays(operands, [spec.name for spec in info.operands], target)
-        if len(arrays) != len(info.operands):
-            raise InvalidArgument(
-                f"{target} takes {len(info.operands)} operands, got {len(arrays)}",
-                field_violations=[FieldViolation("operands", "wrong count")],
-            )
-        tensors = []
-        values: dict[str, float] = dict(scalars)
-        for index, (spec, array) in enumerate(zip(info.operands, arrays, strict=True)):
-            kind = spec.dtype or _dtypes.to_numpy(array.dtype)
-            if array.dtype.newbyteorder("<") != kind:
-                why = f"is {array.dtype}, the pipeline takes {_dtypes.name_of(kind)}"
-                raise InvalidArgument(
-                    f"operand {spec.name!r} {why}",
-                    field_violations=[FieldViolation(f"operands[{index}]", why)],
-                )
-            spec.default_scalars(array, values)
-            tensors.append(
-                pb.Tensor(
-                    name=spec.name,
-                    dtype=_dtypes.to_wire(kind),
-                    data=_chunks.as_bytes(array, kind).tobytes(),
-                )
-            )
-        request = pb.RunRequest(
-            target=target,
-            version=version,
-            format=format,
-            operands=tensors,
-            runtime_scalars=pack_scalars(info.runtime_scalars, values),
-        )
+        request, values = run_request(info, target, version, format, arrays, scalars)
         response = self._conn.unary(self._conn.stub.Run, request, timeout)
-        results = []
-        for spec, tensor in zip(info.results, response.results, strict=False):
-            kind = _dtypes.from_wire(tensor.dtype) or np.dtype(np.uint8)
-            results.append(spec.shaped(np.frombuffer(tensor.data, dtype=kind).copy(), values))
-        return results
+        return run_results(info, response, values)

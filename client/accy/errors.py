@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 from google.rpc.error_details_pb2 import (  # type: ignore[import-untyped, unused-ignore]
@@ -434,13 +435,15 @@ def with_hint(error: AccyError, hint: str) -> AccyError:
 
 
 def from_rpc_error(error: grpc.RpcError) -> AccyError:
-    """Turn a failed gRPC call into the typed exception for its status and details."""
-    if not isinstance(error, grpc.Call):
+    """Turn a failed gRPC call into the typed exception for its status and details (a
+    blocking call's, or a ``grpc.aio`` one's: its error carries the same status)."""
+    if not isinstance(error, grpc.Call | grpc.aio.AioRpcError):
         return Unknown(str(error) or type(error).__name__)
     code = error.code()
     message = error.details() or code.name
     try:
-        status = rpc_status.from_call(error)
+        # an AioRpcError has the code(), details() and trailing_metadata() it reads
+        status = rpc_status.from_call(cast(grpc.Call, error))
     except ValueError:  # details that disagree with the status line: keep the line
         status = None
     return from_status(code, message, status)
