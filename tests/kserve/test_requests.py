@@ -213,3 +213,16 @@ def test_a_remote_caller_registers_no_system_memory() -> None:
     remote = Owner(("t", "x"), "cli", principal, Peer("ipv4:10.0.0.1:1", False), models=None)  # type: ignore[arg-type]
     with pytest.raises(PermissionDenied):
         remote.caller_uid()
+
+
+def test_raw_contents_follow_the_requests_order_of_inputs() -> None:
+    """``raw_input_contents`` are in the order the request lists its inputs: one that names
+    ``simple``'s second operand first gives its bytes first (they once went to the first)."""
+    zeros, ones = np.zeros(16, np.int32).tobytes(), np.ones(16, np.int32).tobytes()
+    checked = check_request(
+        model("simple"),
+        request("simple", ("INPUT1", "INT32", [1, 16], ones), ("INPUT0", "INT32", [1, 16], zeros)),
+        LIMIT,
+    )
+    by_name = {item.spec.name: item.data for item in checked.inputs}
+    assert (by_name["INPUT0"], by_name["INPUT1"]) == (zeros, ones)

@@ -123,6 +123,12 @@ def check_request(model: Model, request: pb.ModelInferRequest, max_message_bytes
     pipeline = model.pipeline
     given = _inputs_by_operand(model, request)
     raw = list(request.raw_input_contents)
+    # Raw contents come in the order of the request's inputs (those without contents or a
+    # region), whatever order the inputs name the model's operands in.
+    raw_at: dict[int, int] = {}
+    for position, tensor in enumerate(request.inputs):
+        if REGION not in tensor.parameters and not tensor.HasField("contents"):
+            raw_at[position] = len(raw_at)
     inputs: list[Input | None] = [None] * len(pipeline.operands)
     taken = 0
     for index, (spec, (position, tensor)) in enumerate(zip(pipeline.operands, given, strict=True)):
@@ -146,19 +152,20 @@ def check_request(model: Model, request: pb.ModelInferRequest, max_message_bytes
         elif tensor.HasField("contents"):
             data = _typed(spec, tensor.contents, byte_size, field)
         else:
-            if taken >= len(raw):
+            at = raw_at[position]
+            if at >= len(raw):
                 raise InvalidRequest(
                     f"input {spec.name!r} has no data: no raw_input_contents entry, contents "
                     f"or {REGION}",
                     field="raw_input_contents",
                 )
-            data = raw[taken]
+            data = raw[at]
             taken += 1
             if len(data) != byte_size:
                 raise InvalidRequest(
                     f"input {spec.name!r} of shape {list(shape)} is {byte_size} bytes; its "
                     f"raw_input_contents entry has {len(data)}",
-                    field=f"raw_input_contents[{taken - 1}]",
+                    field=f"raw_input_contents[{at}]",
                 )
         inputs[index] = Input(spec, shape, byte_size, data, region)
     if taken != len(raw):
