@@ -93,10 +93,11 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* The _v2 entry points first: the plain names of some are the old 32-bit ABI. */
 #define LOAD(name)                                                            \
     do {                                                                      \
-        *(void **)&name = dlsym(lib, #name);                                  \
-        if (!name) *(void **)&name = dlsym(lib, #name "_v2");                 \
+        *(void **)&name = dlsym(lib, #name "_v2");                            \
+        if (!name) *(void **)&name = dlsym(lib, #name);                       \
         if (!name) { fprintf(stderr, "libcuda has no %s\n", #name); return 1; } \
     } while (0)
 

@@ -170,3 +170,32 @@ def test_a_failed_dma_is_raised_and_its_slots_come_back() -> None:
         staging.write(buffer, 0, memoryview(bytearray(4 << 20)), None)
     assert sorted(staging._free) == [0, 1]
     staging.close()
+
+
+def test_closing_waits_for_the_staging_made_in_the_background() -> None:
+    """A backend's staging is made on a thread from its start; closed before that thread is
+    done, the backend would free the context under it, and the make's page-locked allocation
+    failed with CONTEXT_IS_DESTROYED, recorded as a sticky fault of the device for the whole
+    process (seen on the H200 when a test closed its backend within milliseconds)."""
+    import time
+
+    from accyd.backends.shared_ranges import SharedRanges, StagedCopies
+    from accyd.backends.staging import LazyStaging
+
+    started, done = threading.Event(), threading.Event()
+    calls = []
+
+    def make() -> Any:
+        calls.append(1)
+        started.set()
+        time.sleep(0.3)
+        done.set()
+        return None
+
+    staged = StagedCopies(
+        SharedRanges(lambda view: view, lambda anchor: None), LazyStaging(make, background=True)
+    )
+    assert started.wait(5)
+    staged.close()
+    assert done.is_set()  # close returned only once the make was over
+    assert staged.staging.get() is None and len(calls) == 1  # and none is made after

@@ -187,6 +187,7 @@ class StagedCopies:
 
     def close(self) -> None:
         self.ranges.close()
+        self.staging.close()  # a background make finishes first: its slots are freed after
         staging = self.staging.peek()
         if staging is not None:
             staging.close()

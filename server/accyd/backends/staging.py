@@ -242,3 +242,10 @@ class LazyStaging(Generic[_Token]):
 
     def peek(self) -> Staging[_Token] | None:
         return self._made
+
+    def close(self) -> None:
+        """Wait for a staging being made (in the background) and make none after: its owner
+        is about to free the device's context, which a make still running would find gone."""
+        with self._lock:
+            if self._made is None and self._error is None:
+                self._error = RuntimeError("closed before its staging was made")
