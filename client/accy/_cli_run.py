@@ -15,6 +15,7 @@ import numpy as np
 
 from accy import _table, references
 from accy._chunks import Progress
+from accy._cli_files import FileError, read_inputs, write_outputs
 from accy._extent import ExtentError
 from accy._models import BufferSpec, PipelineInfo
 from accy.client import Buffer, Client
@@ -150,6 +151,8 @@ class _RunReport:
     check: list[dict[str, Any]] | None = None
     check_note: str | None = None
     """Why ``--check`` could not check: the run is then not ok."""
+    outputs: list[str] = field(default_factory=list)
+    """The ``.npy`` files ``--output`` wrote."""
 
     @property
     def ok(self) -> bool:
@@ -181,6 +184,7 @@ class _RunReport:
             "download_seconds": self.download_seconds,
             "check": self.check,
             "check_note": self.check_note,
+            "outputs": self.outputs,
             "ok": self.ok,
         }
 
@@ -225,6 +229,7 @@ class _RunReport:
             )
         if self.check_note:
             rows.append(["check", "NOT CHECKED", self.check_note])
+        rows += [["saved", "", path] for path in self.outputs]
         head = (
             f"{self.target} v{self.version} ({self.format}) on {self.backend}"
             f" [{self.device_name}]: {scalars}; seed {self.seed}"
@@ -239,9 +244,23 @@ def run(client: Client, args: argparse.Namespace) -> int:
     given = list(args.scalar)
     if args.n is not None:
         given.insert(0, ("n", str(args.n)))
+    try:
+        files = read_inputs(info, args.input)
+    except FileError as error:
+        raise UsageError(str(error)) from None
+    named: dict[str, float] = {name: 0 for name, _ in given}
+    for spec in info.operands:  # scalars a file's length or dims give, unless given
+        if spec.name in files:
+            spec.default_scalars(files[spec.name], named)
+    given += [(k, str(v)) for k, v in named.items() if k not in dict(given)]
     scalars, drawn = _typed_scalars(info, given, rng)
     integers = {k: int(v) for k, v in scalars.items() if info.scalar(k).is_integer}
-    inputs = [_random_input(rng, *_shape(spec, integers)) for spec in info.operands]
+    inputs = [
+        files[spec.name].reshape(-1)
+        if spec.name in files
+        else _random_input(rng, *_shape(spec, integers))
+        for spec in info.operands
+    ]
     err = sys.stderr
     started = time.perf_counter()
     session = client.load(args.pipeline, args.version, args.format)
@@ -311,6 +330,8 @@ def run(client: Client, args: argparse.Namespace) -> int:
                 }
                 for c in references.compare(reference, inputs, results, scalars)
             ]
+    if args.output is not None:
+        report.outputs = [str(p) for p in write_outputs(info, results, scalars, args.output)]
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.to_text())
     if report.check_note:
         print(f"accy: {report.check_note}", file=err)

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = commands.add_parser(
-        "run", help="run a pipeline on random inputs and time it", epilog=_EPILOG
+        "run", help="run a pipeline on random inputs (or .npy files) and time it", epilog=_EPILOG
     )
     p.add_argument("pipeline", help="pipeline target, e.g. accy.kernel.device_scan")
     p.add_argument("--n", type=int, help="the runtime scalar n (elements)")
@@ -281,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="", help="artifact format (default: the backend's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--repeat", type=int, default=1, help="launches to time (default 1)")
+    p.add_argument(
+        "--input",
+        action="append",
+        type=parse_scalar,
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="operand NAME from a .npy file of its dtype (repeatable); a scalar its length "
+        "or dims give is read from it; operands not given are random",
+    )
+    p.add_argument(
+        "--output", type=Path, metavar="DIR", help="save each result as DIR/NAME.npy, shaped"
+    )
     p.add_argument("--check", action="store_true", help="compare with the numpy reference")
     p.add_argument("--json", action="store_true", help="print JSON")
 

@@ -149,3 +149,42 @@ def test_the_cli_lists_types_and_shapes_and_runs_them(daemon: RunningDaemon) -> 
     ):
         ran = subprocess.run([*base, "run", *args], capture_output=True, text=True)
         assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_accy_run_reads_npy_inputs_and_saves_shaped_outputs(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    base = [sys.executable, "-m", "accy.cli", "--target", daemon.unix_target, "run"]
+    x = RNG.standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    ran = subprocess.run(
+        [
+            *base,
+            "dt.transpose",
+            "--input",
+            f"x={tmp_path / 'x.npy'}",
+            "--output",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )  # rows and cols come from the file's dims
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert json.loads(ran.stdout)["outputs"] == [str(tmp_path / "out" / "y.npy")]
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), x.T)
+
+    np.save(tmp_path / "wide.npy", x.astype(np.float64))
+    wrong = subprocess.run(
+        [*base, "dt.transpose", "--input", f"x={tmp_path / 'wide.npy'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert wrong.returncode == 2
+    assert "holds float64; dt.transpose takes f32 (save it as that type)" in wrong.stderr
+    unknown = subprocess.run(
+        [*base, "dt.transpose", "--input", f"z={tmp_path / 'x.npy'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert unknown.returncode == 2 and "has no operand 'z' (x)" in unknown.stderr
