@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from accyd.catalog import load_catalog
 from accyd.core.tenants import Quotas
 from accyd.doors.kserve.models import Model, find_model, parse_version
-from accyd.doors.kserve.owners import Owner
+from accyd.doors.kserve.owners import Owner, Owners
 from accyd.doors.kserve.peers import Peer, TcpTable, parse_peer
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.tensors import check_request
@@ -212,7 +214,38 @@ def test_a_remote_caller_registers_no_system_memory() -> None:
     principal = Principal("t", frozenset({"launch"}), Quotas())
     remote = Owner(("t", "x"), "cli", principal, Peer("ipv4:10.0.0.1:1", False), models=None)  # type: ignore[arg-type]
     with pytest.raises(PermissionDenied):
-        remote.caller_uid()
+        Owners(None, None).caller_uid(remote)  # type: ignore[arg-type]
+
+
+def test_a_unix_caller_registers_memory_only_where_no_other_user_may_connect(
+    tmp_path: Path,
+) -> None:
+    """gRPC names no Unix-socket caller: one let in by the socket's group must not register
+    objects by the daemon's own user (it read and wrote a 0600 object that way)."""
+    principal = Principal("t", frozenset({"launch"}), Quotas())
+    local = Owner(("t", "unix:"), "cli", principal, Peer("unix:", True), models=None)  # type: ignore[arg-type]
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    sock = folder / "accyd.sock"
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(sock))
+    os.chmod(sock, 0o660)
+    owners = Owners(None, None, unix_sockets=(sock,))  # type: ignore[arg-type]
+    modes = {parent: parent.stat().st_mode & 0o7777 for parent in [folder, *folder.parents]}
+    try:
+        assert owners.caller_uid(local) == os.geteuid()  # the folder shuts others out
+        for parent, mode in modes.items():  # every folder above lets others through
+            if parent.stat().st_uid == os.geteuid():
+                os.chmod(parent, mode | 0o011)
+        with pytest.raises(PermissionDenied, match="other users may connect"):
+            owners.caller_uid(local)
+        os.chmod(sock, 0o600)  # the socket itself shuts them out
+        assert owners.caller_uid(local) == os.geteuid()
+    finally:
+        listening.close()
+        for parent, mode in modes.items():
+            if parent.stat().st_uid == os.geteuid():
+                os.chmod(parent, mode)
 
 
 def test_raw_contents_follow_the_requests_order_of_inputs() -> None:

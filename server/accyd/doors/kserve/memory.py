@@ -38,7 +38,7 @@ class SharedMemory:
         self.cuda = cuda
 
     async def register(self, owner: Owner, request: pb.SystemSharedMemoryRegisterRequest) -> None:
-        uid = owner.caller_uid()
+        uid = self.owners.caller_uid(owner)
         held = sum(len(o.regions) for o in self.owners.of_tenant(owner.tenant))
         if held >= MAX_TENANT_REGIONS:
             raise QuotaExceeded(
@@ -87,7 +87,7 @@ class SharedMemory:
         self, owner: Owner, request: pb.CudaSharedMemoryRegisterRequest
     ) -> None:
         cuda = self._cuda()
-        owner.caller_uid()  # local callers only, as for system regions
+        self.owners.caller_uid(owner)  # local callers only, as for system regions
         await self.calls.blocking_for(
             owner.client_id,
             cuda.register,

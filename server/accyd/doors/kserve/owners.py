@@ -5,8 +5,9 @@ caller is its tenant (from its token, or the default tenant) and who it is on
 this host: on TCP from the loopback, the user owning its end of the connection
 (the kernel's socket table says; perf_analyzer registers regions on one
 connection and infers on others, so a connection alone cannot be the client);
-on the Unix socket, whose calls carry no connection, the tenant alone; from
-another host, its connection. The client owns the sessions, pooled buffers and
+on a Unix socket, whose calls carry no connection, the tenant alone (and
+shared memory only while no other user may connect there); from another host,
+its connection. The client owns the sessions, pooled buffers and
 shared-memory regions its calls make. It is detached, and all of that freed,
 once none of its loopback connections is open any more (read each sweep), once
 it made no call for ``liveness`` seconds, or at shutdown; never while one of
@@ -22,12 +23,13 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 
 from accyd.core.daemon import Daemon
 from accyd.doors.kserve.cuda_regions import CudaRegions
-from accyd.doors.kserve.peers import Peer, TcpTable, parse_peer
+from accyd.doors.kserve.peers import Peer, TcpTable, others_may_connect, parse_peer
 from accyd.doors.kserve.regions import Regions
 from accyd.doors.kserve.sessions import ModelSessions
 from accyd.errors import PermissionDenied, QuotaExceeded
@@ -66,23 +68,6 @@ class Owner:
     def tenant(self) -> str:
         return self.principal.tenant
 
-    def caller_uid(self) -> int:
-        """The user whose shared-memory objects this caller may register.
-
-        ``PermissionDenied`` for a caller on another host. On the loopback, the
-        user owning the caller's end of its connection; on the Unix socket, whose
-        calls carry no connection, the daemon's own user.
-        """
-        if self.peer.unix:
-            return os.geteuid()
-        if self.uid is None:
-            raise PermissionDenied(
-                "system shared memory is only for callers on the daemon's host (its Unix "
-                "socket, or TCP from the loopback): send the tensors in the request",
-                field="key",
-            )
-        return self.uid
-
 
 class Owners:
     """Every KServe caller's client, made at its first call and dropped by the sweep."""
@@ -95,8 +80,12 @@ class Owners:
         liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
         max_per_tenant: int = MAX_PER_TENANT,
         cuda: CudaRegions | None = None,
+        unix_sockets: tuple[Path, ...] = (),
     ) -> None:
+        """``unix_sockets``: where the daemon's doors listen on Unix sockets (their callers
+        are all ``unix:``), to judge who may register shared memory there."""
         self.daemon = daemon
+        self.unix_sockets = unix_sockets
         self.cuda = cuda
         self._models = models
         self.liveness_seconds = liveness_seconds
@@ -109,6 +98,35 @@ class Owners:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+    def caller_uid(self, owner: Owner) -> int:
+        """The user whose shared-memory objects ``owner``'s calls may register.
+
+        On the loopback, the user owning the caller's end of its connection. On a Unix
+        socket, whose calls name no connection and no user, the daemon's own user, and
+        only while no other user may connect to any of its Unix sockets: a caller let in
+        by a socket's group could otherwise read and write what only the daemon's user
+        may. ``PermissionDenied`` there and for a caller on another host.
+        """
+        if owner.peer.unix:
+            shared = [p for p in self.unix_sockets if others_may_connect(p)]
+            if shared:
+                raise PermissionDenied(
+                    f"shared memory is not registered over {shared[0]}: other users may "
+                    "connect to it and gRPC does not say which user calls, so the daemon "
+                    "cannot tell whose objects are yours. Connect over TCP from this host "
+                    "(the kernel names your user there), send the tensors in the request, "
+                    "or keep the socket's folder to the daemon's user (mode 0700)",
+                    field="key",
+                )
+            return os.geteuid()
+        if owner.uid is None:
+            raise PermissionDenied(
+                "system shared memory is only for callers on the daemon's host (its Unix "
+                "socket, or TCP from the loopback): send the tensors in the request",
+                field="key",
+            )
+        return owner.uid
 
     def of_tenant(self, tenant: str) -> list[Owner]:
         return [o for o in self._owners.values() if o.tenant == tenant]

@@ -5,17 +5,20 @@ on TCP (one per connection) and a bare ``unix:`` on a Unix socket (the same for
 every connection there). For a TCP peer on the loopback the kernel's socket
 table (``/proc/net/tcp``, ``tcp6``) says which user owns the caller's end of the
 connection and whether it is still open: the daemon judges shared-memory
-objects by that user and drops a dead connection's client at once.
+objects by that user and drops a dead connection's client at once. A Unix
+socket's caller is nobody in particular: only when no other user may connect
+(``others_may_connect``) is it this daemon's own user.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Peer", "TcpTable", "parse_peer"]
+__all__ = ["Peer", "TcpTable", "others_may_connect", "parse_peer"]
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _ESTABLISHED = "01"
@@ -107,3 +110,25 @@ class TcpTable:
                         return int(fields[6])
                     at = text.find(key, at + 1)
         return None
+
+
+def others_may_connect(socket_path: Path) -> bool:
+    """Whether a user other than this process's (and root) may connect to ``socket_path``.
+
+    Connecting takes write permission on the socket and search permission on every
+    folder above it: the socket is this user's alone when it is this user's and shuts
+    out group and others, or when one of its folders does. Anything unreadable counts
+    as reachable. (ACLs are not read: an operator who grants them shares the socket.)
+    """
+    me = os.geteuid()
+    try:
+        status = socket_path.lstat()
+        if status.st_uid == me and not status.st_mode & 0o022:
+            return False
+        for folder in socket_path.absolute().parents:
+            status = folder.stat()
+            if status.st_uid == me and not status.st_mode & 0o011:
+                return False
+    except OSError:
+        return True
+    return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -74,6 +75,11 @@ class KServeServicer:
                 if config.kserve_cuda_shared_memory
                 else None
             ),
+            unix_sockets=tuple(
+                Path(address.removeprefix("unix:")).expanduser()
+                for address in (*config.listen_addresses, *config.kserve_http_listen)
+                if address.startswith("unix:")
+            ),
         )
 
     def __init__(
@@ -87,8 +93,10 @@ class KServeServicer:
         launch_spin_seconds: float = 0.0,
         liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
         cuda_gpus: tuple[int, ...] | None = None,
+        unix_sockets: tuple[Path, ...] = (),
     ) -> None:
-        """``cuda_gpus``: turn CUDA shared memory on, for these GPU ordinals."""
+        """``cuda_gpus``: turn CUDA shared memory on, for these GPU ordinals;
+        ``unix_sockets``: where the door's callers come in without a name (``Owners``)."""
         self.daemon = daemon
         self.calls = calls
         self._default = default_principal
@@ -99,6 +107,7 @@ class KServeServicer:
             lambda client_id: ModelSessions(daemon, calls, client_id),
             liveness_seconds=liveness_seconds,
             cuda=cuda,
+            unix_sockets=unix_sockets,
         )
         self.memory = SharedMemory(self.owners, calls, cuda)
         self.stats = Statistics(None if metrics is None else metrics.triton)
