@@ -37,6 +37,7 @@ from accyd.doors.kserve.sessions import ModelSessions
 from accyd.doors.kserve.stats import Phases, Statistics
 from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, Reserve, Streams
 from accyd.doors.kserve.tensors import check_request
+from accyd.doors.kserve.turns import TenantTurns
 from accyd.errors import InvalidRequest, NotFound, ShuttingDown, UnsupportedOperation
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics
@@ -112,6 +113,7 @@ class KServeServicer:
         self.memory = SharedMemory(self.owners, calls, cuda)
         self.stats = Statistics(None if metrics is None else metrics.triton)
         self.streams = Streams(calls)
+        self.turns = TenantTurns()
         self._models: dict[tuple[str, str], Model] = {}
         self._indexed = -1
         """The catalog generation ``_index`` and what is kept below were made from."""
@@ -259,10 +261,11 @@ class KServeServicer:
         tenant = self._principal().tenant
         name, version = model.name, model.pipeline.version
         try:
-            response = await self._as_owner(
-                call,
-                lambda owner: self._inference.run(owner, checked, request.id, phases),
-            )
+            async with self.turns.turn(tenant):  # its share of the door (``turns.py``)
+                response = await self._as_owner(
+                    call,
+                    lambda owner: self._inference.run(owner, checked, request.id, phases),
+                )
         except BaseException:
             self.stats.failed(tenant, name, version, phases)
             raise
@@ -276,8 +279,9 @@ class KServeServicer:
         """Each request runs as it arrives; answers go back as they are ready, a failed one
         as its ``error_message`` (``streams.py``: how many wait, and how ends come)."""
         infer = functools.partial(self._infer, call)
-        async for reply in self.streams.serve(request, call, infer):
-            yield reply
+        with self.turns.stream(self._principal().tenant):
+            async for reply in self.streams.serve(request, call, infer):
+                yield reply
 
     # Statistics and repository ----------------------------------------------------
 
