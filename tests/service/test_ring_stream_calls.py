@@ -9,9 +9,12 @@ leaves nothing in flight.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import struct
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -19,8 +22,10 @@ import pytest
 
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from tests.service.harness import Attached, ServerThread, attach, rpc_error
+from accyd.doors.ring.ring import ServerRing
+from tests.service.harness import Attached, ServerThread, attach, make_config, rpc_error
 from tests.service.test_rpcs import download, upload
+from tests.waiting import eventually
 
 N = 50000
 RNG = np.random.default_rng(11)
@@ -184,3 +189,49 @@ def test_a_cancelled_stream_leaves_nothing_in_flight(
     assert [t.launches_in_flight for t in client.GetStatus(pb.GetStatusRequest()).tenants] == [0]
     done = download(client, by)
     assert done[0] in (3.0, 4.0) and np.all(done == done[0])  # the 4th ran or was never read
+
+
+@pytest.mark.parametrize("engine", ["python", "native"])
+def test_a_departed_clients_records_are_dropped_not_decided(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 clients each sent a ring of refused records and left: the daemon went on refusing
+    all 65,536 of them one by one for seconds, their rings held meanwhile."""
+    if engine == "native":
+        pytest.importorskip("accyd.engine._native")
+    refused = 0
+    refuse = ServerRing.refuse
+
+    def counted(ring: ServerRing, *args: Any, **kwargs: Any) -> None:
+        nonlocal refused
+        refused += 1
+        refuse(ring, *args, **kwargs)
+
+    monkeypatch.setattr(ServerRing, "refuse", counted)
+    running = ServerThread(make_config(tmp_path, "tcp", engine=engine))
+    slots = 4096
+    body = b"".join(saxpy(seq, 7, 1, 2, 1.0, wait=False) for seq in range(slots))  # no session 7
+    calls = []
+    outbox: queue.SimpleQueue[pb.RingFrame | None] = queue.SimpleQueue()
+    try:
+        for _ in range(16):
+            channel = grpc.insecure_channel(running.address)
+            client = attach(channel)
+            frames = [pb.RingFrame(slots=slots), pb.RingFrame(first=0, records=body)]
+            call = client.stub.RingStream(  # then open, sending nothing more
+                itertools.chain(frames, iter(outbox.get, None)), metadata=client.metadata
+            )
+            next(call)
+            calls.append((channel, call))
+        engine_of = running.server.ring_doors
+        assert engine_of is not None
+        for channel, call in calls:  # the clients go
+            call.cancel()
+            channel.close()
+        at_leaving = refused
+        assert eventually(lambda: engine_of.engine.stats()["rings"] == 0, timeout=5.0)
+        assert refused - at_leaving < slots, f"{refused - at_leaving} refused after they left"
+    finally:
+        for _ in calls:
+            outbox.put(None)
+        running.stop()

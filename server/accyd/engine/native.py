@@ -278,8 +278,8 @@ class NativeEngine:
 
     def _slow(self, kind: int, index: int, seq: int, code: int, token: int) -> None:
         entry = self._rings.get(index)
-        if entry is None:  # removed meanwhile
-            return
+        if entry is None or entry.ring.abandoned:  # removed meanwhile, or its client left:
+            return  # not resumed, so the engine takes no more of it until it lets it go
         ring = entry.ring
         if kind == _native.SLOW_RECORD:
             raw = ring.memory.record(seq)  # what is decided, and a ticket's key, is this copy

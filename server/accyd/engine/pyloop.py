@@ -244,7 +244,7 @@ class PythonLoop:
 
     @staticmethod
     def _pending(taken: _Taken) -> bool:
-        if taken.ring.broken or taken.pending is not None:
+        if taken.ring.broken or taken.ring.abandoned or taken.pending is not None:
             return False
         return taken.ring.memory.u64(layout.HEAD) != taken.tail
 
@@ -253,7 +253,7 @@ class PythonLoop:
     def _take(self, taken: _Taken) -> int:
         """Decide up to ``batch`` published records; how many."""
         ring = taken.ring
-        if ring.broken:
+        if ring.broken or ring.abandoned:
             return 0
         decided: list[Handled] = []
         if taken.pending is not None:
@@ -277,6 +277,8 @@ class PythonLoop:
         records = memory.records(tail, count)
         for index in range(count):
             at = index * layout.SLOT_SIZE
+            if ring.abandoned:  # its client left meanwhile: the rest is not decided
+                break
             outcome = ring.handle(tail + index, records[at : at + layout.SLOT_SIZE])
             if isinstance(outcome, Pending):  # nothing after it until it is over
                 taken.pending = (tail + index, outcome)

@@ -13,7 +13,9 @@ the slow path, when it writes an entry); the loop reads it and sends the counter
 they are then, so one message answers many records.
 
 The ring lives as long as its stream: the stream's end removes it from the engine and
-closes it; a client that detached ends the stream at its next frame.
+closes it; a client that detached ends the stream at its next frame. A client that
+went (its call cancelled) ends it at once: the ring is abandoned, and the engine
+decides none of its records left (``ServerRing.abandon``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from accyd.clipping import clip
 from accyd.core.daemon import Daemon
 from accyd.core.ids import new_id
 from accyd.doors.grpc.calls import Context
+from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.launches import until_stopped
 from accyd.doors.ring.door import RingTaker, ring_slots
 from accyd.doors.ring.facade import RingObserver
@@ -72,11 +75,16 @@ class RingStreams:
         """Open streams per client."""
 
     async def serve(
-        self, client_id: str, frames: AsyncIterator[pb.RingFrame], context: Context
+        self,
+        client_id: str,
+        frames: AsyncIterator[pb.RingFrame],
+        context: Context,
+        gone: asyncio.Event,
     ) -> None:
         """Open the ring the first frame asks for, then take each frame's records until the
-        client stops sending and its records are done."""
-        frames = until_stopped(frames, self.daemon)
+        client stops sending and its records are done; or, once ``gone`` is set (the client
+        went), at once: the records not yet decided are dropped."""
+        frames = until_ended(until_stopped(frames, self.daemon), gone)
         try:
             hello = await anext(frames)
         except StopAsyncIteration:
@@ -100,6 +108,8 @@ class RingStreams:
         except BaseException:
             self._release(client_id)
             raise
+        leaving = asyncio.ensure_future(gone.wait())
+        leaving.add_done_callback(lambda _: ring.abandon())
         try:
             await context.write(pb.RingState(slots=slots))
             async for frame in frames:
@@ -111,6 +121,7 @@ class RingStreams:
                     raise Unavailable("the daemon closed this ring: it is stopping")
             await ring.drain()
         finally:
+            leaving.cancel()
             await ring.close()
             self._release(client_id)
 
@@ -187,13 +198,18 @@ class _StreamRing:
 
     async def drain(self) -> None:
         """After the client's last frame: wait until its records are done, and say so."""
-        memory = self._memory
-        while memory.u64(layout.DONE) < self._head and not self._ring.broken:
+        memory, ring = self._memory, self._ring
+        while memory.u64(layout.DONE) < self._head and not (ring.broken or ring.abandoned):
             self._moved.clear()
             if memory.u64(layout.DONE) >= self._head:
                 break
             await self._moved.wait()
         await self.flush()
+
+    def abandon(self) -> None:
+        """The client went: its records not yet decided are dropped, and ``drain`` ends."""
+        self._ring.abandon()
+        self._moved.set()
 
     # Answers ---------------------------------------------------------------------------
 
@@ -244,6 +260,8 @@ class _StreamRing:
         if self._closed:
             return
         self._closed = True
+        self._ring.abandon()  # at once, on the loop: the engine lets it go on a thread
+        self._moved.set()
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._memory.complete_fd)
         if self._flushing is not None:

@@ -389,18 +389,24 @@ class LaunchServicer(SegmentHandlers):
         usage = stream_ring_usage(MAX_SLOTS)
         client = self.daemon.charge(client_id, usage)
         ended = self._stream_ends.take(client_id)  # set by its detach: the stream then ends
+        gone = asyncio.Event()  # set when the call is cancelled: its client went
 
         async def serve() -> None:
             try:
-                await streams.serve(client_id, until_ended(request, ended), call.context)
+                await streams.serve(client_id, until_ended(request, ended), call.context, gone)
             finally:
                 self._stream_ends.give_back(client_id)
                 self.daemon.refund(client, usage)
 
         streams = self._ring_streams
         # Shielded: a call cancelled as its client goes must not cut the stream's cleanup
-        # short (the engine letting its ring go); its requests end with the call anyway.
-        await self._serving.shielded(serve(), "ring stream")
+        # short (the engine letting its ring go). Its reads do not end with the call, so
+        # ``gone`` ends them and drops the ring's records not yet decided.
+        try:
+            await self._serving.shielded(serve(), "ring stream")
+        except asyncio.CancelledError:
+            gone.set()
+            raise
 
     @unary
     async def ReloadCatalog(

@@ -184,6 +184,8 @@ class RingDoor:
         withdrawn = set(self.handoff.withdraw_client(client_id))
         with self._lock:
             rings = self._by_client.pop(client_id, {})
+        for ring in rings.values():  # first, all at once: none of their records is decided now
+            ring.abandon()
         for ring_id, ring in rings.items():
             self._let_go(ring)
             if ring_id in withdrawn:
