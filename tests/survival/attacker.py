@@ -11,7 +11,9 @@ back off briefly, then try again):
 - ``clients``: as many clients as the tenant may attach, each with rings offered;
 - ``flood``: refused ring records as fast as a ring takes them;
 - ``slowloris``: connections to the handoff socket that trickle their hello;
-- ``streams``: RingStream frames of refused records and of valid launches (TCP).
+- ``streams``: RingStream frames of refused records and of valid launches (TCP);
+- ``kserve``: the KServe door over TCP: shapes of 60,000 dims, 32 streams of 16 requests,
+  streams whose 4 MiB answers are never read, 48 MiB requests, repository listings.
 
 Prints one JSON line of counts at the end and exits 0 (a crash exits 1).
 """
@@ -37,6 +39,8 @@ from accy._ring import Ring
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
+from accyd.doors.kserve.protocol import open_inference_pb2 as kpb
+from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 
 SLOW = "accy.test.slow"
 SAXPY = "accy.kernel.saxpy"
@@ -222,6 +226,78 @@ def streams(unix: str, tcp: str, token: str, stop: float) -> None:
     run_threads([garbage, garbage, valid])
 
 
+def saxpy_request(n: int) -> kpb.ModelInferRequest:
+    """A KServe request of saxpy over ``n`` floats: x = y = 1, a = 2 (answer: 3s)."""
+    request = kpb.ModelInferRequest(model_name=SAXPY)
+    for name in ("x", "y"):
+        request.inputs.add(name=name, datatype="FP32", shape=[n])
+        request.raw_input_contents.append(np.ones(n, np.float32).tobytes())
+    request.parameters["a"].double_param = 2.0
+    return request
+
+
+def kserve_stub(tcp: str) -> tuple[grpc.Channel, Any]:
+    big = 64 << 20
+    options = [("grpc.max_receive_message_length", big), ("grpc.max_send_message_length", big)]
+    channel = grpc.insecure_channel(tcp, options=options)
+    return channel, open_inference_pb2_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+
+def kserve(unix: str, tcp: str, token: str, stop: float) -> None:
+    auth = (("authorization", f"Bearer {token}"),)
+
+    def dims() -> None:
+        channel, stub = kserve_stub(tcp)
+        request = saxpy_request(4)
+        del request.inputs[0].shape[:]
+        request.inputs[0].shape.extend([1] * 60000)
+        with channel:
+            for _ in until(stop):
+                try:
+                    stub.ModelInfer(request, metadata=auth, timeout=10)
+                    count("kserve many-dim requests served")  # must not happen
+                except grpc.RpcError as error:
+                    count(f"refused kserve many-dim: {error.code().name}")
+
+    def busy() -> None:
+        channel, stub = kserve_stub(tcp)
+        request = saxpy_request(4096)
+        with channel:
+            for _ in until(stop):
+                with contextlib.suppress(grpc.RpcError):
+                    for _ in stub.ModelStreamInfer(iter([request] * 16), metadata=auth):
+                        count("kserve stream answers")
+
+    def unread() -> None:
+        channel, stub = kserve_stub(tcp)
+        with channel:
+            call = stub.ModelStreamInfer(iter([saxpy_request(1 << 20)] * 16), metadata=auth)
+            count("kserve unread streams")
+            time.sleep(max(0.0, stop - time.monotonic()))  # never reads an answer
+            call.cancel()
+
+    def huge() -> None:
+        channel, stub = kserve_stub(tcp)
+        request = saxpy_request(4 << 20)  # 16 MiB a tensor: 32 MiB sent, 16 MiB answered
+        with channel:
+            for _ in until(stop):
+                try:
+                    stub.ModelInfer(request, metadata=auth, timeout=30)
+                    count("kserve huge answers")
+                except grpc.RpcError as error:
+                    count(f"refused kserve huge: {error.code().name}")
+                    time.sleep(0.1)
+
+    def listings() -> None:
+        channel, stub = kserve_stub(tcp)
+        with channel:
+            for _ in until(stop):
+                stub.RepositoryIndex(kpb.RepositoryIndexRequest(), metadata=auth, timeout=10)
+                count("kserve listings")
+
+    run_threads([dims, listings, *[busy] * 32, *[unread] * 8, *[huge] * 4])
+
+
 def run_threads(targets: list[Callable[[], None]]) -> None:
     def guarded(target: Callable[[], None]) -> None:
         try:
@@ -243,6 +319,7 @@ MODES: dict[str, Callable[[str, str, str, float], None]] = {
     "flood": flood,
     "slowloris": slowloris,
     "streams": streams,
+    "kserve": kserve,
 }
 
 

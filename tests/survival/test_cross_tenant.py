@@ -4,9 +4,10 @@ Tenant A, within its quotas, runs every attack of ``attacker.py`` at once for
 ``ACCY_ATTACK_SECONDS`` (30 s): copies waiting on long kernels, tiny untaken
 segments, as many clients and rings as it may have, refused-record floods, a
 slowloris on the handoff socket, and (in the second test) RingStream frames
-of refused and valid records. Meanwhile tenant B, over TCP, attaches, loads,
-allocates, writes, launches and reads again and again: each call must answer
-within ``PROMPT`` seconds, with checked results. The daemon's descriptors,
+of refused and valid records, and (in the third) the KServe door's attacks.
+Meanwhile tenant B, over TCP, attaches, loads, allocates, writes, launches and
+reads again and again (and, in the third, infers through the KServe door): each
+call must answer within ``PROMPT`` seconds, with checked results. The daemon's descriptors,
 resident memory and log stay within ``*_BOUND`` throughout, and descriptors and
 every tenant's usage are back to the baseline after.
 """
@@ -31,7 +32,9 @@ from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accy.testing import RunningDaemon, running_daemon
+from accyd.doors.kserve.protocol import open_inference_pb2 as kpb
 from tests.security.harness import TokenSpec, write_tokens
+from tests.survival.attacker import kserve_stub, saxpy_request
 
 pytestmark = pytest.mark.alone
 """Times its promptness under attack: runs in its own pytest process (scripts/test.sh)."""
@@ -53,7 +56,10 @@ QUOTAS = {
 DESCRIPTORS_BOUND = QUOTAS["descriptors"] + 128 + 200
 """Over the baseline: A's descriptors, the handoff's waiting connections of one user, and
 connections and streams."""
-RSS_BOUND = 1024 * MiB
+HOST_MEMORY_LIMIT = 1024 * MiB
+"""The daemon's ``--host-memory-limit``: its KServe door holds a quarter of it at most."""
+RSS_BOUND = HOST_MEMORY_LIMIT
+"""Over the baseline: the buffers' limit is the margin (the door's quarter inside it)."""
 LOG_BOUND = 16 * MiB
 """How much the daemon's log may grow over the whole attack."""
 SLOW_CATALOG = Path(__file__).parents[1] / "catalogs" / "slow"
@@ -155,6 +161,21 @@ def victim_round(target: str, token: str, rng: np.random.Generator) -> list[tupl
     return calls
 
 
+def kserve_round(target: str, token: str, rng: np.random.Generator) -> list[tuple[str, float]]:
+    """Tenant B's accy calls, then a ModelInfer of saxpy through the KServe door, checked."""
+    calls = victim_round(target, token, rng)
+    n = int(rng.integers(1, 4096))
+    channel, stub = kserve_stub(target)
+    with channel:
+        auth = (("authorization", f"Bearer {token}"),)
+        request = saxpy_request(n)
+        answer: kpb.ModelInferResponse = timed(
+            calls, "ModelInfer", lambda: stub.ModelInfer(request, metadata=auth, timeout=10)
+        )
+    assert np.all(np.frombuffer(answer.raw_output_contents[0], np.float32) == 3.0)
+    return calls
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
     specs = {
@@ -164,13 +185,17 @@ def served(tmp_path: Path) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
     }
     tokens = write_tokens(tmp_path / "tokens.toml", specs)
     extra = ["--no-supervise", "--tokens", str(tmp_path / "tokens.toml")]
+    extra += ["--host-memory-limit", str(HOST_MEMORY_LIMIT)]
     extra += ["--catalog", str(SLOW_CATALOG)]
     with running_daemon(backend="host", extra=extra) as daemon:
         yield daemon, tokens
 
 
 def under_attack(
-    daemon: RunningDaemon, tokens: dict[str, str], modes: list[str]
+    daemon: RunningDaemon,
+    tokens: dict[str, str],
+    modes: list[str],
+    victim: Callable[[str, str, np.random.Generator], list[tuple[str, float]]] = victim_round,
 ) -> tuple[list[tuple[str, float]], dict[str, int], list[dict[str, Any]]]:
     """Run the attacks of ``modes`` and tenant B's rounds together; B's calls, the daemon's
     peaks over the baseline, and each attacker's counts. Checks the return to the baseline."""
@@ -178,7 +203,7 @@ def under_attack(
     unix, tcp = daemon.unix_target, daemon.tcp_target
     pid = daemon.process.pid
     rng = np.random.default_rng(23)
-    victim_round(tcp, tokens["b"], rng)  # warm: the pipeline compiled, the pools made
+    victim(tcp, tokens["b"], rng)  # warm: the pipeline compiled, the pools made
     time.sleep(0.5)
     baseline = {"fds": daemon_fds(pid), "rss": daemon_rss(pid), "log": daemon.log.stat().st_size}
     before = {name: held(t) for name, t in tenants(tcp, tokens["ops"]).items()}
@@ -198,7 +223,7 @@ def under_attack(
         stop = time.monotonic() + SECONDS - 4.0
         while time.monotonic() < stop:
             try:
-                calls += victim_round(tcp, tokens["b"], rng)
+                calls += victim(tcp, tokens["b"], rng)
             except Exception as error:
                 raise AssertionError(f"tenant B failed: {error}\n{notable(daemon)}") from error
     finally:
@@ -263,4 +288,23 @@ def test_ring_stream_frames_of_a_tenant_slow_no_other_tenant(
         f"daemon peaks over the baseline {peaks}; attackers {counts}"
     )
     assert not slow_calls(calls), f"tenant B's calls past {PROMPT} s: {slow_calls(calls)}"
+    check_bounds(peaks, counts)
+
+
+@pytest.mark.slow
+def test_kserve_callers_of_a_tenant_slow_no_other_tenant(
+    served: tuple[RunningDaemon, dict[str, str]],
+) -> None:
+    """Many-dim shapes, 32 streams of 16 requests, never-read streams, huge requests and
+    listings from tenant A; tenant B's accy calls and ModelInfers stay prompt, the daemon's
+    memory within its limit, and all comes back after."""
+    daemon, tokens = served
+    calls, peaks, counts = under_attack(daemon, tokens, ["kserve"], victim=kserve_round)
+    print(
+        f"\n{len(calls)} calls of tenant B, the slowest {max(s for _, s in calls):.3f} s; "
+        f"daemon peaks over the baseline {peaks}; attackers {counts}"
+    )
+    assert not slow_calls(calls), f"tenant B's calls past {PROMPT} s: {slow_calls(calls)}"
+    assert not counts[0].get("kserve many-dim requests served"), counts
+    assert counts[0].get("kserve stream answers", 0) > 0, counts  # A was served meanwhile
     check_bounds(peaks, counts)

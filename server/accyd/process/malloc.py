@@ -22,7 +22,7 @@ import ctypes
 import ctypes.util
 import platform
 
-__all__ = ["ARENAS", "MMAP_THRESHOLD_MAX", "keep_freed_memory"]
+__all__ = ["ARENAS", "MMAP_THRESHOLD_MAX", "keep_freed_memory", "trim_freed_memory"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -33,6 +33,25 @@ MMAP_THRESHOLD_MAX = 32 << 20
 """glibc's largest mmap threshold on 64-bit systems; blocks from this size up are mapped."""
 
 
+def _libc() -> ctypes.CDLL | None:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name)
+
+
+def trim_freed_memory() -> bool:
+    """*Blocking* (milliseconds per GiB of heap): hand the kernel back the freed pages of
+    every arena, also those amid blocks in use that the trim threshold never reaches
+    (``malloc_trim(0)``); whether any went back. False off glibc."""
+    libc = _libc()
+    if libc is None:
+        return False
+    trim = libc.malloc_trim
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 def keep_freed_memory(keep_bytes: int) -> bool:
     """Serve blocks below 32 MiB from the heap and keep up to ``keep_bytes`` freed, over at
     most ``ARENAS`` arenas.
@@ -40,12 +59,9 @@ def keep_freed_memory(keep_bytes: int) -> bool:
     Process-wide and lasting; whether it took (False off glibc, or for 0,
     which leaves glibc's own adaptive settings).
     """
-    if keep_bytes <= 0 or platform.libc_ver()[0] != "glibc":
+    libc = None if keep_bytes <= 0 else _libc()
+    if libc is None:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
     mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     keep = min(keep_bytes // ARENAS, 2**31 - 1)

@@ -169,6 +169,12 @@ class Config:
         "made no call this long (a closed loopback connection's at once)", float_text,
         metavar="SECONDS", group="tuning",
     )  # fmt: skip
+    kserve_memory_limit: int | None = setting(
+        None, "KServe door: the most daemon memory its requests' tensors and unsent answers "
+        "hold at once, all callers together (more wait; a larger request is refused): bytes "
+        "(1GiB) or a share of physical memory (5%)", optional(memory_limit), metavar="SIZE",
+        shown_default="a quarter of --host-memory-limit, at most 4GiB", group="tuning",
+    )  # fmt: skip
     kserve_http_listen: tuple[str, ...] = setting(
         (), "also serve the KServe v2 HTTP/REST door (for tritonclient.http, perf_analyzer -i "
         "http, curl) at host:port or unix:/path (repeatable); TCP needs TLS and tokens unless "
@@ -297,6 +303,14 @@ class Config:
         return dict(self.device_gpus).get(device, device)
 
     @property
+    def kserve_memory_bytes(self) -> int:
+        """The KServe door's bound on what its requests hold (``doors.kserve.held``)."""
+        if self.kserve_memory_limit is not None:
+            return self.kserve_memory_limit
+        buffers = self.host_memory_limit or int(physical_memory() * DEFAULT_MEMORY_SHARE)
+        return min(buffers // 4, 4 << 30)
+
+    @property
     def listen_addresses(self) -> tuple[str, ...]:
         return self.listen or (f"unix:{default_socket_path()}",)
 
@@ -328,6 +342,8 @@ class Config:
             raise ValueError("loop_spin_seconds must be between 0 and 0.01")
         if self.host_memory_limit is not None and self.host_memory_limit <= 0:
             raise ValueError("host_memory_limit must be positive")
+        if self.kserve_memory_limit is not None and self.kserve_memory_limit <= 0:
+            raise ValueError("kserve_memory_limit must be positive")
         if self.shared_memory_limit is not None and self.shared_memory_limit <= 0:
             raise ValueError("shared_memory_limit must be positive")
         if self.malloc_keep_bytes < 0:

@@ -26,6 +26,7 @@ from accyd.core.daemon import Daemon
 from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
+from accyd.doors.kserve.held import HeldBytes, request_bytes
 from accyd.doors.kserve.infer import Inference
 from accyd.doors.kserve.memory import SharedMemory
 from accyd.doors.kserve.models import Model, Models, parse_version
@@ -76,6 +77,7 @@ class KServeServicer:
                 if config.kserve_cuda_shared_memory
                 else None
             ),
+            memory_bytes=config.kserve_memory_bytes,
             unix_sockets=tuple(
                 Path(address.removeprefix("unix:")).expanduser()
                 for address in (*config.listen_addresses, *config.kserve_http_listen)
@@ -95,9 +97,11 @@ class KServeServicer:
         liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,
         cuda_gpus: tuple[int, ...] | None = None,
         unix_sockets: tuple[Path, ...] = (),
+        memory_bytes: int = 1 << 30,
     ) -> None:
         """``cuda_gpus``: turn CUDA shared memory on, for these GPU ordinals;
-        ``unix_sockets``: where the door's callers come in without a name (``Owners``)."""
+        ``unix_sockets``: where the door's callers come in without a name (``Owners``);
+        ``memory_bytes``: the most its requests hold at once (``held.py``)."""
         self.daemon = daemon
         self.calls = calls
         self._default = default_principal
@@ -114,6 +118,7 @@ class KServeServicer:
         self.stats = Statistics(None if metrics is None else metrics.triton)
         self.streams = Streams(calls)
         self.turns = TenantTurns()
+        self.held = HeldBytes(memory_bytes)
         self._models: dict[tuple[str, str], Model] = {}
         self._indexed = -1
         """The catalog generation ``_index`` and what is kept below were made from."""
@@ -252,23 +257,33 @@ class KServeServicer:
     async def _infer(
         self, call: Call, request: pb.ModelInferRequest, reserve: Reserve | None = None
     ) -> pb.ModelInferResponse:
-        """Check and run ``request``; ``reserve``: awaited with its answer's size first."""
+        """Check and run ``request``. The daemon memory it holds (``held.py``) is given back
+        once its answer has left: ``reserve`` (a stream's request) is awaited with the
+        answer's size and that hold, and releases it once the answer is written; a unary
+        call's is released once the call is over."""
         phases = Phases()
         model = self._model(request.model_name, request.model_version)
         checked = check_request(model, request, self._max_message)
-        if reserve is not None:
-            await reserve(sum(o.byte_size for o in checked.outputs if o.region is None))
-        tenant = self._principal().tenant
-        name, version = model.name, model.pipeline.version
+        hold = await self.held.take(request_bytes(checked), f"a request of {model.name!r}")
         try:
-            async with self.turns.turn(tenant):  # its share of the door (``turns.py``)
-                response = await self._as_owner(
-                    call,
-                    lambda owner: self._inference.run(owner, checked, request.id, phases),
-                )
+            if reserve is not None:
+                await reserve(sum(o.byte_size for o in checked.outputs if o.region is None), hold)
+            tenant = self._principal().tenant
+            name, version = model.name, model.pipeline.version
+            try:
+                async with self.turns.turn(tenant):  # its share of the door (``turns.py``)
+                    response = await self._as_owner(
+                        call,
+                        lambda owner: self._inference.run(owner, checked, request.id, phases),
+                    )
+            except BaseException:
+                self.stats.failed(tenant, name, version, phases)
+                raise
         except BaseException:
-            self.stats.failed(tenant, name, version, phases)
+            hold.release()
             raise
+        if reserve is None:  # (grpc's stubs type the callback as a class of their own)
+            call.context.add_done_callback(hold.on_done)  # type: ignore[arg-type]
         self.stats.succeeded(tenant, name, version, phases)
         return response
 

@@ -27,6 +27,7 @@ import structlog
 from accyd.doors.grpc.calls import Call, CallTracker, log_failure
 from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.status import to_rpc_status
+from accyd.doors.kserve.held import Hold
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.errors import AccyError
 
@@ -44,8 +45,9 @@ REQUEST_CALL = "ModelStreamInfer.request"
 log = structlog.get_logger("accyd.doors.kserve")
 
 _Reply = pb.ModelStreamInferResponse
-Reserve = Callable[[int], Awaitable[None]]
-"""Called by a request once checked, with its answer's size: returns once there is room."""
+Reserve = Callable[[int, Hold], Awaitable[None]]
+"""Called by a request once checked, with its answer's size and the door's memory it holds
+(released once the answer is written, or the stream ends): returns once there is room."""
 Infer = Callable[[pb.ModelInferRequest, Reserve], Awaitable[pb.ModelInferResponse]]
 
 
@@ -101,7 +103,7 @@ class _Answers:
         self._call = call
         self._infer = infer
         self._turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
-        self._ready: collections.deque[tuple[_Reply, int]] = collections.deque()
+        self._ready: collections.deque[tuple[_Reply, int, Hold | None]] = collections.deque()
         self._answers = 0
         """Bytes of the answers made or being made (reserved), not yet written."""
         self._waiting = 0
@@ -117,11 +119,13 @@ class _Answers:
         try:
             while True:
                 while self._ready:
-                    reply, size = self._ready.popleft()
+                    reply, size, hold = self._ready.popleft()
                     try:
                         yield reply  # resumed once it is written
                     finally:
                         self._sent(size)
+                        if hold is not None:
+                            hold.release()
                 if self._reading_done and not self._running:
                     break
                 self._moved.clear()
@@ -132,8 +136,10 @@ class _Answers:
             reader.cancel()
             for task in list(self._running):
                 task.cancel()
-            for _ in self._ready:  # not written: the stream ended under them
+            for _, _, hold in self._ready:  # not written: the stream ended under them
                 self._calls.leave(REQUEST_CALL)
+                if hold is not None:
+                    hold.release()
             self._ready.clear()
 
     def _sent(self, size: int) -> None:
@@ -170,11 +176,12 @@ class _Answers:
 
     async def _answer(self, one: pb.ModelInferRequest) -> None:
         reserved = 0
+        held: Hold | None = None
 
-        async def reserve(answer: int) -> None:
+        async def reserve(answer: int, hold: Hold) -> None:
             """The request is checked: its answer will be ``answer`` bytes. Wait until the
             answers not yet written leave room for it (one alone always fits)."""
-            nonlocal reserved
+            nonlocal reserved, held
             self._waiting += 1
             try:
                 await self._until(
@@ -185,13 +192,15 @@ class _Answers:
                 self._moved.set()
             self._answers += answer
             reserved = answer
+            held = hold
 
         try:
             reply = _Reply(infer_response=await self._infer(one, reserve))
         except Exception as error:
+            held = None  # released by the request as it failed
             log_failure("stream request", error, request_id=self._call.request_id)
             status = to_rpc_status(error, self._call.request_id)
             reply = _Reply(error_message=status.message)
             reply.infer_response.id = one.id
-        self._ready.append((reply, reserved))
+        self._ready.append((reply, reserved, held))
         self._moved.set()

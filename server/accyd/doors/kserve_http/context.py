@@ -14,6 +14,7 @@ fields) ends with the request, as it ends with a gRPC call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -41,11 +42,22 @@ def peer_text(request: web.Request) -> str:
 class HttpContext:
     """What of ``grpc.aio.ServicerContext`` the KServe handlers use, for one HTTP request."""
 
-    __slots__ = ("_metadata", "_peer")
+    __slots__ = ("_done", "_metadata", "_peer")
 
     def __init__(self, request: web.Request) -> None:
         self._metadata = tuple((key.lower(), value) for key, value in request.headers.items())
         self._peer = peer_text(request)
+        self._done: list[Callable[[HttpContext], None]] = []
+
+    def add_done_callback(self, callback: Callable[[HttpContext], None]) -> None:
+        """Called with this context once the route's answer is made (``done``)."""
+        self._done.append(callback)
+
+    def done(self) -> None:
+        """The route's answer is made (aiohttp sends it): run the done callbacks, once."""
+        callbacks, self._done = self._done, []
+        for callback in callbacks:
+            callback(self)
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata

@@ -99,7 +99,11 @@ class Routes:
 
         async def handler(request: web.Request) -> web.StreamResponse:
             request["accy_method"] = method  # what the handler of ``work`` calls
-            response: web.StreamResponse = await admitted(request, HttpContext(request))
+            context = HttpContext(request)
+            try:
+                response: web.StreamResponse = await admitted(request, context)
+            finally:
+                context.done()
             return response
 
         return handler

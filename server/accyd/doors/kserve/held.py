@@ -1,0 +1,141 @@
+"""The daemon memory the KServe door holds for requests, bounded: their tensors and answers.
+
+A request's tensors are in the daemon's memory several times over while it is
+served: its message as gRPC parsed it and each raw input taken out of it, and its
+answer's outputs as read back, in the answer message and as gRPC serializes it;
+gRPC then keeps the answer until the caller reads it. ``request_bytes`` says how
+much that is for a checked request; the door takes it from ``HeldBytes`` before
+the request is served (waiting, in arrival order, while other requests hold the
+rest) and gives it back once the answer has left: when the call is over for a
+unary call (sent, or the caller gone), when the answer was written for a stream's
+request. One request larger than the whole bound is refused (RESOURCE_EXHAUSTED).
+So a caller that sends huge requests, or never reads its answers, holds at most
+the bound (100 unread 16 MiB answers once took 2.5-4 GB under a 2 GiB limit).
+
+Freed answers leave the heap fragmented (glibc keeps blocks below 32 MiB on it,
+``accyd.process.malloc``): once the door holds nothing after it freed more than
+``TRIM_AFTER_BYTES``, the freed pages are handed back (``malloc_trim``, on a
+thread, at most once a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+
+import structlog
+
+from accyd.doors.kserve.tensors import Checked
+from accyd.errors import QuotaExceeded
+from accyd.process.malloc import trim_freed_memory
+
+__all__ = ["TRIM_AFTER_BYTES", "HeldBytes", "Hold", "request_bytes"]
+
+TRIM_AFTER_BYTES = 64 << 20
+"""Bytes freed since the last trim that make the door trim once it holds nothing."""
+_TRIM_EVERY_SECONDS = 1.0
+
+log = structlog.get_logger("accyd.doors.kserve")
+
+
+def request_bytes(checked: Checked) -> int:
+    """The daemon memory serving ``checked`` takes at its peak: each input sent in the
+    request twice (in its message, taken out of it), one read from a region once, each
+    output answered three times (read back, in the answer, serialized) and one written to
+    a region once."""
+    sent = sum(i.byte_size for i in checked.inputs if i.region is None)
+    read = sum(i.byte_size for i in checked.inputs if i.region is not None)
+    answer = sum(o.byte_size for o in checked.outputs if o.region is None)
+    written = sum(o.byte_size for o in checked.outputs if o.region is not None)
+    return 2 * sent + read + 3 * answer + written
+
+
+class Hold:
+    """Bytes taken from ``HeldBytes``; ``release`` gives them back (idempotent)."""
+
+    __slots__ = ("_held", "size")
+
+    def __init__(self, held: HeldBytes | None, size: int) -> None:
+        self._held = held
+        self.size = size
+
+    def on_done(self, _: object) -> None:
+        """``release``, as a call's done callback."""
+        self.release()
+
+    def release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held._give(self.size)
+
+
+class HeldBytes:
+    """The door's bound (on the event loop: no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._freed = 0
+        """Bytes given back since the last trim."""
+        self._trimmed = 0.0
+        self._trimming: asyncio.Task[None] | None = None
+
+    async def take(self, size: int, what: str) -> Hold:
+        """``size`` bytes for ``what`` (a request), once they fit behind those waiting."""
+        if size > self.limit:
+            raise QuotaExceeded(
+                f"{what} needs {size} bytes of the daemon's memory for its tensors and answer; "
+                f"the KServe door holds at most {self.limit} for all requests "
+                "(--kserve-memory-limit): send smaller requests, or put tensors in shared memory",
+                quota="kserve_memory_bytes",
+            )
+        if not self._waiting and self.held + size <= self.limit:
+            self.held += size
+            return Hold(self, size)
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given its bytes as it was cancelled
+                self._give(size)
+            else:
+                with contextlib.suppress(ValueError):  # unless passed over, being cancelled
+                    self._waiting.remove((size, turn))
+                self._wake()
+            raise
+        return Hold(self, size)
+
+    def _give(self, size: int) -> None:
+        self.held -= size
+        self._freed += size
+        self._wake()
+        if not self.held and self._freed >= TRIM_AFTER_BYTES:
+            self._trim_soon()
+
+    def _wake(self) -> None:
+        """Let the waiting in, in order, while the first fits."""
+        while self._waiting and self.held + self._waiting[0][0] <= self.limit:
+            size, turn = self._waiting.popleft()
+            if turn.done():
+                continue
+            self.held += size
+            turn.set_result(None)
+
+    def _trim_soon(self) -> None:
+        now = time.monotonic()
+        if now - self._trimmed < _TRIM_EVERY_SECONDS or self._trimming is not None:
+            return
+        self._trimmed, self._freed = now, 0
+        self._trimming = asyncio.get_running_loop().create_task(self._trim())
+
+    async def _trim(self) -> None:
+        try:
+            await asyncio.to_thread(trim_freed_memory)
+        except Exception as error:  # never a request's failure
+            log.info("freed memory not trimmed", error=repr(error))
+        finally:
+            self._trimming = None
