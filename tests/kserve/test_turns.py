@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +30,23 @@ def test_turns_bound_a_tenant_and_leave_others_alone() -> None:
 
         async def one(tenant: str) -> None:
             nonlocal most
-            async with turns.turn(tenant):
-                most = max(most, turns.running("a"))
-                await asyncio.sleep(0.01)
+            turn = await turns.acquire(tenant)
+            most = max(most, turns.running("a"))
+            await asyncio.sleep(0.01)
+            turn.release()
+            turn.release()  # once only
 
         await asyncio.gather(*(one("a") for _ in range(10)))
         assert most == 2
-        async with turns.turn("a"), turns.turn("a"):  # a's turns all held: b's come at once
-            await asyncio.wait_for(one("b"), 1.0)
+        held = [await turns.acquire("a") for _ in range(2)]  # a's turns all held
+        await asyncio.wait_for(one("b"), 1.0)  # b's come at once
+        waiting = asyncio.ensure_future(turns.acquire("a"))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a wait given up takes nothing
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        for turn in held:
+            turn.release()
         with (
             turns.stream("a"),
             pytest.raises(QuotaExceeded, match="1 ModelStreamInfer"),

@@ -8,9 +8,10 @@ much that is for a checked request; the door takes it from ``HeldBytes`` before
 the request is served (waiting, in arrival order, while other requests hold the
 rest) and gives it back once the answer has left: when the call is over for a
 unary call (sent, or the caller gone), when the answer was written for a stream's
-request. One request larger than the whole bound is refused (RESOURCE_EXHAUSTED).
-So a caller that sends huge requests, or never reads its answers, holds at most
-the bound (100 unread 16 MiB answers once took 2.5-4 GB under a 2 GiB limit).
+request. A tenant holds at most half the bound, so one that sends huge requests or
+never reads its answers fills its own half and waits there while others go on;
+one request larger than a tenant's half is refused (RESOURCE_EXHAUSTED). (100
+unread 16 MiB answers once took 2.5-4 GB under a 2 GiB limit, nothing counted.)
 
 Freed answers leave the heap fragmented (glibc keeps blocks below 32 MiB on it,
 ``accyd.process.malloc``): once the door holds nothing after it freed more than
@@ -53,12 +54,13 @@ def request_bytes(checked: Checked) -> int:
 
 
 class Hold:
-    """Bytes taken from ``HeldBytes``; ``release`` gives them back (idempotent)."""
+    """Bytes a tenant took from ``HeldBytes``; ``release`` gives them back (idempotent)."""
 
-    __slots__ = ("_held", "size")
+    __slots__ = ("_held", "size", "tenant")
 
-    def __init__(self, held: HeldBytes | None, size: int) -> None:
+    def __init__(self, held: HeldBytes | None, tenant: str, size: int) -> None:
         self._held = held
+        self.tenant = tenant
         self.size = size
 
     def on_done(self, _: object) -> None:
@@ -68,62 +70,103 @@ class Hold:
     def release(self) -> None:
         held, self._held = self._held, None
         if held is not None:
-            held._give(self.size)
+            held._give(self.tenant, self.size)
+
+
+class _Tenant:
+    __slots__ = ("held", "waiting")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
 
 class HeldBytes:
-    """The door's bound (on the event loop: no lock)."""
+    """The door's bound, and each tenant's share of it (on the event loop: no lock).
 
-    def __init__(self, limit: int) -> None:
+    A tenant holds at most ``tenant_share`` of ``limit`` (half, as each tenant's share of
+    the daemon's shared memory): a tenant whose answers are never read, or who sends huge
+    requests, fills its own share and waits there, and another tenant's requests go in
+    beside it. A tenant's requests wait in their order, not behind other tenants'.
+    """
+
+    def __init__(self, limit: int, tenant_share: float = 0.5) -> None:
         self.limit = limit
+        self.per_tenant = max(1, int(limit * tenant_share))
         self.held = 0
-        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._tenants: dict[str, _Tenant] = {}
         self._freed = 0
         """Bytes given back since the last trim."""
         self._trimmed = 0.0
         self._trimming: asyncio.Task[None] | None = None
 
-    async def take(self, size: int, what: str) -> Hold:
-        """``size`` bytes for ``what`` (a request), once they fit behind those waiting."""
-        if size > self.limit:
+    def held_by(self, tenant: str) -> int:
+        found = self._tenants.get(tenant)
+        return 0 if found is None else found.held
+
+    async def take(self, tenant: str, size: int, what: str) -> Hold:
+        """``size`` bytes for ``what`` (a request of ``tenant``), once they fit behind the
+        tenant's requests waiting."""
+        if size > self.per_tenant:
             raise QuotaExceeded(
                 f"{what} needs {size} bytes of the daemon's memory for its tensors and answer; "
-                f"the KServe door holds at most {self.limit} for all requests "
-                "(--kserve-memory-limit): send smaller requests, or put tensors in shared memory",
+                f"the KServe door holds at most {self.per_tenant} for one tenant's requests "
+                f"(half of --kserve-memory-limit): send smaller requests, or put tensors in "
+                "shared memory",
                 quota="kserve_memory_bytes",
             )
-        if not self._waiting and self.held + size <= self.limit:
-            self.held += size
-            return Hold(self, size)
+        mine = self._tenants.get(tenant)
+        if mine is None:
+            mine = self._tenants[tenant] = _Tenant()
+        if not mine.waiting and self._fits(mine, size):
+            self._add(mine, size)
+            return Hold(self, tenant, size)
         turn = asyncio.get_running_loop().create_future()
-        self._waiting.append((size, turn))
+        mine.waiting.append((size, turn))
         try:
             await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():  # given its bytes as it was cancelled
-                self._give(size)
+                self._give(tenant, size)
             else:
                 with contextlib.suppress(ValueError):  # unless passed over, being cancelled
-                    self._waiting.remove((size, turn))
+                    mine.waiting.remove((size, turn))
                 self._wake()
+                self._forget_if_idle(tenant, mine)
             raise
-        return Hold(self, size)
+        return Hold(self, tenant, size)
 
-    def _give(self, size: int) -> None:
+    def _fits(self, tenant: _Tenant, size: int) -> bool:
+        return tenant.held + size <= self.per_tenant and self.held + size <= self.limit
+
+    def _add(self, tenant: _Tenant, size: int) -> None:
+        tenant.held += size
+        self.held += size
+
+    def _forget_if_idle(self, name: str, tenant: _Tenant) -> None:
+        if not tenant.held and not tenant.waiting and self._tenants.get(name) is tenant:
+            del self._tenants[name]
+
+    def _give(self, name: str, size: int) -> None:
+        tenant = self._tenants[name]
+        tenant.held -= size
         self.held -= size
         self._freed += size
         self._wake()
+        self._forget_if_idle(name, tenant)
         if not self.held and self._freed >= TRIM_AFTER_BYTES:
             self._trim_soon()
 
     def _wake(self) -> None:
-        """Let the waiting in, in order, while the first fits."""
-        while self._waiting and self.held + self._waiting[0][0] <= self.limit:
-            size, turn = self._waiting.popleft()
-            if turn.done():
-                continue
-            self.held += size
-            turn.set_result(None)
+        """Let each tenant's waiting in, in their order, while its first fits."""
+        for tenant in list(self._tenants.values()):
+            waiting = tenant.waiting
+            while waiting and (waiting[0][1].done() or self._fits(tenant, waiting[0][0])):
+                size, turn = waiting.popleft()
+                if turn.done():  # cancelled while waiting
+                    continue
+                self._add(tenant, size)
+                turn.set_result(None)
 
     def _trim_soon(self) -> None:
         now = time.monotonic()

@@ -38,7 +38,7 @@ from accyd.doors.kserve.sessions import ModelSessions
 from accyd.doors.kserve.stats import Phases, Statistics
 from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, Reserve, Streams
 from accyd.doors.kserve.tensors import check_request
-from accyd.doors.kserve.turns import TenantTurns
+from accyd.doors.kserve.turns import TenantTurns, Turn
 from accyd.errors import InvalidRequest, NotFound, ShuttingDown, UnsupportedOperation
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics
@@ -255,33 +255,44 @@ class KServeServicer:
         return await self._infer(call, request)
 
     async def _infer(
-        self, call: Call, request: pb.ModelInferRequest, reserve: Reserve | None = None
+        self,
+        call: Call,
+        request: pb.ModelInferRequest,
+        reserve: Reserve | None = None,
+        turn: Turn | None = None,
     ) -> pb.ModelInferResponse:
-        """Check and run ``request``. The daemon memory it holds (``held.py``) is given back
-        once its answer has left: ``reserve`` (a stream's request) is awaited with the
-        answer's size and that hold, and releases it once the answer is written; a unary
-        call's is released once the call is over."""
-        phases = Phases()
-        model = self._model(request.model_name, request.model_version)
-        checked = check_request(model, request, self._max_message)
-        hold = await self.held.take(request_bytes(checked), f"a request of {model.name!r}")
+        """Check and run ``request`` in one of its tenant's turns (``turns.py``: a stream's
+        request comes with the one its reader took; a unary call takes one first) and with
+        the daemon memory it holds (``held.py``), given back once its answer has left:
+        ``reserve`` (a stream's request) is awaited with the answer's size and that hold,
+        and releases it once the answer is written; a unary call's once the call is over."""
+        tenant = self._principal().tenant
+        if turn is None:
+            turn = await self.turns.acquire(tenant)
         try:
-            if reserve is not None:
-                await reserve(sum(o.byte_size for o in checked.outputs if o.region is None), hold)
-            tenant = self._principal().tenant
-            name, version = model.name, model.pipeline.version
+            phases = Phases()
+            model = self._model(request.model_name, request.model_version)
+            checked = check_request(model, request, self._max_message)
+            what = f"a request of {model.name!r}"
+            hold = await self.held.take(tenant, request_bytes(checked), what)
             try:
-                async with self.turns.turn(tenant):  # its share of the door (``turns.py``)
+                if reserve is not None:
+                    answer = sum(o.byte_size for o in checked.outputs if o.region is None)
+                    await reserve(answer, hold)
+                name, version = model.name, model.pipeline.version
+                try:
                     response = await self._as_owner(
                         call,
                         lambda owner: self._inference.run(owner, checked, request.id, phases),
                     )
+                except BaseException:
+                    self.stats.failed(tenant, name, version, phases)
+                    raise
             except BaseException:
-                self.stats.failed(tenant, name, version, phases)
+                hold.release()
                 raise
-        except BaseException:
-            hold.release()
-            raise
+        finally:
+            turn.release()
         if reserve is None:  # (grpc's stubs type the callback as a class of their own)
             call.context.add_done_callback(hold.on_done)  # type: ignore[arg-type]
         self.stats.succeeded(tenant, name, version, phases)
@@ -294,8 +305,10 @@ class KServeServicer:
         """Each request runs as it arrives; answers go back as they are ready, a failed one
         as its ``error_message`` (``streams.py``: how many wait, and how ends come)."""
         infer = functools.partial(self._infer, call)
-        with self.turns.stream(self._principal().tenant):
-            async for reply in self.streams.serve(request, call, infer):
+        tenant = self._principal().tenant
+        with self.turns.stream(tenant):
+            turns = functools.partial(self.turns.acquire, tenant)
+            async for reply in self.streams.serve(request, call, infer, turns):
                 yield reply
 
     # Statistics and repository ----------------------------------------------------

@@ -29,6 +29,7 @@ from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.status import to_rpc_status
 from accyd.doors.kserve.held import Hold
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
+from accyd.doors.kserve.turns import Turn
 from accyd.errors import AccyError
 
 __all__ = ["REQUEST_CALL", "STREAM_IN_FLIGHT", "STREAM_UNSENT_BYTES", "Reserve", "Streams"]
@@ -48,7 +49,10 @@ _Reply = pb.ModelStreamInferResponse
 Reserve = Callable[[int, Hold], Awaitable[None]]
 """Called by a request once checked, with its answer's size and the door's memory it holds
 (released once the answer is written, or the stream ends): returns once there is room."""
-Infer = Callable[[pb.ModelInferRequest, Reserve], Awaitable[pb.ModelInferResponse]]
+Infer = Callable[[pb.ModelInferRequest, Reserve, Turn], Awaitable[pb.ModelInferResponse]]
+"""Runs a request in the tenant turn given (and releases it)."""
+Turns = Callable[[], Awaitable[Turn]]
+"""One of the stream's tenant's turns, once free (``turns.py``)."""
 
 
 class Streams:
@@ -77,6 +81,7 @@ class Streams:
         requests: AsyncIterator[pb.ModelInferRequest],
         call: Call,
         infer: Infer,
+        turns: Turns,
     ) -> AsyncIterator[_Reply]:
         """Run each request as it arrives; answer each (a failed one as its
         ``error_message``) as it is ready."""
@@ -85,7 +90,7 @@ class Streams:
         ended = asyncio.Event()
         self._open.add(ended)
         try:
-            async for reply in _Answers(self._calls, call, infer).serve(
+            async for reply in _Answers(self._calls, call, infer, turns).serve(
                 until_ended(requests, ended)
             ):
                 yield reply
@@ -98,10 +103,14 @@ class Streams:
 class _Answers:
     """One stream's requests running and its answers not yet written."""
 
-    def __init__(self, calls: CallTracker, call: Call, infer: Infer) -> None:
+    def __init__(self, calls: CallTracker, call: Call, infer: Infer, turns: Turns) -> None:
         self._calls = calls
         self._call = call
         self._infer = infer
+        self._tenant_turn = turns
+        self._held_turns: dict[asyncio.Task[None], Turn] = {}
+        """Each running request's tenant turn (given back by the request, or as its task is
+        cancelled before it began)."""
         self._turns = asyncio.Semaphore(STREAM_IN_FLIGHT)
         self._ready: collections.deque[tuple[_Reply, int, Hold | None]] = collections.deque()
         self._answers = 0
@@ -158,9 +167,15 @@ class _Answers:
             async for one in requests:
                 await self._turns.acquire()
                 await self._until(lambda: self._answers < STREAM_UNSENT_BYTES and not self._waiting)
+                try:
+                    turn = await self._tenant_turn()  # no other request is read meanwhile
+                except BaseException:
+                    self._turns.release()
+                    raise
                 self._calls.enter(REQUEST_CALL)
-                task = asyncio.ensure_future(self._answer(one))
+                task = asyncio.ensure_future(self._answer(one, turn))
                 self._running.add(task)
+                self._held_turns[task] = turn
                 task.add_done_callback(self._finished)
         finally:
             self._reading_done = True
@@ -170,11 +185,12 @@ class _Answers:
         """A request's task is over: its answer is ready, or it was cancelled (it may not
         have begun: its own code cannot count it out)."""
         self._running.discard(task)
+        self._held_turns.pop(task).release()  # (idempotent: the request released it)
         if task.cancelled():
             self._calls.leave(REQUEST_CALL)
         self._moved.set()
 
-    async def _answer(self, one: pb.ModelInferRequest) -> None:
+    async def _answer(self, one: pb.ModelInferRequest, turn: Turn) -> None:
         reserved = 0
         held: Hold | None = None
 
@@ -195,7 +211,7 @@ class _Answers:
             held = hold
 
         try:
-            reply = _Reply(infer_response=await self._infer(one, reserve))
+            reply = _Reply(infer_response=await self._infer(one, reserve, turn))
         except Exception as error:
             held = None  # released by the request as it failed
             log_failure("stream request", error, request_id=self._call.request_id)

@@ -7,8 +7,9 @@ once its answer is made. A tenant with many streams or connections therefore
 keeps at most that many requests' work on the event loop and the device-work
 threads, and another tenant's requests are served between them instead of behind
 all of them (32 streams of 16 requests once took another tenant's p50 from 2 ms to
-269 ms). A request waiting for a turn holds nothing but itself: a stream reads no
-further request meanwhile (its own bound, ``streams.py``). A tenant keeps at most
+269 ms). A stream's reader takes the turn for the request it read before it reads
+another, so a tenant's requests read and not yet answered are its turns plus one
+per stream waiting for one; a unary call takes its turn before it is checked. A tenant keeps at most
 ``TENANT_STREAMS`` streams open. The state is per tenant and is dropped when the
 tenant has nothing waiting or running.
 """
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from accyd.errors import QuotaExceeded
 
-__all__ = ["TENANT_IN_FLIGHT", "TENANT_STREAMS", "TenantTurns"]
+__all__ = ["TENANT_IN_FLIGHT", "TENANT_STREAMS", "TenantTurns", "Turn"]
 
 TENANT_IN_FLIGHT = 16
 """Inferences of one tenant checked, copied or running at once, across the door."""
@@ -38,6 +39,22 @@ class _Tenant:
     running: int = 0
     """Requests holding a turn."""
     streams: int = 0
+
+
+class Turn:
+    """One turn of a tenant's, held until ``release`` (idempotent)."""
+
+    __slots__ = ("_held", "_tenant", "_turns")
+
+    def __init__(self, turns: TenantTurns, tenant: str, held: _Tenant) -> None:
+        self._turns: TenantTurns | None = turns
+        self._tenant = tenant
+        self._held = held
+
+    def release(self) -> None:
+        turns, self._turns = self._turns, None
+        if turns is not None:
+            turns._release(self._tenant, self._held)
 
 
 class TenantTurns:
@@ -68,21 +85,24 @@ class TenantTurns:
         if not held.users and not held.streams and self._tenants.get(tenant) is held:
             del self._tenants[tenant]
 
-    @contextlib.asynccontextmanager
-    async def turn(self, tenant: str) -> AsyncIterator[None]:
-        """Hold one of ``tenant``'s turns (waiting for one) for the block."""
+    async def acquire(self, tenant: str) -> Turn:
+        """One of ``tenant``'s turns, once one is free; ``release`` it (any task may)."""
         held = self._of(tenant)
         held.users += 1
         try:
-            async with held.turns:
-                held.running += 1
-                try:
-                    yield
-                finally:
-                    held.running -= 1
-        finally:
+            await held.turns.acquire()
+        except BaseException:
             held.users -= 1
             self._forget_if_idle(tenant, held)
+            raise
+        held.running += 1
+        return Turn(self, tenant, held)
+
+    def _release(self, tenant: str, held: _Tenant) -> None:
+        held.running -= 1
+        held.turns.release()
+        held.users -= 1
+        self._forget_if_idle(tenant, held)
 
     @contextlib.contextmanager
     def stream(self, tenant: str) -> Iterator[None]:
