@@ -9,7 +9,7 @@ from accyd.core.daemon import Daemon
 from accyd.doors.grpc.calls import Call, CallTracker, text_field, unary
 from accyd.doors.hostmem import Segments
 from accyd.errors import FailedPrecondition, InvalidRequest
-from accyd.telemetry.logs import bind
+from accyd.logs import bind
 
 __all__ = ["SegmentHandlers", "need_local"]
 

@@ -35,8 +35,8 @@ from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import stream_ring_usage
 from accyd.doors.ring.door import MAX_SLOTS
 from accyd.errors import FailedPrecondition, InvalidRequest
+from accyd.logs import bind
 from accyd.process.exits import Lineage
-from accyd.telemetry.logs import bind
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import Principal
 
