@@ -38,8 +38,8 @@ from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.grpc.launches import Launcher
+from accyd.logs import configure_logging
 from accyd.settings.config import Config
-from accyd.telemetry.logs import configure_logging
 from accyd.telemetry.metrics import Metrics
 
 SCAN = "accy.kernel.device_scan"

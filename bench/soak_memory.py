@@ -158,9 +158,9 @@ class Report:
 
 def serve_here(folder: Path, malloc_keep: int | None) -> tuple[Any, asyncio.AbstractEventLoop]:
     """An ``accyd`` server on a Unix socket in ``folder``, on a loop in a thread of this process."""
+    from accyd.logs import configure_logging
     from accyd.server import Server
     from accyd.settings.config import Config
-    from accyd.telemetry.logs import configure_logging
 
     configure_logging("console", "warning")
 

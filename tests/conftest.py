@@ -2,7 +2,7 @@
 
 import logging
 
-from accyd.telemetry.logs import configure_logging
+from accyd.logs import configure_logging
 
 # The daemon's log lines go to the standard logging of their names (accyd.doors.grpc...), where
 # pytest captures them per test and shows them with a failure, not in the progress output.

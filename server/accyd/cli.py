@@ -27,15 +27,15 @@ from typing import Any
 
 import structlog
 
+from accyd.logs import configure_logging
 from accyd.process.event_loop import spinning_loop
 from accyd.process.exits import EXIT_DEVICE_LOST, EXIT_FORCED, EXIT_NEVER_READY, EXIT_STOPPED_BUSY
-from accyd.process.serving import NeverReady, serve
 from accyd.process.signals import capture_signals
 from accyd.process.supervisor import RestartPolicy, Supervisor
+from accyd.serving import NeverReady, serve
 from accyd.settings.config import QUOTAS, SETTINGS, Config
 from accyd.settings.config_file import CONFIG_ENV, read_config_file
 from accyd.settings.fields import add_flags, flag_values, from_environment
-from accyd.telemetry.logs import configure_logging
 from accyd.tokens import hash_token, new_token
 
 __all__ = ["main", "parser"]

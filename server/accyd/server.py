@@ -6,7 +6,7 @@ released, the backends closed. Calls still running when the grace ends are answe
 UNAVAILABLE (reason ``SHUTTING_DOWN``); if the device is still busy then, its work not yet
 done is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device fault skips
 the release (the context is poisoned) and exits non-zero so the process is restarted.
-``accyd.process.serving`` runs one as the ``accyd serve`` process, under its signals.
+``accyd.serving`` runs one as the ``accyd serve`` process, under its signals.
 
 Every call but health and reflection passes the auth interceptor
 (``accyd.doors.grpc.auth``); TCP listeners serve TLS when a certificate is
@@ -47,6 +47,7 @@ from accyd.doors.kserve.servicer import KServeServicer
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
+from accyd.logs import flush_left_out
 from accyd.process.event_loop import set_loop_spin
 from accyd.process.exits import EXIT_DEVICE_LOST as EXIT_DEVICE_FAULT
 from accyd.process.exits import EXIT_STOPPED_BUSY, Lineage
@@ -54,7 +55,6 @@ from accyd.process.malloc import keep_freed_memory
 from accyd.process.socket_claim import SocketClaim, umask
 from accyd.process.steps import alive, on_loop, within
 from accyd.settings.config import Config
-from accyd.telemetry.logs import flush_left_out
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog
 
-from accyd.telemetry.log_limits import ClientLines
+from accyd.log_limits import ClientLines
 
 
 class Clock:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from accyd.telemetry.logs import configure_logging
+from accyd.logs import configure_logging
 
 
 class Writes(io.StringIO):
@@ -44,7 +44,7 @@ def test_each_line_is_one_write_with_its_newline() -> None:
 WRITER = """
 import sys
 import structlog
-from accyd.telemetry.logs import configure_logging
+from accyd.logs import configure_logging
 configure_logging("json", "info")
 log = structlog.get_logger("accyd.test.lines")
 for number in range(int(sys.argv[2])):

@@ -11,7 +11,7 @@ from accy._ring import Ring
 from accy.protocol import ring as layout
 from accyd.core.daemon import Daemon
 from accyd.doors.ring import RingDoor
-from accyd.telemetry.logs import flush_left_out
+from accyd.logs import flush_left_out
 
 
 def test_a_flood_of_refused_ring_records_writes_a_bounded_log_and_a_summary(

@@ -16,7 +16,7 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.clipping import clip
 from accyd.doors.grpc.status import refusal_fields
 from accyd.errors import LaunchArgumentMismatch
-from accyd.telemetry.logs import bound_values
+from accyd.logs import bound_values
 from tests.service.harness import Attached, ServerThread, attach, details, make_config, rpc_error
 
 HUGE = 10_000_000

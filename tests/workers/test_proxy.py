@@ -327,13 +327,13 @@ def test_polling_many_events_registers_one_notification_per_stream_at_a_time(
     kernels.launch("blocked", stream, value=gate)
     events = [shared.record_event(stream) for _ in range(40)]
     registered: list[int] = []
-    notify = shared._notify_event
+    notify = shared._streams._notify_event
 
     def counting(eid: int, state: Any, callback: Callable[[], None]) -> None:
         registered.append(eid)
         notify(eid, state, callback)
 
-    monkeypatch.setattr(shared, "_notify_event", counting)
+    monkeypatch.setattr(shared._streams, "_notify_event", counting)
     for _ in range(3):  # polled again and again, as a session's reap does
         assert not any(shared.event_done(event) for event in events)
     assert registered == [events[-1].id]  # the newest covers every older one
@@ -357,7 +357,7 @@ def test_a_notification_for_a_destroyed_event_waits_for_its_stream(
     state = event.native
     shared.destroy_event(event)  # the worker forgets it before the notification comes
     reached = threading.Event()
-    shared._notify_event(event.id, state, reached.set)
+    shared._streams._notify_event(event.id, state, reached.set)
     assert not reached.wait(0.2)  # never claimed over while the stream still runs
     assert not shared.event_done(event)
     kernels.open(gate)

@@ -1,1 +1,2 @@
-"""The daemon process: supervisor, signals, exit codes, the event loop, malloc, the socket."""
+"""The process's plumbing, below every layer: exit codes, the supervisor, signals, the event
+loop, malloc, the socket claim, startup steps (``accyd.serving`` runs a server with them)."""

@@ -1,1 +1,1 @@
-"""What the daemon tells about itself: structured logs (bounded per client) and metrics."""
+"""What the daemon tells about itself in numbers: its metrics, read from the core's status."""

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from accyd.backends.base import (
     BUFFER_ALIGNMENT,
+    ArtifactRequest,
     BackendKind,
+    CompiledArtifact,
     DeviceBuffer,
     Event,
     Exported,
@@ -29,7 +31,8 @@ from accyd.backends.cuda.kernels import FEATURES, FORMATS, CudaKernel, Kernels
 from accyd.backends.cuda.partitions import GreenContexts
 from accyd.backends.cuda.shareable import Plain, Shareable, allocate_shareable
 from accyd.backends.cuda.staging import cuda_staged_copies
-from accyd.backends.cuda.state import CURRENT, TOKENS
+from accyd.backends.cuda.state import CURRENT, TOKENS, DeviceState
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
 from accyd.errors import (
@@ -45,7 +48,7 @@ from accyd.errors import (
 __all__ = ["FEATURES", "CudaBackend"]
 
 
-class CudaBackend(Kernels, Events):
+class CudaBackend(DeviceState):
     """One CUDA device, through its primary context, for every caller in the process.
 
     Ownership: every buffer, loaded kernel (one module each), stream and event it hands
@@ -72,6 +75,8 @@ class CudaBackend(Kernels, Events):
     ) -> None:
         cu = cuda_driver()
         self._cu = cu
+        self._kernel_calls = Kernels(self)
+        self._stream_calls = Events(self)
         self.device_ordinal = device_ordinal
         self.cache = compile_cache if compile_cache is not None else CompileCache(cache_dir)
         self._check = ErrorCheck(device_ordinal, f"CUDA device {device_ordinal}")
@@ -90,7 +95,7 @@ class CudaBackend(Kernels, Events):
         self._green = GreenContexts()
         # The driver calls this one C trampoline for every notify(); it must outlive
         # every host function still queued, so it lives as long as the backend.
-        self._host_fn = HOST_FN(self._run_callback)
+        self._host_fn = HOST_FN(self._stream_calls.run_callback)
         self._host_fn_handle = cu.CUhostFn(ctypes.cast(self._host_fn, ctypes.c_void_p).value)
         try:
             check(cu.cuInit(0), "cuInit")
@@ -304,6 +309,60 @@ class CudaBackend(Kernels, Events):
             self._free_native(lambda: self._cu.cuModuleUnload(kernel.module), "cuModuleUnload")
         else:
             raise UnsupportedOperation(f"cannot destroy {type(obj).__name__}")
+
+    # -- kernels (``Kernels``: compile, load, launch) ------------------------------------
+
+    def create_artifact(self, request: ArtifactRequest) -> CompiledArtifact:
+        return self._kernel_calls.create_artifact(request)
+
+    def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
+        return self._kernel_calls.load_artifact(artifact)
+
+    def launch(self, request: LaunchRequest) -> None:
+        self._kernel_calls.launch(request)
+
+    # -- streams and events (``Events``) -------------------------------------------------
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        self._stream_calls.synchronize(stream)
+
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
+        return self._stream_calls.create_stream(partition, priority)
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        return self._stream_calls.split_sms(specs)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        self._stream_calls.destroy_stream(stream)
+
+    def record_event(self, stream: Stream | None) -> Event:
+        return self._stream_calls.record_event(stream)
+
+    def wait_event(self, stream: Stream | None, event: Event) -> None:
+        self._stream_calls.wait_event(stream, event)
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        self._stream_calls.notify(stream, callback)
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        self._stream_calls.notify_event(event, stream, callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        self._stream_calls.drop_queued(stream)
+
+    def event_done(self, event: Event) -> bool:
+        return self._stream_calls.event_done(event)
+
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        return self._stream_calls.wait_event_for(event, seconds)
+
+    def synchronize_event(self, event: Event) -> None:
+        self._stream_calls.synchronize_event(event)
+
+    def destroy_event(self, event: Event) -> None:
+        self._stream_calls.destroy_event(event)
 
     # -- copies ------------------------------------------------------------------------
 

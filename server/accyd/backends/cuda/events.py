@@ -25,20 +25,25 @@ def _log_callback_error() -> None:
     logging.getLogger(__name__).exception("a stream notification callback failed")
 
 
-class Events(DeviceState):
-    """``CudaBackend``'s stream and event half: every stream and event it hands out is
-    tracked until ``destroy_stream`` / ``destroy_event`` (events go back to a pool)."""
+class Events:
+    """A device's streams and events, for its ``CudaBackend``: every stream and event it
+    hands out is tracked in the device's tables until ``destroy_stream`` / ``destroy_event``
+    (events go back to a pool)."""
+
+    def __init__(self, state: DeviceState) -> None:
+        """``state``: the device's driver handles and tables (its ``CudaBackend``)."""
+        self._state = state
 
     # -- streams, events, synchronization ------------------------------------------------------
 
     def synchronize(self, stream: Stream | None = None) -> None:
         """Wait for ``stream``'s work; ``None`` waits for the whole device (cuCtxSynchronize)."""
-        self._enter()
+        self._state._enter()
         if stream is None:
-            self._check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize", LaunchFailed)
+            self._state._check(self._state._cu.cuCtxSynchronize(), "cuCtxSynchronize", LaunchFailed)
         else:
-            self._check(
-                self._cu.cuStreamSynchronize(self._stream_handle(stream)),
+            self._state._check(
+                self._state._cu.cuStreamSynchronize(self._state._stream_handle(stream)),
                 "cuStreamSynchronize",
                 LaunchFailed,
             )
@@ -46,85 +51,97 @@ class Events(DeviceState):
     def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
         """A non-blocking stream, in a green context's partition if named; ``priority`` 0 and
         up (up runs first) is CUDA's 0 and down, which the driver clamps to its range."""
-        self._enter()
-        cu = self._cu
+        self._state._enter()
+        cu = self._state._cu
         flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
         if partition is not None:
-            handle = self._green.stream(cu, self._check, partition, -priority)
+            handle = self._state._green.stream(cu, self._state._check, partition, -priority)
         elif priority:
-            handle = self._check(
+            handle = self._state._check(
                 cu.cuStreamCreateWithPriority(flags, -priority), "cuStreamCreateWithPriority"
             )
         else:
-            handle = self._check(cu.cuStreamCreate(flags), "cuStreamCreate")
-        stream = Stream(id=next(self._ids), native=handle, partition=partition)
-        with self._lock:
-            self._streams[stream.id] = stream
+            handle = self._state._check(cu.cuStreamCreate(flags), "cuStreamCreate")
+        stream = Stream(id=next(self._state._ids), native=handle, partition=partition)
+        with self._state._lock:
+            self._state._streams[stream.id] = stream
         return stream
 
     def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
         """The device's SMs split into green contexts, once (``cuda/partitions.py``)."""
-        self._enter()
-        return self._green.make(self._cu, self._check, self._device, self.driver_version, specs)
+        self._state._enter()
+        return self._state._green.make(
+            self._state._cu,
+            self._state._check,
+            self._state._device,
+            self._state.driver_version,
+            specs,
+        )
 
     def destroy_stream(self, stream: Stream) -> None:
         """Destroy a stream; work already queued on it still completes (CUDA's rule)."""
-        if self._closed:
+        if self._state._closed:
             return
-        with self._lock:
-            if self._streams.get(stream.id) is not stream:
+        with self._state._lock:
+            if self._state._streams.get(stream.id) is not stream:
                 return
-            del self._streams[stream.id]
-        self._free_native(lambda: self._cu.cuStreamDestroy(stream.native), "cuStreamDestroy")
+            del self._state._streams[stream.id]
+        self._state._free_native(
+            lambda: self._state._cu.cuStreamDestroy(stream.native), "cuStreamDestroy"
+        )
 
     def record_event(self, stream: Stream | None) -> Event:
-        self._enter()
-        cu = self._cu
-        handle = self._stream_handle(stream)
-        with self._lock:
-            native = self._event_pool.pop() if self._event_pool else None
+        self._state._enter()
+        cu = self._state._cu
+        handle = self._state._stream_handle(stream)
+        with self._state._lock:
+            native = self._state._event_pool.pop() if self._state._event_pool else None
         if native is None:
-            native = self._check(
+            native = self._state._check(
                 cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate"
             )
         try:
-            self._check(cu.cuEventRecord(native, handle), "cuEventRecord", LaunchFailed)
+            self._state._check(cu.cuEventRecord(native, handle), "cuEventRecord", LaunchFailed)
         except BaseException:
             cu.cuEventDestroy(native)
             raise
-        event = Event(id=next(self._ids), native=native)
-        with self._lock:
-            self._events[event.id] = event
+        event = Event(id=next(self._state._ids), native=native)
+        with self._state._lock:
+            self._state._events[event.id] = event
         return event
 
     def _live_event(self, event: Event) -> Any:
-        if self._events.get(event.id) is not event:
+        if self._state._events.get(event.id) is not event:
             raise LaunchArgumentMismatch(f"event {event.id} is not a live event of this backend")
         return event.native
 
     def wait_event(self, stream: Stream | None, event: Event) -> None:
-        self._enter()
-        self._check(
-            self._cu.cuStreamWaitEvent(self._stream_handle(stream), self._live_event(event), 0),
+        self._state._enter()
+        self._state._check(
+            self._state._cu.cuStreamWaitEvent(
+                self._state._stream_handle(stream), self._live_event(event), 0
+            ),
             "cuStreamWaitEvent",
             LaunchFailed,
         )
 
     def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the driver's host-function thread after the stream's work."""
-        self._enter()
-        key = next(self._callback_ids)
-        with self._lock:
-            self._callbacks[key] = callback
+        self._state._enter()
+        key = next(self._state._callback_ids)
+        with self._state._lock:
+            self._state._callbacks[key] = callback
         try:
-            self._check(
-                self._cu.cuLaunchHostFunc(self._stream_handle(stream), self._host_fn_handle, key),
+            self._state._check(
+                self._state._cu.cuLaunchHostFunc(
+                    self._state._stream_handle(stream), self._state._host_fn_handle, key
+                ),
                 "cuLaunchHostFunc",
                 LaunchFailed,
             )
         except BaseException:
-            with self._lock:
-                self._callbacks.pop(key, None)
+            with self._state._lock:
+                self._state._callbacks.pop(key, None)
             raise
 
     def notify_event(
@@ -136,9 +153,11 @@ class Events(DeviceState):
     def drop_queued(self, stream: Stream) -> None:
         """Nothing: what was enqueued belongs to the driver and runs."""
 
-    def _run_callback(self, user_data: int | None) -> None:
-        with self._lock:
-            callback = self._callbacks.pop(user_data or 0, None)
+    def run_callback(self, user_data: int | None) -> None:
+        """The host function's Python side (``HOST_FN``): the callback ``notify`` registered
+        under ``user_data``, once."""
+        with self._state._lock:
+            callback = self._state._callbacks.pop(user_data or 0, None)
         if callback is not None:
             try:
                 callback()
@@ -146,20 +165,20 @@ class Events(DeviceState):
                 _log_callback_error()
 
     def event_done(self, event: Event) -> bool:
-        self._enter()
-        cu = self._cu
+        self._state._enter()
+        cu = self._state._cu
         (err,) = cu.cuEventQuery(self._live_event(event))
         if not err:
             return True
         if err == cu.CUresult.CUDA_ERROR_NOT_READY:
             return False
-        raise self._check.error(err, "cuEventQuery", LaunchFailed)
+        raise self._state._check.error(err, "cuEventQuery", LaunchFailed)
 
     def wait_event_for(self, event: Event, seconds: float) -> bool:
         """Poll the event (the GIL is let go in each query) for at most ``seconds``."""
-        self._enter()
-        query, native = self._cu.cuEventQuery, self._live_event(event)
-        not_ready = self._cu.CUresult.CUDA_ERROR_NOT_READY
+        self._state._enter()
+        query, native = self._state._cu.cuEventQuery, self._live_event(event)
+        not_ready = self._state._cu.CUresult.CUDA_ERROR_NOT_READY
         deadline = time.perf_counter() + seconds
         while True:
             (err,) = query(native)
@@ -169,20 +188,24 @@ class Events(DeviceState):
                 return False
 
     def synchronize_event(self, event: Event) -> None:
-        self._enter()
-        self._check(
-            self._cu.cuEventSynchronize(self._live_event(event)), "cuEventSynchronize", LaunchFailed
+        self._state._enter()
+        self._state._check(
+            self._state._cu.cuEventSynchronize(self._live_event(event)),
+            "cuEventSynchronize",
+            LaunchFailed,
         )
 
     def destroy_event(self, event: Event) -> None:
-        if self._closed:
+        if self._state._closed:
             return
-        with self._lock:
-            if self._events.get(event.id) is not event:
+        with self._state._lock:
+            if self._state._events.get(event.id) is not event:
                 return
-            del self._events[event.id]
-            if len(self._event_pool) < _EVENT_POOL_MAX and self._check.fault is None:
+            del self._state._events[event.id]
+            if len(self._state._event_pool) < _EVENT_POOL_MAX and self._state._check.fault is None:
                 # Re-recording an event is allowed while earlier records are pending.
-                self._event_pool.append(event.native)
+                self._state._event_pool.append(event.native)
                 return
-        self._free_native(lambda: self._cu.cuEventDestroy(event.native), "cuEventDestroy")
+        self._state._free_native(
+            lambda: self._state._cu.cuEventDestroy(event.native), "cuEventDestroy"
+        )

@@ -127,9 +127,14 @@ class CudaKernel:
 _PACK_POINTER = struct.Struct("<Q").pack_into
 
 
-class Kernels(DeviceState):
-    """``CudaBackend``'s kernel half: artifacts are the caller's bytes; loaded kernels are
-    tracked in ``_kernels`` until ``destroy`` (in ``backend.py``) unloads them."""
+class Kernels:
+    """A device's kernels, for its ``CudaBackend``: artifacts are the caller's bytes; loaded
+    kernels are tracked in the device's ``_kernels`` until ``destroy`` (in ``backend.py``)
+    unloads them."""
+
+    def __init__(self, state: DeviceState) -> None:
+        """``state``: the device's driver handles and tables (its ``CudaBackend``)."""
+        self._state = state
 
     # -- artifacts -------------------------------------------------------------------------
 
@@ -138,8 +143,8 @@ class Kernels(DeviceState):
 
         Needs no context: compiles may run on worker threads.
         """
-        if self._closed:
-            raise Unavailable(f"the CUDA backend of device {self.device_ordinal} is closed")
+        if self._state._closed:
+            raise Unavailable(f"the CUDA backend of device {self._state.device_ordinal} is closed")
         if request.format not in FORMATS:
             raise UnsupportedOperation(f"the CUDA backend does not load {request.format.value}")
         if not 0 <= request.scalar_argument_count <= request.argument_count:
@@ -156,9 +161,9 @@ class Kernels(DeviceState):
         if request.format is ArtifactFormat.CUDA_CPP:
             source = payload.decode() if isinstance(payload, bytes) else payload
             name = request.source_name
-            compiled = self.cache.compile(
+            compiled = self._state.cache.compile(
                 source,
-                arch=self.compute_capability,
+                arch=self._state.compute_capability,
                 name=name,
                 options=request.compile_options,
                 headers=request.headers,
@@ -176,7 +181,7 @@ class Kernels(DeviceState):
     def _binary_image(self, request: ArtifactRequest) -> bytes:
         """A cubin or fatbin as given, or of per-architecture images the device's own: the
         exact one, else the newest of its major version below it (cubins run there)."""
-        major, minor = self.compute_capability
+        major, minor = self._state.compute_capability
         device = major * 10 + minor
         built = ", ".join(f"sm_{arch}" for arch, _ in request.images) or (
             f"sm_{request.arch}" if request.arch else ""
@@ -203,7 +208,7 @@ class Kernels(DeviceState):
 
     def load_artifact(self, artifact: CompiledArtifact) -> LoadedKernel:
         """Load the image as its own module and find the kernel's symbol."""
-        self._enter()
+        self._state._enter()
         image = artifact.image
         if artifact.closed or not isinstance(image, _Image):
             raise InvalidArtifact(
@@ -215,11 +220,11 @@ class Kernels(DeviceState):
             if image.cache_key is None or image.source is None:
                 raise
             # A cached image the driver refuses: drop it and compile afresh, once.
-            self.cache.invalidate(image.cache_key)
+            self._state.cache.invalidate(image.cache_key)
             request = artifact.request
-            fresh: KernelImage = self.cache.compile(
+            fresh: KernelImage = self._state.cache.compile(
                 image.source,
-                arch=self.compute_capability,
+                arch=self._state.compute_capability,
                 name=image.name,
                 options=request.compile_options,
                 headers=request.headers,
@@ -230,9 +235,9 @@ class Kernels(DeviceState):
             image = _Image(fresh.kind, fresh.data, fresh.key, image.source, image.name, symbol)
             artifact.image = image
             module = self._load_module(image, artifact.kernel_name)
-        cu = self._cu
+        cu = self._state._cu
         try:
-            function = self._check(
+            function = self._state._check(
                 cu.cuModuleGetFunction(module, (image.symbol or artifact.kernel_name).encode()),
                 f"entry {artifact.kernel_name!r} (cuModuleGetFunction) in {artifact.origin}",
                 FailedPrecondition,  # the manifest names no kernel of its code: not retryable
@@ -243,15 +248,18 @@ class Kernels(DeviceState):
             cu.cuModuleUnload(module)
             raise
         kernel = CudaKernel(artifact.kernel_name, module, function, layout)
-        loaded = LoadedKernel(id=next(self._ids), kernel_name=artifact.kernel_name, native=kernel)
-        with self._lock:
-            self._kernels[loaded.id] = loaded
+        loaded = LoadedKernel(
+            id=next(self._state._ids), kernel_name=artifact.kernel_name, native=kernel
+        )
+        with self._state._lock:
+            self._state._kernels[loaded.id] = loaded
         return loaded
 
     def _load_module(self, image: _Image, kernel_name: str) -> Any:
         data = image.data + b"\0" if image.kind == "ptx" else image.data
-        return self._check(
-            self._cu.cuModuleLoadData(data), f"cuModuleLoadData ({image.kind}) for {kernel_name}"
+        return self._state._check(
+            self._state._cu.cuModuleLoadData(data),
+            f"cuModuleLoadData ({image.kind}) for {kernel_name}",
         )
 
     # -- launches ------------------------------------------------------------------------------
@@ -261,17 +269,18 @@ class Kernels(DeviceState):
 
         Buffers are passed as device pointers, then each scalar at its own dtype's size.
         """
-        if self._closed or DEVICE_FAULTS:
-            self._enter()  # raises the reason
-        if getattr(CURRENT, "ctx", None) != self._ctx_key:
-            self._make_current()
+        state = self._state
+        if state._closed or DEVICE_FAULTS:
+            state._enter()  # raises the reason
+        if getattr(CURRENT, "ctx", None) != state._ctx_key:
+            state._make_current()
         loaded = request.loaded
         kernel = loaded.native
-        if self._kernels.get(loaded.id) is not loaded:
+        if state._kernels.get(loaded.id) is not loaded:
             raise InvalidArtifact(f"kernel {loaded.kernel_name!r} is not loaded on this backend")
         buffers = request.buffers
         scalars = request.scalars
-        live = self._buffers
+        live = state._buffers
         addresses = [b.address for b in buffers if live.get(b.id) is b]
         if (
             len(addresses) != len(buffers)
@@ -281,8 +290,8 @@ class Kernels(DeviceState):
             raise self._argument_mismatch(kernel, buffers, scalars)
         stream = request.stream
         if stream is None:
-            handle = self._default_stream
-        elif self._streams.get(stream.id) is stream:
+            handle = state._default_stream
+        elif state._streams.get(stream.id) is stream:
             handle = stream.native
         else:
             raise LaunchArgumentMismatch(f"stream {stream.id} is not a live stream of this backend")
@@ -297,7 +306,7 @@ class Kernels(DeviceState):
                 _SCALAR_PACK[scalar.dtype](storage, offset, scalar.value)
             if shared > kernel.dynamic_shared_limit:
                 self._raise_shared_limit(kernel, shared)
-            err = self._cu.cuLaunchKernel(
+            err = state._cu.cuLaunchKernel(
                 kernel.function,
                 gx,
                 gy,
@@ -311,7 +320,7 @@ class Kernels(DeviceState):
                 0,
             )[0]
         if err:
-            raise self._check.error(
+            raise state._check.error(
                 err,
                 f"cuLaunchKernel({kernel.name}, grid={(gx, gy, gz)}, block={(bx, by, bz)}, "
                 f"shared={shared})",
@@ -322,7 +331,7 @@ class Kernels(DeviceState):
         self, kernel: CudaKernel, buffers: Sequence[DeviceBuffer], scalars: Sequence[Scalar]
     ) -> LaunchArgumentMismatch:
         for buffer in buffers:
-            if self._buffers.get(buffer.id) is not buffer:
+            if self._state._buffers.get(buffer.id) is not buffer:
                 return LaunchArgumentMismatch(
                     f"{kernel.name}: buffer {buffer.id} is not a live buffer of this backend"
                 )
@@ -332,9 +341,9 @@ class Kernels(DeviceState):
         )
 
     def _raise_shared_limit(self, kernel: CudaKernel, shared: int) -> None:
-        cu = self._cu
+        cu = self._state._cu
         attribute = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        self._check(
+        self._state._check(
             cu.cuFuncSetAttribute(kernel.function, attribute, shared),
             f"cuFuncSetAttribute({kernel.name}, dynamic shared memory {shared})",
             LaunchFailed,

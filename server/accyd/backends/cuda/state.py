@@ -1,7 +1,7 @@
 """The state every part of the CUDA backend shares, and its context handling.
 
-``CudaBackend`` (``backend.py``) sets these fields in its constructor; its kernel
-half (``kernels.py``) and its stream and event half (``events.py``) read them.
+``CudaBackend`` (``backend.py``) is one and sets these fields in its constructor; the
+``Kernels`` (``kernels.py``) and ``Events`` (``events.py``) it holds read them through it.
 """
 
 from __future__ import annotations

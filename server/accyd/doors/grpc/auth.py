@@ -44,7 +44,7 @@ from accyd.doors.grpc.calls import CLIENT_ID_HEADER, Context, log_failure, remem
 from accyd.doors.grpc.in_flight import Admitted, InFlight
 from accyd.doors.grpc.status import to_status
 from accyd.errors import AccyError, NotFound, PermissionDenied, Unauthenticated
-from accyd.telemetry.logs import Fields, bind_lazily
+from accyd.logs import Fields, bind_lazily
 from accyd.tokens import Principal, TokenTable
 
 __all__ = [

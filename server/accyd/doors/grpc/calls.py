@@ -23,7 +23,7 @@ from accy.protocol import CLIENT_ID_METADATA as CLIENT_ID_HEADER
 from accyd.core.ids import new_request_id
 from accyd.doors.grpc.status import refusal_fields, to_status
 from accyd.errors import AccyError, InvalidRequest
-from accyd.telemetry.logs import LazyToken, bind_lazily, debug_enabled, unbind_lazily
+from accyd.logs import LazyToken, bind_lazily, debug_enabled, unbind_lazily
 
 __all__ = [
     "CLIENT_ID_HEADER",
@@ -73,7 +73,7 @@ class Call:
 
     def log_fields(self, event: structlog.typing.EventDict) -> None:
         """The call's ids on each line logged while it runs (bound lazily:
-        ``accyd.telemetry.logs``)."""
+        ``accyd.logs``)."""
         event.setdefault("request_id", self.request_id)
         event.setdefault("rpc", self.method)
         event.setdefault("client_id", self.client_id)

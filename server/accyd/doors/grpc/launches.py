@@ -26,7 +26,7 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon, LaunchTicket, WouldBlock
 from accyd.doors.grpc import convert
 from accyd.doors.grpc.calls import CallTracker, id_fields, text_field
-from accyd.telemetry.logs import bind
+from accyd.logs import bind
 from accyd.telemetry.metrics import Metrics
 from accyd.tokens import Principal
 

@@ -41,8 +41,8 @@ from accyd.backends.worker.protocol import (
     send_frame,
 )
 from accyd.errors import DeviceFault
+from accyd.logs import configure_logging
 from accyd.process.exits import EXIT_DEVICE_LOST, EXIT_NEVER_READY
-from accyd.telemetry.logs import configure_logging
 
 __all__ = ["IGNORED_SIGNALS", "main"]
 
@@ -66,7 +66,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _log_as_device(device: int, log_format: str, level: str) -> None:
-    """The daemon's logging (``accyd.telemetry.logs``), every line naming this worker's device."""
+    """The daemon's logging (``accyd.logs``), every line naming this worker's device."""
     configure_logging(log_format, level)
 
     def add_device(logger: object, method: str, event: Any) -> Any:

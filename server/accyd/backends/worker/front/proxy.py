@@ -72,17 +72,19 @@ from accyd.backends.base import (
     BackendKind,
     CompiledArtifact,
     DeviceBuffer,
+    Event,
     Exported,
     ExportKind,
     LaunchRequest,
     LoadedKernel,
     PreparedLaunch,
+    Stream,
 )
+from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.backends.worker.channel import Channel
 from accyd.backends.worker.front.handles import (
     RemoteArtifact,
     RemotePrepared,
-    Track,
     launch_fields,
     stream_id,
 )
@@ -120,7 +122,7 @@ def _kill(channel: Channel, lane: socket.socket) -> None:
     lane.close()
 
 
-class WorkerBackend(WorkerStreams):
+class WorkerBackend:
     """One device's backend in a worker process (see the module doc for what differs).
 
     Owns the worker process and its channel: ``close()`` (idempotent) asks the
@@ -170,12 +172,11 @@ class WorkerBackend(WorkerStreams):
         self._buffers: dict[int, int] = {}
         self._kernels: set[int] = set()
         self._in_use = 0
-        self._default = Track()
-        self._tracks: dict[int, Track] = {}
         self._kind = BackendKind(kind)
         self._formats: frozenset[ArtifactFormat] = frozenset()
         self._name = ""
         self._pins = PinnedRanges()
+        self._streams = WorkerStreams(self._channel, self._ids, self._pins)
         self._front_pid = os.getpid()
         """Whose descriptors ``PIN`` names (the worker opens ``/proc/<pid>/fd/<fd>``)."""
         self._copying_bytes = False
@@ -337,6 +338,64 @@ class WorkerBackend(WorkerStreams):
         launches = tuple((stream_id(r.stream), *launch_fields(r)) for r in requests)
         self._channel.call(lambda c: (Op.PREPARE, c, pid, launches))
         return RemotePrepared(self._channel, pid)
+
+    # -- streams, events and copies (``WorkerStreams``: what the front knows of each stream) ---
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        self._streams.synchronize(stream)
+
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream:
+        return self._streams.create_stream(partition, priority)
+
+    def split_sms(self, specs: Sequence[PartitionSpec]) -> SmSplit:
+        return self._streams.split_sms(specs)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        self._streams.destroy_stream(stream)
+
+    def record_event(self, stream: Stream | None) -> Event:
+        return self._streams.record_event(stream)
+
+    def wait_event(self, stream: Stream | None, event: Event) -> None:
+        self._streams.wait_event(stream, event)
+
+    def event_done(self, event: Event) -> bool:
+        return self._streams.event_done(event)
+
+    def wait_event_for(self, event: Event, seconds: float) -> bool:
+        return self._streams.wait_event_for(event, seconds)
+
+    def notify(self, stream: Stream | None, callback: Callable[[], None]) -> None:
+        self._streams.notify(stream, callback)
+
+    def notify_event(
+        self, event: Event, stream: Stream | None, callback: Callable[[], None]
+    ) -> None:
+        self._streams.notify_event(event, stream, callback)
+
+    def drop_queued(self, stream: Stream) -> None:
+        self._streams.drop_queued(stream)
+
+    def synchronize_event(self, event: Event) -> None:
+        self._streams.synchronize_event(event)
+
+    def destroy_event(self, event: Event) -> None:
+        self._streams.destroy_event(event)
+
+    def write(
+        self, buffer: DeviceBuffer, offset: int, data: bytes | memoryview, stream: Stream | None
+    ) -> None:
+        self._streams.write(buffer, offset, data, stream)
+
+    def read(self, buffer: DeviceBuffer, offset: int, size: int, stream: Stream | None) -> bytes:
+        return self._streams.read(buffer, offset, size, stream)
+
+    def read_into(
+        self, buffer: DeviceBuffer, offset: int, out: bytearray | memoryview, stream: Stream | None
+    ) -> None:
+        self._streams.read_into(buffer, offset, out, stream)
+
+    # -- host memory ------------------------------------------------------------------------------
 
     def pin_host(self, memory: memoryview, fd: int | None = None) -> object:
         """With ``fd`` (the file ``memory`` maps whole, from offset 0): the worker maps that file

@@ -1,4 +1,4 @@
-"""``WorkerBackend``'s stream half: streams, events, notifications, waits and copies.
+"""A ``WorkerBackend``'s streams: streams, events, notifications, waits and copies.
 
 Everything here knows completion through ``accyd.backends.worker.front.handles.Track``: a
 round trip that waited for work (a synchronize, a copy on a stream) or a
@@ -28,17 +28,21 @@ __all__ = ["WorkerStreams"]
 
 
 class WorkerStreams:
-    """Streams, events and copies of a ``WorkerBackend`` (which sets these fields).
+    """The streams a ``WorkerBackend`` made, what its front knows of their work, and the
+    events, waits and copies on them, over the backend's channel.
 
     Streams and events are owned by their callers and freed through
     ``destroy_stream``/``destroy_event`` (one-way; nothing after a fault)."""
 
-    _channel: Channel
-    _lock: threading.Lock
-    _ids: itertools.count[int]
-    _default: Track
-    _tracks: dict[int, Track]
-    _pins: PinnedRanges
+    def __init__(self, channel: Channel, ids: itertools.count[int], pins: PinnedRanges) -> None:
+        """``ids``: the counter every handle's id comes from; ``pins``: the host memory the
+        worker mapped (``pin_host`` adds to it), which copies inside it name."""
+        self._channel = channel
+        self._ids = ids
+        self._pins = pins
+        self._lock = threading.Lock()
+        self._default = Track()
+        self._tracks: dict[int, Track] = {}
 
     # -- streams and events ----------------------------------------------------------------------
 

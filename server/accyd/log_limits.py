@@ -52,7 +52,7 @@ class _Window:
 def _emit_summary(**fields: object) -> None:
     token = _summarizing.set(True)
     try:
-        structlog.get_logger("accyd.telemetry.logs").warning("log lines left out", **fields)
+        structlog.get_logger("accyd.logs").warning("log lines left out", **fields)
     finally:
         _summarizing.reset(token)
 

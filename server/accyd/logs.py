@@ -19,7 +19,7 @@ from typing import Protocol, TextIO
 import structlog
 
 from accyd.clipping import MESSAGE_CHARS, bounded
-from accyd.telemetry.log_limits import ClientLines
+from accyd.log_limits import ClientLines
 
 __all__ = [
     "Fields",
@@ -70,7 +70,7 @@ _debug = True
 LazyToken = contextvars.Token[tuple[LogFields, ...]]
 
 client_lines = ClientLines()
-"""The per-client bound on log lines (``accyd.telemetry.log_limits``) that
+"""The per-client bound on log lines (``accyd.log_limits``) that
 ``configure_logging`` installs."""
 
 
