@@ -129,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import grpc
     import numpy as np
 
-    from accy import Client, _transports
+    from accy import Client, _link_transport
     from accy.protocol import CLIENT_ID_METADATA
     from accy.protocol.launch.v1 import launch_pb2 as pb
     from accy.testing import running_daemon
@@ -165,7 +165,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 buffer = client.empty(1024, np.float32)
                 shared = client.shared_array(1024, np.float32)
                 link = conn.current_link()
-                pool = _transports.shared_pool(link)
+                pool = _link_transport.shared_pool(link)
                 placed = None if pool is None else pool.locate(shared)
                 if pool is None or placed is None:
                     raise RuntimeError("the shared array is not in a segment of this link")

@@ -132,11 +132,19 @@ def test_the_core_imports_no_door() -> None:
     assert not {name: doors for name, doors in reaching.items() if doors}
 
 
-TRANSPORTS = ("_transports", "_ring", "_ring_path", "_ring_stream", "_unary", "_shm", "_copying")
+TRANSPORTS = (
+    "_link_transport",
+    "_ring",
+    "_ring_path",
+    "_ring_stream",
+    "_unary",
+    "_shm",
+    "_copying",
+)
 
 
 def test_sessions_buffers_and_launches_import_no_transport() -> None:
-    """They speak to the seam (``accy._transport``), never to one way of travelling."""
+    """They speak to the seam (``accy._seam``), never to one way of travelling."""
     edges = graph("accy")
     transports = {f"accy.{name}" for name in TRANSPORTS}
     api = ["accy._sessions", "accy._resources"]  # Session and Launch; Buffer

@@ -27,7 +27,7 @@ import grpc
 from accy._failures import specific, translate
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, open_channel
-from accy._transport import CLOSE_DRAIN_SECONDS
+from accy._seam import CLOSE_DRAIN_SECONDS
 from accy.errors import (
     AccyError,
     ClientClosed,

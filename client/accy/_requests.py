@@ -16,7 +16,7 @@ from accy import _chunks, _dtypes
 from accy._dtypes import DTypeLike
 from accy._models import PipelineInfo
 from accy._scalars import check_scalars, pack_scalars
-from accy._transport import BufferRef, LaunchOwner, ids_of
+from accy._seam import BufferRef, LaunchOwner, ids_of
 from accy.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
 

@@ -9,7 +9,7 @@ with no call. A refused or failed launch is raised by the next launch or wait
 on the ring, naming its record, as CUDA reports asynchronous errors.
 
 It keeps the client's one cache of "the same launch again" (see
-``accy._transport``): one packed record per plan, good for one epoch.
+``accy._seam``): one packed record per plan, good for one epoch.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from accy._link import Link, lost_of
 from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy._ring_stream import RingStreamLink
 from accy._scalars import RecordScalars
-from accy._transport import RECORDS_KEPT, BufferRef, LaunchOwner, Ticket, ids_of
+from accy._seam import RECORDS_KEPT, BufferRef, LaunchOwner, Ticket, ids_of
 from accy.errors import (
     AccyError,
     DeadlineExceeded,

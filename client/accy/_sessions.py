@@ -2,7 +2,7 @@
 ``Launch``, one launch of it.
 
 A session launches through its link's transport and never asks which one it is
-(``accy._transport``): the transport checks, packs and sends, and hands back a
+(``accy._seam``): the transport checks, packs and sends, and hands back a
 ticket that the ``Launch`` wraps.
 """
 
@@ -18,7 +18,7 @@ from accy._models import PipelineInfo
 from accy._requests import released_error
 from accy._resources import Buffer, Resource
 from accy._scalars import pack_scalars
-from accy._transport import Ticket
+from accy._seam import Ticket
 from accy.errors import AccyError, SessionLost, Unavailable
 from accy.protocol.launch.v1 import launch_pb2 as pb
 

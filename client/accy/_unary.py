@@ -20,7 +20,7 @@ from accy._chunks import Progress
 from accy._connection import Connection
 from accy._link import Link, device_lost
 from accy._requests import launch_request
-from accy._transport import BufferRef, LaunchOwner, Ticket
+from accy._seam import BufferRef, LaunchOwner, Ticket
 from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 

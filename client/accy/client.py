@@ -19,7 +19,7 @@ from typing import Any, Self
 import grpc
 import numpy as np
 
-from accy import _chunks, _dtypes, _transports
+from accy import _chunks, _dtypes, _link_transport
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import DEFAULT_WINDOW, UNSET, Connection
 from accy._credentials import PemSource, auth_metadata, client_credentials, resolve_token
@@ -371,7 +371,9 @@ class Client:
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         conn = self._conn
         link = conn.current_link(None)
-        return _transports.shared_array(link, dims, _dtypes.to_numpy(dtype), device, conn.timeout)
+        return _link_transport.shared_array(
+            link, dims, _dtypes.to_numpy(dtype), device, conn.timeout
+        )
 
     def empty(
         self,

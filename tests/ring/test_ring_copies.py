@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _transports
+from accy import Client, _link_transport
 from accy._ring import Ring
 from accy._ring_path import RingLaunches
 from accy.errors import InvalidArgument, NotFound
@@ -73,13 +73,13 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
     with Client(server.address) as alice, Client(server.address) as mallory:
         mine = alice.empty(N, np.float32)
         theirs = mallory.shared_array(N, np.float32)
-        pool = _transports.shared_pool(mallory._conn.current_link(None))
+        pool = _link_transport.shared_pool(mallory._conn.current_link(None))
         assert pool is not None
         segment = pool.locate(theirs)
         assert segment is not None
         # alice names mallory's segment through her own ring: it is not hers.
         alice_link = alice._conn.current_link(None)
-        alice_pool = _transports.shared_pool(alice_link)
+        alice_pool = _link_transport.shared_pool(alice_link)
         assert alice_pool is not None
         own = alice.shared_array(N, np.float32)
         mine.write(own)  # opens alice's ring and binds her buffer
@@ -117,7 +117,7 @@ def test_a_copy_record_naming_no_buffer_is_refused(server: ServerThread) -> None
         buffer.write(shared)
         launches = ring_of(client)
         ring = launches.ring
-        pool = _transports.shared_pool(client._conn.current_link(None))
+        pool = _link_transport.shared_pool(client._conn.current_link(None))
         assert pool is not None
         placed = pool.locate(shared)
         assert placed is not None

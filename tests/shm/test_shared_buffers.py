@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _handoff, _shm, _transports
+from accy import Client, _handoff, _link_transport, _shm
 from accy.errors import InvalidArgument, NotFound, ResourceExhausted
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon
@@ -32,7 +32,7 @@ def daemon() -> Iterator[RunningDaemon]:
 
 
 def segments_of(client: Client) -> int:
-    pool = _transports.shared_pool(client._conn.current_link(None))
+    pool = _link_transport.shared_pool(client._conn.current_link(None))
     return 0 if pool is None else len(pool._segments)
 
 
@@ -97,7 +97,7 @@ def test_another_client_cannot_use_or_take_a_segment(daemon: RunningDaemon) -> N
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as mallory:
         mine = alice.buffer(np.ones(N, np.float32))
         theirs = mallory.empty(N, np.float32)
-        pool = _transports.shared_pool(alice._conn.current_link(None))
+        pool = _link_transport.shared_pool(alice._conn.current_link(None))
         assert pool is not None
         segment = pool._segments[0]
         for fields in (
@@ -148,7 +148,7 @@ def test_hostile_ranges_never_leave_the_segment_or_buffer(
     data = np.arange(N, dtype=np.float32)
     with Client(daemon.unix_target) as client:
         buffer = client.buffer(data)
-        pool = _transports.shared_pool(client._conn.current_link(None))
+        pool = _link_transport.shared_pool(client._conn.current_link(None))
         assert pool is not None
         segment = pool._segments[0]
         for direction in (pb.COPY_DIRECTION_TO_BUFFER, pb.COPY_DIRECTION_TO_SEGMENT):
@@ -236,7 +236,7 @@ def test_a_write_when_segments_ran_out_takes_grpc(daemon: RunningDaemon) -> None
 
 def shared_bytes_of(client: Client) -> _shm.SharedBytes:
     transport = client._conn.current_link(None).transport
-    assert isinstance(transport, _transports.LinkTransport)
+    assert isinstance(transport, _link_transport.LinkTransport)
     assert isinstance(transport.bytes, _shm.SharedBytes)
     return transport.bytes
 

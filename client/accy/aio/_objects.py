@@ -31,7 +31,7 @@ from accy._requests import (
     write_data,
 )
 from accy._scalars import check_scalars, pack_scalars
-from accy._transport import Ticket
+from accy._seam import Ticket
 from accy.aio._link import AioLink
 from accy.aio._ring import AioRing, ring_of
 from accy.errors import AccyError

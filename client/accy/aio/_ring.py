@@ -23,8 +23,8 @@ from typing import Any, cast
 
 from accy._ring import Ring, RingClosed
 from accy._ring_path import RING_WAIT_CAP, RingLaunches
+from accy._seam import BufferRef, LaunchOwner, Ticket
 from accy._target import unix_socket_of
-from accy._transport import BufferRef, LaunchOwner, Ticket
 from accy.aio._link import AioLink
 from accy.errors import AccyError, DeadlineExceeded
 from accy.protocol import ring as layout

@@ -4,7 +4,7 @@ As in httpx, a connection gets one ``Transport`` and the API objects never ask
 which one: ``Session``, ``Buffer`` and ``Launch`` call ``launch``, ``wait``,
 ``forget``, ``write``, ``read`` and ``close`` on their link's transport and import
 no transport module. One transport per link (an attachment to one daemon
-instance), chosen once by ``accy._transports.open_transport`` from the target
+instance), chosen once by ``accy._link_transport.open_transport`` from the target
 and the environment:
 
 - launches: the shared ring (a Unix socket), the ring over a ``RingStream`` call

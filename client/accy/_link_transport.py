@@ -24,9 +24,7 @@ from accy._connection import Connection
 from accy._link import Link
 from accy._ring_path import RingLaunches, open_ring, open_stream_ring
 from accy._scalars import check_scalars
-from accy._shm import SharedBytes, SharedPool, no_shared_memory, shm_wanted
-from accy._target import unix_socket_of
-from accy._transport import (
+from accy._seam import (
     BufferRef,
     ForgetFn,
     LaunchFn,
@@ -36,6 +34,8 @@ from accy._transport import (
     WaitFn,
     WriteFn,
 )
+from accy._shm import SharedBytes, SharedPool, no_shared_memory, shm_wanted
+from accy._target import unix_socket_of
 from accy._unary import StreamedBytes, UnaryLaunches
 from accy.protocol import ring as layout
 
