@@ -9,13 +9,13 @@ call on TCP (or with ``ACCY_RING=stream``), or as unary calls with
 A ring is opened by the link's first launch (or first shared-memory copy), so a
 client that never launches opens none; one the daemon refuses falls back to the
 next way (shared ring, then ring stream, then unary calls), once for the link.
+Nothing is swapped afterwards: the link keeps the way it found for good.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,16 +24,7 @@ from accy._connection import Connection
 from accy._link import Link
 from accy._ring_path import RingLaunches, open_ring, open_stream_ring
 from accy._scalars import check_scalars
-from accy._seam import (
-    BufferRef,
-    ForgetFn,
-    LaunchFn,
-    LaunchOwner,
-    ReadFn,
-    Ticket,
-    WaitFn,
-    WriteFn,
-)
+from accy._seam import CopyRequest, LaunchRequest, ReadRequest, Ticket, WaitRequest, WriteRequest
 from accy._shm import SharedBytes, SharedPool, no_shared_memory, shm_wanted
 from accy._target import unix_socket_of
 from accy._unary import StreamedBytes, UnaryLaunches
@@ -46,38 +37,17 @@ STREAM = "stream"
 
 
 class Launches(Protocol):
-    """One way a link's launches go (``RingLaunches``, ``UnaryLaunches``, ``_PendingRing``)."""
+    """One way a link's launches go (``RingLaunches``, ``UnaryLaunches``)."""
 
     path: str
-    copies: bool
 
-    def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: Any,
-    ) -> Ticket: ...
+    def launch(self, request: LaunchRequest) -> Ticket: ...
 
-    def wait(
-        self, ticket: Ticket | None, session_id: str | None, timeout: float | None
-    ) -> None: ...
+    def wait(self, request: WaitRequest) -> None: ...
 
     def forget(self, object_id: str) -> None: ...
 
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int: ...
+    def copy(self, request: CopyRequest) -> int: ...
 
     def close(self, drain: float = 0.0) -> None: ...
 
@@ -85,147 +55,89 @@ class Launches(Protocol):
 class LinkTransport:
     """A link's ``Transport``: its launches and its bytes, each chosen once.
 
-    ``launch``, ``wait`` and ``forget`` are the current launches' own bound methods
-    (so a launch passes through no frame of this class); ``write`` and ``read`` the bytes'.
+    With rings wanted (``ways``), the launches are found by the first launch or copy
+    (``_opened``) and kept for the link's life; until then nothing was launched, so a
+    wait has nothing to wait for and nothing is bound to forget.
     """
-
-    launch: LaunchFn
-    wait: WaitFn
-    forget: ForgetFn
-    write: WriteFn
-    read: ReadFn
 
     def __init__(
         self,
         conn: Connection,
         link: Link,
-        launches: Launches,
+        ways: tuple[str, ...],
         streamed: StreamedBytes,
         pool: SharedPool | None,
     ) -> None:
         self._conn = conn
         self._link = link
-        self.launches = launches
-        self.launch = launches.launch
-        self.wait = launches.wait
-        self.forget = launches.forget
+        self._ways = ways
+        self._opening = threading.Lock()
+        self._launches: Launches | None = None if ways else UnaryLaunches(conn, link)
         self.bytes: SharedBytes | StreamedBytes = streamed
         if pool is not None:
             self.bytes = SharedBytes(pool, self, streamed)
-        self.write = self.bytes.write
-        self.read = self.bytes.read
 
     @property
     def path(self) -> str:
-        return self.launches.path
+        launches = self._launches
+        return "pending" if launches is None else launches.path
 
-    def use(self, launches: Launches) -> None:
-        """From now on, launch through ``launches`` (the ring that opened, or calls)."""
-        self.launch = launches.launch
-        self.wait = launches.wait
-        self.forget = launches.forget
-        self.launches = launches
+    @property
+    def launches(self) -> Launches | None:
+        """The way launches go, once found (``None`` before the link's first launch)."""
+        return self._launches
 
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
+    def launch(self, request: LaunchRequest) -> Ticket:
+        launches = self._launches
+        if launches is None:
+            check_scalars(request.session.info, request.scalars)  # refused: opens nothing
+            launches = self._opened(request.timeout)
+        return launches.launch(request)
+
+    def wait(self, request: WaitRequest) -> None:
+        launches = self._launches
+        if launches is not None:
+            launches.wait(request)
+
+    def forget(self, object_id: str) -> None:
+        launches = self._launches
+        if launches is not None:
+            launches.forget(object_id)
+
+    def write(self, request: WriteRequest) -> int:
+        return self.bytes.write(request)
+
+    def read(self, request: ReadRequest) -> np.ndarray[Any, Any]:
+        return self.bytes.read(request)
+
+    def copy(self, request: CopyRequest) -> int:
         """A shared-memory copy: a COPY record on a shared ring (in its order with the
         launches, and no call), else a ``CopySegment`` call."""
-        return self.launches.copy(
-            segment_id,
-            segment_offset,
-            buffer_id,
-            buffer_offset,
-            size,
-            to_buffer=to_buffer,
-            timeout=timeout,
-        )
+        launches = self._launches
+        if launches is None:
+            launches = self._opened(request.timeout)
+        return launches.copy(request)
 
     def close(self, drain: float = 0.0) -> None:
-        self.launches.close(drain)
+        launches = self._launches
+        if launches is not None:
+            launches.close(drain)
         self.bytes.close()
 
     def abandon(self) -> None:
-        """In a forked child: let go of everything the parent's process owns, writing nothing."""
-        launches = self.launches
+        """In a forked child: let go of the ring the parent's process owns, writing nothing.
+        The child's client refuses every call (``Connection.check_open``), and a wait on the
+        ring let go of says so (``RingLaunches._judged``)."""
+        launches = self._launches
         if isinstance(launches, RingLaunches):
             launches.abandon()
-        self.use(_Forked(self._conn))
-
-
-class _PendingRing:
-    """A link's launches before its first: that one opens the ring (or finds none) first."""
-
-    path = "pending"
-    copies = False
-
-    def __init__(
-        self, conn: Connection, link: Link, transport: LinkTransport, ways: tuple[str, ...]
-    ) -> None:
-        self._conn = conn
-        self._link = link
-        self._transport = transport
-        self._ways = ways
-        self._lock = threading.Lock()
-
-    def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: Any,
-    ) -> Ticket:
-        check_scalars(owner.info, scalars)  # a launch refused here opens nothing
-        opened = self._opened(timeout)
-        return opened.launch(owner, operands, results, scalars, wait, timeout)
-
-    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
-        """Nothing was launched on this link yet: nothing to wait for."""
-
-    def forget(self, object_id: str) -> None:
-        """Nothing is bound yet."""
-
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
-        opened = self._opened(timeout)
-        return opened.copy(
-            segment_id,
-            segment_offset,
-            buffer_id,
-            buffer_offset,
-            size,
-            to_buffer=to_buffer,
-            timeout=timeout,
-        )
-
-    def close(self, drain: float = 0.0) -> None:
-        """Nothing was opened."""
 
     def _opened(self, timeout: Any) -> Launches:
         """The launches the link uses from now on: the first ring that opens, else calls."""
-        conn, link, transport = self._conn, self._link, self._transport
-        with self._lock:
-            if transport.launches is not self:  # another thread opened it meanwhile
-                return transport.launches
+        conn, link = self._conn, self._link
+        with self._opening:
+            if self._launches is not None:  # another thread opened it meanwhile
+                return self._launches
             left = conn.timeout_of(timeout)
             found: Launches | None = None
             for way in self._ways:
@@ -240,52 +152,8 @@ class _PendingRing:
                         found = RingLaunches(conn, link, stream.ring, stream)
                 if found is not None:
                     break
-            transport.use(found or UnaryLaunches(conn, link))
-            return transport.launches
-
-
-class _Forked:
-    """What a forked child's link launches with: nothing. Its client refuses every call
-    (``Connection.check_open``), and the parent's ring is not the child's to write."""
-
-    path = "forked"
-    copies = False
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: Any,
-    ) -> Ticket:
-        raise self._conn.closed_error()
-
-    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
-        raise self._conn.closed_error()
-
-    def forget(self, object_id: str) -> None:
-        """Nothing: a finalizer in the child must not unbind the parent's handles."""
-
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
-        raise self._conn.closed_error()
-
-    def close(self, drain: float = 0.0) -> None:
-        """Nothing to close in the child."""
+            self._launches = found or UnaryLaunches(conn, link)
+            return self._launches
 
 
 def ways_wanted(target: str) -> tuple[str, ...]:
@@ -303,11 +171,7 @@ def open_transport(conn: Connection, link: Link) -> LinkTransport:
     streamed = StreamedBytes(conn, link)
     socket_path = shm_wanted(conn)
     pool = None if socket_path is None else SharedPool(conn, link, socket_path)
-    transport = LinkTransport(conn, link, UnaryLaunches(conn, link), streamed, pool)
-    ways = ways_wanted(conn.target)
-    if ways:
-        transport.use(_PendingRing(conn, link, transport, ways))
-    return transport
+    return LinkTransport(conn, link, ways_wanted(conn.target), streamed, pool)
 
 
 def shared_pool(link: Link) -> SharedPool | None:
@@ -323,8 +187,7 @@ def shared_array(
 ) -> np.ndarray[Any, Any]:
     """A new array in memory shared with the daemon of ``link`` (``Client.shared_array``)."""
     transport = link.transport
-    assert isinstance(transport, LinkTransport)
-    shared = transport.bytes
+    shared = transport.bytes if isinstance(transport, LinkTransport) else None
     if not isinstance(shared, SharedBytes):
         raise no_shared_memory()
     return shared.shared_array(shape, dtype, device, timeout)

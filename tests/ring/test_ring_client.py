@@ -233,7 +233,7 @@ def test_a_buffer_its_device_took_is_lost_on_the_next_launch_not_later(client: C
     session.launch([x, x], [z], wait=True, n=N, a=1.0)
     assert ring_of(client)._records
     fault = Unavailable("device 0 faulted", reason="DEVICE_LOST", metadata={"session": "ses_x"})
-    assert isinstance(z.gone(fault), BufferLost)
+    assert isinstance(z._lose_device(fault), BufferLost)
     with pytest.raises(BufferLost) as raised:
         session.launch([x, x], [z], wait=False, n=N, a=1.0)
     assert raised.value.metadata.get("session") == "ses_x"

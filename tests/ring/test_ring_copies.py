@@ -12,6 +12,7 @@ import pytest
 from accy import Client, _link_transport
 from accy._ring import Ring
 from accy._ring_path import RingLaunches
+from accy._seam import CopyRequest
 from accy.errors import InvalidArgument, NotFound
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
@@ -86,7 +87,7 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
         assert alice_link.transport.path == "ring"
         copy = alice_link.transport.copy
         with pytest.raises(NotFound, match="ring record"):
-            copy(segment[0].id, 0, mine.id, 0, 16, to_buffer=True, timeout=5)
+            copy(CopyRequest(segment[0].id, 0, mine.id, 0, 16, to_buffer=True, timeout=5))
         placed = alice_pool.locate(own)
         assert placed is not None
         for segment_offset, buffer_offset, size in (
@@ -96,13 +97,9 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
         ):
             with pytest.raises(InvalidArgument, match="outside"):
                 copy(
-                    placed[0].id,
-                    segment_offset,
-                    mine.id,
-                    buffer_offset,
-                    size,
-                    to_buffer=False,
-                    timeout=5,
+                    CopyRequest(
+                        placed[0].id, segment_offset, mine.id, buffer_offset, size, False, 5
+                    )
                 )
         # The ring goes on after refusals: a good copy still lands.
         own[:] = 4.0
