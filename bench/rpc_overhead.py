@@ -166,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 buffer = client.empty(1024, np.float32)
                 shared = client.shared_array(1024, np.float32)
                 link = conn.current_link()
-                pool = _link_transport.shared_pool(link)
+                pool = _link_transport.shared_pool(link.transport)
                 placed = None if pool is None else pool.locate(shared)
                 if pool is None or placed is None:
                     raise RuntimeError("the shared array is not in a segment of this link")

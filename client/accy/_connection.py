@@ -27,7 +27,7 @@ import grpc
 from accy._failures import specific, translate
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, open_channel
-from accy._seam import CLOSE_DRAIN_SECONDS, WaitRequest
+from accy._seam import CLOSE_DRAIN_SECONDS, Transport, WaitRequest
 from accy.errors import (
     AccyError,
     ClientClosed,
@@ -118,6 +118,9 @@ class Connection:
         self.chunk_size = chunk_size
         self.shared_memory = True
         """Large transfers to a local daemon go through shared memory (``accy._shm``)."""
+        self.transport: Transport | None = None
+        """The transport every link uses, where the client was given one
+        (``Client(transport=...)``); else each link's is chosen when it is made."""
         self.auth = auth
         self.secure = credentials is not None
         self._has_token = has_token

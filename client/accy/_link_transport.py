@@ -24,7 +24,15 @@ from accy._connection import Connection
 from accy._link import Link
 from accy._ring_path import RingLaunches, open_ring, open_stream_ring
 from accy._scalars import check_scalars
-from accy._seam import CopyRequest, LaunchRequest, ReadRequest, Ticket, WaitRequest, WriteRequest
+from accy._seam import (
+    CopyRequest,
+    LaunchRequest,
+    ReadRequest,
+    Ticket,
+    Transport,
+    WaitRequest,
+    WriteRequest,
+)
 from accy._shm import SharedBytes, SharedPool, no_shared_memory, shm_wanted
 from accy._target import unix_socket_of
 from accy._unary import StreamedBytes, UnaryLaunches
@@ -174,10 +182,9 @@ def open_transport(conn: Connection, link: Link) -> LinkTransport:
     return LinkTransport(conn, link, ways_wanted(conn.target), streamed, pool)
 
 
-def shared_pool(link: Link) -> SharedPool | None:
-    """The segments ``link`` shares with its daemon, where its bytes go through shared memory
-    (for benchmarks and tests that look inside)."""
-    transport = link.transport
+def shared_pool(transport: Transport) -> SharedPool | None:
+    """The segments a link's ``transport`` shares with its daemon, where its bytes go through
+    shared memory (for benchmarks and tests that look inside: ``accy.testing.transport_of``)."""
     shared = transport.bytes if isinstance(transport, LinkTransport) else None
     return shared.pool if isinstance(shared, SharedBytes) else None
 

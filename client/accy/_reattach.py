@@ -106,7 +106,8 @@ class Attacher:
     def _new_link(self, stream: AttachStream, generation: int) -> Link:
         client_id = stream.attachment.client_id
         link = Link(generation, stream, (*self._conn.auth, (CLIENT_ID_METADATA, client_id)))
-        link.transport = open_transport(self._conn, link)
+        given = self._conn.transport
+        link.transport = open_transport(self._conn, link) if given is None else given
         return link
 
     def revive(self) -> bool:

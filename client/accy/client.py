@@ -31,6 +31,7 @@ from accy._reattach import Attacher
 from accy._requests import pick_pipeline
 from accy._resources import Buffer, allocate, operand_arrays
 from accy._rpc import open_channel
+from accy._seam import Transport
 from accy._sessions import Launch, Session, new_session
 from accy._target import resolve_target
 from accy.errors import (
@@ -103,6 +104,10 @@ class Client:
     daemon gone, wait for it within their own timeout. ``on_reattach`` is
     called (on the attach thread) with a ``Reattachment`` each time;
     ``reattachments`` counts them.
+
+    ``transport``: how launches and buffer bytes travel, for tests
+    (``accy.testing.FakeTransport``); by default each attachment chooses its own (a ring,
+    shared memory, or calls, by the target, ``ACCY_RING`` and ``ACCY_SHM``).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class Client:
         liveness: float | None = DEFAULT_LIVENESS,
         launch_window: int = DEFAULT_WINDOW,
         shared_memory: bool = True,
+        transport: Transport | None = None,
     ) -> None:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
@@ -146,6 +152,7 @@ class Client:
         )
         self._conn.launch_window = window
         self._conn.shared_memory = shared_memory
+        self._conn.transport = transport
         self._control = Control(self._conn)
         self._pipelines: tuple[str, dict[str, list[PipelineInfo]]] = ("", {})
         self._attacher = Attacher(
