@@ -150,3 +150,17 @@ def test_sessions_buffers_and_launches_import_no_transport() -> None:
     api = ["accy._sessions", "accy._resources"]  # Session and Launch; Buffer
     assert transports <= set(edges) and set(api) <= set(edges), "modules moved: update here"
     assert {name: sorted(edges[name] & transports) for name in api} == {name: [] for name in api}
+
+
+def test_api_objects_build_no_protobufs() -> None:
+    """``Session``, ``Launch``, ``Buffer`` and ``Client`` hand request values to the link's
+    transport and ask the connection's ``Control`` for every other call: none imports the
+    wire's messages."""
+    known = modules("accy")
+    api = ["accy._sessions", "accy._resources", "accy.client"]
+    assert set(api) <= set(known), "modules moved: update here"
+    wire = {
+        name: sorted(n for n in imported(name, known[name]) if n.startswith("accy.protocol.launch"))
+        for name in api
+    }
+    assert wire == {name: [] for name in api}
