@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from accy import Client, _handoff, _link_transport, _shm
+from accy._seam import CopyRequest
 from accy.errors import InvalidArgument, NotFound, ResourceExhausted
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, call, running_daemon, transport_of
@@ -278,11 +279,11 @@ def test_a_piece_the_daemon_refuses_fails_the_transfer_and_frees_the_segments(
         copier = shared._copier
         calls: list[int] = []
 
-        def third_refused(*args: object, **kwargs: object) -> int:
+        def third_refused(request: CopyRequest) -> int:
             calls.append(1)
             if len(calls) == 3:  # a segment id the daemon never gave: it refuses the copy
-                args = ("seg_not_yours", *args[1:])
-            return copier.copy(*args, **kwargs)  # type: ignore[arg-type]
+                request = request._replace(segment_id="seg_not_yours")
+            return copier.copy(request)
 
         monkeypatch.setattr(shared, "_copier", type("C", (), {"copy": staticmethod(third_refused)}))
         with pytest.raises((NotFound, InvalidArgument)):
