@@ -81,6 +81,8 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
     """One client: the series above, each result sent back over ``conn``."""
     from accy import Client
     from accy._ring_path import RingLaunches
+    from accy._seam import LaunchRequest, WaitRequest
+    from accy.testing import transport_of
 
     count, rtt, bursts = int(args["count"]), int(args["rtt"]), int(args["bursts"])
     profile = cProfile.Profile() if args["profile"] == "client" else None
@@ -140,17 +142,17 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
         out["rtt_p50_us"] = times[len(times) // 2] / 1e3
         out["rtt_p99_us"] = times[int(len(times) * 0.99)] / 1e3
 
-        link = client._conn.link
-        assert link is not None and link.transport.path == "ring", "not launched on a ring"
-        ring = link.transport.launches
+        transport = transport_of(client)
+        assert transport.path == "ring", "not launched on a ring"
+        ring = getattr(transport, "launches", None)
         assert isinstance(ring, RingLaunches)
 
         phase("path")  # the transport without Session: its kept record and the scalars
         values = {"n": 1, "a": 1.0}
         operands, results = [x, y], [z]
         out["path"] = _bursts(
-            lambda: ring.launch(session, operands, results, values, False, 10.0),
-            lambda: ring.wait(None, session.id, 10.0),
+            lambda: ring.launch(LaunchRequest(session, operands, results, values, False, 10.0)),
+            lambda: ring.wait(WaitRequest(None, session.id, 10.0)),
             bursts,
         )
 
@@ -165,7 +167,7 @@ def _client(target: str, args: dict[str, Any], conn: Any) -> None:
                 lambda: raw.wait(raw.head - 1, 10),
                 bursts,
             )
-        ring.wait(None, session.id, 10)
+        ring.wait(WaitRequest(None, session.id, 10))
         if args["check"]:  # the recording backend runs no kernel
             np.testing.assert_array_equal(z.read(), np.full(1, 2.0, np.float32))
     if profile:

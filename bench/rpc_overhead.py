@@ -129,7 +129,8 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import grpc
     import numpy as np
 
-    from accy import Client, _transports
+    from accy import Client, _link_transport
+    from accy._seam import CopyRequest
     from accy.protocol import CLIENT_ID_METADATA
     from accy.protocol.launch.v1 import launch_pb2 as pb
     from accy.testing import running_daemon
@@ -165,17 +166,15 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 buffer = client.empty(1024, np.float32)
                 shared = client.shared_array(1024, np.float32)
                 link = conn.current_link()
-                pool = _transports.shared_pool(link)
+                pool = _link_transport.shared_pool(link.transport)
                 placed = None if pool is None else pool.locate(shared)
                 if pool is None or placed is None:
                     raise RuntimeError("the shared array is not in a segment of this link")
                 segment, at = placed
-                buffer_id = buffer.on(link)
+                copy = CopyRequest(segment.id, at, buffer.id, 0, 4096, True, conn.timeout)
 
                 def copy_segment() -> object:
-                    return link.transport.copy(
-                        segment.id, at, buffer_id, 0, 4096, to_buffer=True, timeout=conn.timeout
-                    )
+                    return link.transport.copy(copy)
 
                 echo_pid, daemon_pid = echo_server.pid or 0, served_by(daemon.process.pid)
                 cases = {

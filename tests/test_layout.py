@@ -211,13 +211,35 @@ def test_aiohttp_is_imported_only_by_the_kserve_http_door() -> None:
     assert importing and not outside, f"aiohttp imported outside its door: {sorted(outside)}"
 
 
-TRANSPORTS = ("_transports", "_ring", "_ring_path", "_ring_stream", "_unary", "_shm", "_copying")
+TRANSPORTS = (
+    "_link_transport",
+    "_ring",
+    "_ring_path",
+    "_ring_stream",
+    "_unary",
+    "_shm",
+    "_copying",
+)
 
 
 def test_sessions_buffers_and_launches_import_no_transport() -> None:
-    """They speak to the seam (``accy._transport``), never to one way of travelling."""
+    """They speak to the seam (``accy._seam``), never to one way of travelling."""
     edges = graph("accy")
     transports = {f"accy.{name}" for name in TRANSPORTS}
     api = ["accy._sessions", "accy._resources"]  # Session and Launch; Buffer
     assert transports <= set(edges) and set(api) <= set(edges), "modules moved: update here"
     assert {name: sorted(edges[name] & transports) for name in api} == {name: [] for name in api}
+
+
+def test_api_objects_build_no_protobufs() -> None:
+    """``Session``, ``Launch``, ``Buffer`` and ``Client`` hand request values to the link's
+    transport and ask the connection's ``Control`` for every other call: none imports the
+    wire's messages."""
+    known = modules("accy")
+    api = ["accy._sessions", "accy._resources", "accy.client"]
+    assert set(api) <= set(known), "modules moved: update here"
+    wire = {
+        name: sorted(n for n in imported(name, known[name]) if n.startswith("accy.protocol.launch"))
+        for name in api
+    }
+    assert wire == {name: [] for name in api}

@@ -27,7 +27,7 @@ import grpc
 from accy._failures import specific, translate
 from accy._link import Link, device_lost, names_client
 from accy._rpc import Stub, open_channel
-from accy._transport import CLOSE_DRAIN_SECONDS
+from accy._seam import CLOSE_DRAIN_SECONDS, Transport, WaitRequest
 from accy.errors import (
     AccyError,
     ClientClosed,
@@ -92,7 +92,7 @@ class Sessions:
 def settle(link: Link, timeout: float | None) -> None:
     """Let the launches sent on ``link`` without waiting reach the daemon before another call
     does, as if each had waited to be enqueued (their refusals are reported elsewhere)."""
-    link.transport.wait(None, None, timeout)
+    link.transport.wait(WaitRequest(None, None, timeout))
 
 
 class Connection:
@@ -118,6 +118,9 @@ class Connection:
         self.chunk_size = chunk_size
         self.shared_memory = True
         """Large transfers to a local daemon go through shared memory (``accy._shm``)."""
+        self.transport: Transport | None = None
+        """The transport every link uses, where the client was given one
+        (``Client(transport=...)``); else each link's is chosen when it is made."""
         self.auth = auth
         self.secure = credentials is not None
         self._has_token = has_token

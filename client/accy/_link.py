@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from accy._attach import AttachStream
 from accy._models import Attachment
-from accy._transport import Transport
+from accy._seam import Transport
 from accy.errors import AccyError, NotFound, Unavailable
 from accy.protocol import CLIENT_UNKNOWN, DEVICE_LOST, DEVICE_SCOPE
 
@@ -59,7 +59,7 @@ class Link:
     lost_at: float = 0.0
     buffers: weakref.WeakSet[object] = field(default_factory=weakref.WeakSet)
     transport: Transport = field(init=False)
-    """How the link's launches and bytes travel (``accy._transports.open_transport``)."""
+    """How the link's launches and bytes travel (``accy._link_transport.open_transport``)."""
 
     @property
     def attachment(self) -> Attachment:

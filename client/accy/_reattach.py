@@ -21,8 +21,8 @@ import grpc
 from accy._attach import AttachStream
 from accy._connection import Connection
 from accy._link import Link, device_lost
+from accy._link_transport import open_transport
 from accy._models import Reattachment
-from accy._transports import open_transport
 from accy.errors import AccyError, PermissionDenied, Unauthenticated, Unavailable
 from accy.protocol import CLIENT_ID_METADATA, DEVICE_LOST
 from accy.protocol.launch.v1 import launch_pb2 as pb
@@ -106,7 +106,8 @@ class Attacher:
     def _new_link(self, stream: AttachStream, generation: int) -> Link:
         client_id = stream.attachment.client_id
         link = Link(generation, stream, (*self._conn.auth, (CLIENT_ID_METADATA, client_id)))
-        link.transport = open_transport(self._conn, link)
+        given = self._conn.transport
+        link.transport = open_transport(self._conn, link) if given is None else given
         return link
 
     def revive(self) -> bool:

@@ -16,7 +16,7 @@ from accy import _chunks, _dtypes
 from accy._dtypes import DTypeLike
 from accy._models import PipelineInfo
 from accy._scalars import check_scalars, pack_scalars
-from accy._transport import BufferRef, LaunchOwner, ids_of
+from accy._seam import LaunchRequest, ids_of, session_id_on
 from accy.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -120,22 +120,15 @@ def released_error(session_id: str, target: str) -> FailedPrecondition:
     )
 
 
-def launch_request(
-    owner: LaunchOwner,
-    operands: Sequence[BufferRef],
-    results: Sequence[BufferRef],
-    scalars: Mapping[str, object],
-    wait: bool,
-    link: Any,
-) -> pb.LaunchRequest:
+def launch_request(request: LaunchRequest, link: Any) -> pb.LaunchRequest:
     """A unary ``Launch`` on ``link``: scalars checked first, then the session, then each
     buffer (``ids_of``)."""
     return pb.LaunchRequest(
-        runtime_scalars=check_scalars(owner.info, scalars),
-        session_id=owner.id_on(link),
-        operands=ids_of(operands, link, "operands"),
-        results=ids_of(results, link, "results"),
-        wait=wait,
+        runtime_scalars=check_scalars(request.session.info, request.scalars),
+        session_id=session_id_on(request.session, link),
+        operands=ids_of(request.operands, link, "operands"),
+        results=ids_of(request.results, link, "results"),
+        wait=request.wait,
     )
 
 

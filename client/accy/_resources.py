@@ -17,17 +17,13 @@ import numpy as np
 
 from accy import _chunks, _dtypes
 from accy._chunks import Progress
-from accy._connection import UNSET, Connection
+from accy._connection import UNSET
+from accy._control import Allocated, Control
 from accy._dtypes import DTypeLike
 from accy._export import ExportedBuffer, map_export
 from accy._link import Link, device_lost, device_replaced
-from accy._requests import (
-    allocation_request,
-    freed_error,
-    read_plan,
-    shaped_read,
-    write_data,
-)
+from accy._requests import freed_error, read_plan, shaped_read, write_data
+from accy._seam import ReadRequest, WriteRequest
 from accy._target import unix_socket_of
 from accy.errors import (
     AccyError,
@@ -36,7 +32,6 @@ from accy.errors import (
     FieldViolation,
     InvalidArgument,
 )
-from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["Buffer", "Resource", "allocate", "new_buffer", "operand_arrays"]
 
@@ -80,17 +75,16 @@ class Resource:
         self.close()
 
 
-def _free_dropped(conn: Connection, link: Link, buffer_id: str) -> None:
+def _free_dropped(control: Control, link: Link, buffer_id: str) -> None:
     """The safety net of a buffer collected unfreed: free it in the background."""
-    if conn.closed or link.lost is not None:
+    if control.conn.closed or link.lost is not None:
         return
     link.transport.forget(buffer_id)
-    request = pb.FreeBufferRequest(buffer_id=buffer_id)
-    conn.later(lambda: conn.call(conn.stub.FreeBuffer, request, link=link))
+    control.free_later(buffer_id, link)
 
 
 def allocate(
-    conn: Connection,
+    control: Control,
     nbytes: int,
     dtype: np.dtype[Any] | None,
     device: int | None,
@@ -98,45 +92,33 @@ def allocate(
     exportable: bool = False,
 ) -> Buffer:
     """A new buffer of ``nbytes`` bytes on the daemon (for ``Client.buffer`` and ``empty``)."""
-    request = allocation_request(nbytes, dtype, device, exportable)
-    response, link = conn.call(conn.stub.AllocateBuffer, request)
-    return new_buffer(
-        conn,
-        link,
-        response.buffer_id,
-        nbytes,
-        response.byte_size,
-        dtype,
-        response.device,
-        exportable=exportable,
-    )
+    allocated, link = control.allocate(nbytes, dtype, device, exportable)
+    return new_buffer(control, link, allocated, nbytes, dtype, exportable=exportable)
 
 
 def new_buffer(
-    conn: Connection,
+    control: Control,
     link: Link,
-    buffer_id: str,
+    allocated: Allocated,
     nbytes: int,
-    capacity: int,
     dtype: np.dtype[Any] | None,
-    device: int,
     *,
     exportable: bool = False,
 ) -> Buffer:
     """The ``Buffer`` for an allocation the daemon made on ``link`` (for ``Client`` only)."""
     buffer = object.__new__(Buffer)
-    buffer._conn = conn
+    buffer._control = control
     buffer._link = link
-    buffer.id = buffer_id
+    buffer.id = allocated.buffer_id
     buffer.nbytes = nbytes
-    buffer.capacity = capacity
+    buffer.capacity = allocated.byte_size
     buffer.dtype = dtype
-    buffer.device = device
+    buffer.device = allocated.device
     buffer.exportable = exportable
     buffer.shape = None
     buffer._gone = None
     link.buffers.add(buffer)
-    buffer._arm(_free_dropped, conn, link, buffer_id)
+    buffer._arm(_free_dropped, control, link, buffer.id)
     return buffer
 
 
@@ -159,7 +141,7 @@ class Buffer(Resource):
     shape: tuple[int, ...] | None
     """The shape of the array it was made from (or given to ``Client.empty``): a whole
     ``read()`` returns an array of this shape."""
-    _conn: Connection
+    _control: Control
     _link: Link
     _gone: tuple[str, str | None] | None
     """Why and in whose session its device was lost, when only the device was."""
@@ -182,8 +164,9 @@ class Buffer(Resource):
         """Elements of ``dtype`` the buffer holds (bytes when it has no dtype)."""
         return self.nbytes // (self.dtype.itemsize if self.dtype is not None else 1)
 
-    def on(self, link: Link) -> str:
-        """This buffer's id for a call on ``link``; ``BufferLost`` if the buffer is not there."""
+    def _buffer_id_on(self, link: Link) -> str:
+        """This buffer's id for a call on ``link``; ``BufferLost`` if the buffer is not there
+        (the transport's hook: ``accy._seam.ids_of``)."""
         finalizer = self._finalizer  # the usual case first, in one test: every launch asks
         if (
             self._link is link
@@ -208,17 +191,17 @@ class Buffer(Resource):
     def _using(self) -> Iterator[Link]:
         """The link to transfer on; a failure because that link went is ``BufferLost``."""
         link = self._link
-        self.on(link)
+        self._buffer_id_on(link)
         try:
             yield link
         except AccyError as error:
             if device_replaced(error, self.device):
-                raise self.gone(error) from error
+                raise self._lose_device(error) from error
             if link.lost is None or device_lost(error):
                 raise
             raise BufferLost(self.id, link.lost, session=link.fault_session) from error
 
-    def gone(self, error: AccyError) -> BufferLost:
+    def _lose_device(self, error: AccyError) -> BufferLost:
         """Note that ``error`` (``device_replaced``) took this buffer's device; the error."""
         session = error.metadata.get("session")
         self._gone = (f"a fault took device {self.device}", session)
@@ -240,12 +223,13 @@ class Buffer(Resource):
         sequence is converted to it.
         """
         raw = write_data(self.id, self.dtype, self.nbytes, array, offset)
-        conn = self._conn
+        conn = self._control.conn
         size = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
+        request = WriteRequest(
+            self.id, self.device, raw, offset, conn.timeout_of(timeout), size, progress
+        )
         with self._using() as link:
-            return link.transport.write(
-                self.id, self.device, raw, offset, conn.timeout_of(timeout), size, progress
-            )
+            return link.transport.write(request)
 
     def read(
         self,
@@ -262,15 +246,16 @@ class Buffer(Resource):
         ``offset``, in chunks; with ``out`` (a writable C-contiguous array) fill and return it."""
         plan = read_plan(self.id, self.nbytes, self.dtype, dtype, count, offset, out)
         size = plan.size
-        self.on(self._link)
+        self._buffer_id_on(self._link)
         if size == 0:
             return np.empty(0, dtype=plan.kind) if out is None else out
-        conn = self._conn
+        conn = self._control.conn
         chunk = _chunks.check_chunk_size(chunk_size or conn.chunk_size)
+        request = ReadRequest(
+            self.id, self.device, offset, size, out, conn.timeout_of(timeout), chunk, progress
+        )
         with self._using() as link:
-            got = link.transport.read(
-                self.id, self.device, offset, size, out, conn.timeout_of(timeout), chunk, progress
-            )
+            got = link.transport.read(request)
         if out is not None:
             return out
         return shaped_read(got, plan, offset, self.dtype, self.shape, self.size)
@@ -290,18 +275,17 @@ class Buffer(Resource):
             raise FailedPrecondition(
                 why, reason="NOT_EXPORTABLE", field_violations=[FieldViolation("buffer_id", why)]
             )
-        target = self._conn.target
+        target = self._control.conn.target
         socket_path = unix_socket_of(target)
         if socket_path is None:
             raise FailedPrecondition(
                 "exporting a buffer needs a daemon on this host (a unix: target), not " + target,
                 reason="EXPORT_UNAVAILABLE",
             )
-        with self._using() as link:
-            request = pb.ExportBufferRequest(buffer_id=self.on(link))
-            response, _ = self._conn.call(self._conn.stub.ExportBuffer, request, timeout, link=link)
         kind = self.dtype if self.dtype is not None else np.dtype(np.uint8)
-        return map_export(response, socket_path, self.id, kind)
+        with self._using() as link:
+            offer = self._control.export_offer(self._buffer_id_on(link), link, timeout)
+        return map_export(offer, socket_path, self.id, kind)
 
     def free(self) -> None:
         """Free the buffer on the daemon; later calls, and calls on a lost buffer, do nothing."""
@@ -310,15 +294,10 @@ class Buffer(Resource):
     def _close(self) -> None:
         link = self._link
         link.buffers.discard(self)
-        conn = self._conn
-        if conn.closed or link.lost is not None:
+        if self._control.conn.closed or link.lost is not None:
             return
         link.transport.forget(self.id)  # before the call, which the daemon takes after it
-        try:
-            conn.call(conn.stub.FreeBuffer, pb.FreeBufferRequest(buffer_id=self.id), link=link)
-        except AccyError:
-            if link.lost is None:
-                raise
+        self._control.free(self.id, link)
 
 
 def operand_arrays(

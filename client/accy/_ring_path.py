@@ -9,7 +9,7 @@ with no call. A refused or failed launch is raised by the next launch or wait
 on the ring, naming its record, as CUDA reports asynchronous errors.
 
 It keeps the client's one cache of "the same launch again" (see
-``accy._transport``): one packed record per plan, good for one epoch.
+``accy._seam``): one packed record per plan, good for one epoch.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,15 @@ from accy._link import Link, lost_of
 from accy._ring import Ring, RingClosed, RingError, RingFull
 from accy._ring_stream import RingStreamLink
 from accy._scalars import RecordScalars
-from accy._transport import RECORDS_KEPT, BufferRef, LaunchOwner, Ticket, ids_of
+from accy._seam import (
+    RECORDS_KEPT,
+    CopyRequest,
+    LaunchRequest,
+    Ticket,
+    WaitRequest,
+    ids_of,
+    session_id_on,
+)
 from accy.errors import (
     AccyError,
     DeadlineExceeded,
@@ -147,15 +154,8 @@ class RingLaunches:
 
     # Launching -------------------------------------------------------------------------
 
-    def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: Any,
-    ) -> Ticket:
+    def launch(self, request: LaunchRequest) -> Ticket:
+        owner, operands, results, scalars, wait, timeout = request
         left = self._conn.timeout if timeout is UNSET else timeout  # every launch: inline
         if left is None:
             left = RING_WAIT_CAP
@@ -164,7 +164,7 @@ class RingLaunches:
             while True:
                 record = self._records.get(key)
                 if record is None or record.epoch != self.epoch:
-                    record = self._record(key, owner, operands, results, left)
+                    record = self._record(key, request, left)
                 values = record.scalars.values(scalars)
                 with self.lock:
                     ring = self.ring
@@ -188,19 +188,13 @@ class RingLaunches:
             raise self._judged(error, f"a launch of session {owner.id}")  # noqa: B904
         return Ticket(self, record.session_id, wait, seq)
 
-    def _record(
-        self,
-        key: tuple[object, ...],
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        timeout: float,
-    ) -> _Record:
+    def _record(self, key: tuple[object, ...], request: LaunchRequest, timeout: float) -> _Record:
         """Look up, check and bind (once) what a launch names; keep its packed record unless
         it names a buffer by an id string (which holds no handle: its ``id()`` proves
         nothing)."""
         link = self._link
-        session_id = owner.id_on(link)
+        owner, operands, results = request.session, request.operands, request.results
+        session_id = session_id_on(owner, link)
         operand_ids = ids_of(operands, link, "operands")
         result_ids = ids_of(results, link, "results")
         with self.lock:
@@ -279,36 +273,32 @@ class RingLaunches:
             error.args = (error.message,)
             raise
 
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
+    def copy(self, request: CopyRequest) -> int:
         """Copy between a shared segment and a buffer as one COPY record, in the ring's order;
         return once it is over, raising what it (or earlier ring work) failed with."""
-        left = self._timeout(timeout)
+        left = self._timeout(request.timeout)
+        buffer_id = request.buffer_id
         try:
             with self.lock:
                 self._before_writing("this copy")
                 handle = self._buffer(buffer_id, left)
-                fields = (segment_offset, buffer_offset, size)
+                fields = (request.segment_offset, request.buffer_offset, request.size)
                 seq = self.ring.copy(
-                    handle, segment_id, fields, to_segment=not to_buffer, timeout=left
+                    handle,
+                    request.segment_id,
+                    fields,
+                    to_segment=not request.to_buffer,
+                    timeout=left,
                 )
             self._wait_for(seq, left)
         except (AccyError, RingClosed) as error:
             raise self._judged(error, f"a copy with buffer {buffer_id}")  # noqa: B904
-        return size
+        return request.size
 
     # Waiting ---------------------------------------------------------------------------
 
-    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
+    def wait(self, request: WaitRequest) -> None:
+        ticket, session_id, timeout = request
         if ticket is None and session_id is None:
             self._settle(timeout)
             return

@@ -2,56 +2,56 @@
 ``Launch``, one launch of it.
 
 A session launches through its link's transport and never asks which one it is
-(``accy._transport``): the transport checks, packs and sends, and hands back a
-ticket that the ``Launch`` wraps.
+(``accy._seam``): it hands the transport a ``LaunchRequest``, and the transport
+checks, packs and sends it and hands back a ticket that the ``Launch`` wraps. Its
+other calls (load, scratch, release) are its connection's ``Control``'s.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from accy._connection import UNSET, Connection
+from accy._control import Control, Loaded
 from accy._link import Link, device_replaced, names_client
 from accy._models import PipelineInfo
 from accy._requests import released_error
 from accy._resources import Buffer, Resource
-from accy._scalars import pack_scalars
-from accy._transport import Ticket
+from accy._seam import LaunchRequest, Ticket, WaitRequest
 from accy.errors import AccyError, SessionLost, Unavailable
-from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = ["Launch", "Session", "new_session"]
 
 
-def _release_dropped(conn: Connection, key: int, state: list[tuple[str, Link]]) -> None:
+def _release_dropped(control: Control, key: int, state: list[tuple[str, Link]]) -> None:
     """The safety net of a session collected unreleased: release it in the background."""
+    conn = control.conn
     conn.sessions.discard(key)
     session_id, link = state[0]
     if conn.closed or link.lost is not None:
         return
     link.transport.forget(session_id)
-    request = pb.ReleaseRequest(session_id=session_id)
-    conn.later(lambda: conn.call(conn.stub.Release, request, link=link))
+    control.release_later(session_id, link)
 
 
-def new_session(
-    conn: Connection, response: pb.LoadPipelineResponse, link: Link, device: int
-) -> Session:
+def new_session(control: Control, loaded: Loaded, link: Link) -> Session:
     """The ``Session`` for a load the daemon answered on ``link`` (for ``Client`` only)."""
+    conn = control.conn
     session = object.__new__(Session)
+    session._control = control
     session._conn = conn
     session._lock = threading.RLock()
-    session.device = device
+    session.device = loaded.device
     session._scratch = None
     session._failure = None
     session._unwaited = None
     session._where = []
     session._replaced = False
-    session._take(response, link)
+    session._take(loaded, link)
     session._key = conn.sessions.add(session._move)
-    session._arm(_release_dropped, conn, session._key, session._where)
+    session._arm(_release_dropped, control, session._key, session._where)
     return session
 
 
@@ -70,6 +70,7 @@ class Session(Resource):
     created: bool
     format: str
     info: PipelineInfo
+    _control: Control
     _conn: Connection
     _lock: threading.RLock
     _id: str
@@ -87,16 +88,16 @@ class Session(Resource):
     def __init__(self, *_: object, **__: object) -> None:
         raise TypeError("a Session is made by Client.load()")
 
-    def _take(self, response: pb.LoadPipelineResponse, link: Link) -> None:
+    def _take(self, loaded: Loaded, link: Link) -> None:
         if self._where:  # loaded again: what the old id was bound to goes
             old_id, old = self._where[0]
             old.transport.forget(old_id)
-        self._id = response.session_id
+        self._id = loaded.session_id
         self._link = link
         self._where[:] = [(self._id, link)]
-        self.created = response.created
-        self.format = response.format
-        self.info = PipelineInfo.from_proto(response.pipeline)
+        self.created = loaded.created
+        self.format = loaded.format
+        self.info = loaded.info
 
     @property
     def id(self) -> str:
@@ -122,26 +123,12 @@ class Session(Resource):
             old_id, why = self._id, self._link.lost or "the client attached again"
             if self._link is link:
                 why = f"a fault took device {self.device}"
-            conn = self._conn
+            control, info = self._control, self.info
             try:
-                response, _ = conn.call(
-                    conn.stub.LoadPipeline,
-                    pb.LoadPipelineRequest(
-                        target=self.info.target,
-                        version=self.info.version,
-                        format=self.format,
-                        device=self.device,
-                    ),
-                    link=link,
-                )
+                loaded, _ = control.load(info.target, info.version, self.format, self.device, link)
                 if self._scratch is not None:
-                    conn.call(
-                        conn.stub.AllocateIntermediates,
-                        pb.AllocateIntermediatesRequest(
-                            session_id=response.session_id,
-                            runtime_scalars=pack_scalars(self.info.runtime_scalars, self._scratch),
-                        ),
-                        link=link,
+                    control.allocate_intermediates(
+                        info, self._scratch, lambda _: loaded.session_id, link
                     )
             except Unavailable:
                 raise
@@ -151,11 +138,12 @@ class Session(Resource):
                 self._failure = SessionLost(old_id, self.info.target, why, error)
                 return False
             self._replaced = False
-            self._take(response, link)
+            self._take(loaded, link)
             return True
 
-    def id_on(self, link: Link) -> str:
-        """This session's id for a call on ``link``, loading it there first if need be."""
+    def _id_on(self, link: Link) -> str:
+        """This session's id for a call on ``link``, loading it there first if need be (the
+        transport's hook: ``accy._seam.session_id_on``)."""
         if self.closed:
             raise released_error(self._id, self.info.target)
         if self._link is not link or self._replaced:
@@ -170,7 +158,7 @@ class Session(Resource):
         conn = self._conn
         left = conn.timeout_of(timeout)
         link = conn.current_link(None if left is None else time.monotonic() + left)
-        self.id_on(link)
+        self._id_on(link)
         return link
 
     def allocate_intermediates(self, **scalars: float) -> int:
@@ -178,22 +166,15 @@ class Session(Resource):
 
         The scalars are remembered: a reloaded session gets the same scratch.
         """
-        self.id_on(self._link)  # a released session says so before anything else
-        packed = pack_scalars(self.info.runtime_scalars, scalars)
-        conn = self._conn
+        self._id_on(self._link)  # a released session says so before anything else
         try:
-            response = conn.unary(
-                conn.stub.AllocateIntermediates,
-                lambda link: pb.AllocateIntermediatesRequest(
-                    session_id=self.id_on(link), runtime_scalars=packed
-                ),
-            )
+            size = self._control.allocate_intermediates(self.info, scalars, self._id_on)
         except Unavailable as error:
             self._note(error)
             raise
         with self._lock:
             self._scratch = dict(scalars)
-        return response.byte_size
+        return size
 
     def launch(
         self,
@@ -219,16 +200,17 @@ class Session(Resource):
         ``DEVICE_LOST`` and ``session`` naming the session that faulted.
         """
         link = self._conn.link
+        request = LaunchRequest(self, operands, results, scalars, wait, timeout)
         try:
             if link is not self._link or self._replaced:
                 link = self._current(timeout)
-            ticket = link.transport.launch(self, operands, results, scalars, wait, timeout)
+            ticket = link.transport.launch(request)
         except AccyError as error:  # raised here, no frame holding it: a cycle keeps buffers
             if isinstance(error, Unavailable):
                 self._note(error)
             if not names_client(error):
                 raise
-            link, ticket = self._again(operands, results, scalars, wait, timeout)
+            link, ticket = self._again(request)
         if not wait:
             self._unwaited = (link, ticket.session_id)
         launch = object.__new__(Launch)
@@ -236,19 +218,12 @@ class Session(Resource):
         launch._ticket = ticket
         return launch
 
-    def _again(
-        self,
-        operands: Sequence[Buffer | str],
-        results: Sequence[Buffer | str],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: float | None,
-    ) -> tuple[Link, Ticket]:
+    def _again(self, request: LaunchRequest) -> tuple[Link, Ticket]:
         """Send a launch once more, the daemon having refused it because it did not know
         this client (it did nothing): on the next link, once the client attached again."""
-        link = self._current(timeout)
+        link = self._current(request.timeout)
         try:
-            return link, link.transport.launch(self, operands, results, scalars, wait, timeout)
+            return link, link.transport.launch(request)
         except Unavailable as again:
             self._note(again)
             raise
@@ -272,11 +247,11 @@ class Session(Resource):
             if pending is not None and pending[0].lost is not None:
                 self._unwaited = None
                 old, old_id = pending
-                old.transport.wait(None, old_id, timeout)  # raises why its work was lost
+                old.transport.wait(WaitRequest(None, old_id, timeout))  # why its work was lost
             link = self._conn.link
             if link is not self._link or self._replaced:
                 link = self._current(timeout)
-            link.transport.wait(None, self.id_on(link), timeout)
+            link.transport.wait(WaitRequest(None, self._id_on(link), timeout))
             if self._unwaited is pending:
                 self._unwaited = None
         except Unavailable as error:
@@ -296,11 +271,7 @@ class Session(Resource):
         if conn.closed or link.lost is not None or self._failure is not None:
             return
         link.transport.forget(self._id)  # before the call, which the daemon takes after it
-        try:
-            conn.call(conn.stub.Release, pb.ReleaseRequest(session_id=self._id), link=link)
-        except AccyError:
-            if link.lost is None:
-                raise
+        self._control.release(self._id, link)
 
 
 class Launch:
@@ -366,7 +337,7 @@ class Launch:
         if ticket.completed:
             return self
         try:
-            ticket.waiter.wait(ticket, None, timeout)
+            ticket.waiter.wait(WaitRequest(ticket, None, timeout))
         except Unavailable as error:
             self.session._note(error)
             raise

@@ -33,6 +33,7 @@ from accy._chunks import Progress
 from accy._connection import Connection
 from accy._copying import CopyThreads
 from accy._link import Link
+from accy._seam import CopyRequest, ReadRequest, WriteRequest
 from accy._target import unix_socket_of
 from accy._unary import StreamedBytes
 from accy.errors import AccyError, FailedPrecondition, ResourceExhausted, Unimplemented
@@ -65,17 +66,7 @@ predates shared memory, or its handoff failed."""
 class Copier(Protocol):
     """Has the daemon copy between a segment and a buffer (a COPY record, or a call)."""
 
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int: ...
+    def copy(self, request: CopyRequest) -> int: ...
 
 
 class Segment:
@@ -189,16 +180,8 @@ class SharedBytes:
         self._fallback = fallback
         self._threads = CopyThreads()
 
-    def write(
-        self,
-        buffer_id: str,
-        device: int,
-        data: memoryview,
-        offset: int,
-        timeout: float | None,
-        chunk_size: int,
-        progress: Progress | None,
-    ) -> int:
+    def write(self, request: WriteRequest) -> int:
+        buffer_id, device, data, offset, timeout, _, progress = request
         raw = np.frombuffer(data, dtype=np.uint8)
         if self._wanted(raw):
             moved = self._moved(
@@ -206,19 +189,10 @@ class SharedBytes:
             )
             if moved is not None:
                 return moved
-        return self._fallback.write(buffer_id, device, data, offset, timeout, chunk_size, progress)
+        return self._fallback.write(request)
 
-    def read(
-        self,
-        buffer_id: str,
-        device: int,
-        offset: int,
-        size: int,
-        into: np.ndarray[Any, Any] | None,
-        timeout: float | None,
-        chunk_size: int,
-        progress: Progress | None,
-    ) -> np.ndarray[Any, Any]:
+    def read(self, request: ReadRequest) -> np.ndarray[Any, Any]:
+        buffer_id, device, offset, size, into, timeout, _, progress = request
         target = np.empty(size, np.uint8) if into is None else into.reshape(-1).view(np.uint8)
         if self._wanted(target):
             moved = self._moved(
@@ -226,9 +200,7 @@ class SharedBytes:
             )
             if moved is not None:
                 return target
-        return self._fallback.read(
-            buffer_id, device, offset, size, into, timeout, chunk_size, progress
-        )
+        return self._fallback.read(request)
 
     def _wanted(self, data: np.ndarray[Any, Any]) -> bool:
         """Whether ``data`` goes through shared memory: large, or in a shared array."""
@@ -253,7 +225,7 @@ class SharedBytes:
         if placed is not None:  # the array lives in shared memory: nothing to copy here
             segment, at = placed
             return copier.copy(
-                segment.id, at, buffer_id, offset, size, to_buffer=to_buffer, timeout=timeout
+                CopyRequest(segment.id, at, buffer_id, offset, size, to_buffer, timeout)
             )
         try:
             if size > CHUNK_BYTES:
@@ -262,7 +234,7 @@ class SharedBytes:
                 if to_buffer:
                     self._threads.copy(segment.data[:size], raw)
                 moved = copier.copy(
-                    segment.id, 0, buffer_id, offset, size, to_buffer=to_buffer, timeout=timeout
+                    CopyRequest(segment.id, 0, buffer_id, offset, size, to_buffer, timeout)
                 )
                 if not to_buffer:
                     self._threads.copy(raw, segment.data[:size])
@@ -300,13 +272,7 @@ class SharedBytes:
             at, length = piece
             return threads.daemon_copies(
                 lambda: copier.copy(
-                    segment.id,
-                    0,
-                    buffer_id,
-                    offset + at,
-                    length,
-                    to_buffer=to_buffer,
-                    timeout=left(),
+                    CopyRequest(segment.id, 0, buffer_id, offset + at, length, to_buffer, left())
                 ),
             )
 

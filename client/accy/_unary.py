@@ -10,17 +10,15 @@ the link's ring records by ``Connection``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from accy import _chunks
-from accy._chunks import Progress
 from accy._connection import Connection
 from accy._link import Link, device_lost
 from accy._requests import launch_request
-from accy._transport import BufferRef, LaunchOwner, Ticket
+from accy._seam import CopyRequest, LaunchRequest, ReadRequest, Ticket, WaitRequest, WriteRequest
 from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
@@ -38,30 +36,23 @@ class UnaryLaunches:
         self._conn = conn
         self._link = link
 
-    def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        wait: bool,
-        timeout: Any,
-    ) -> Ticket:
+    def launch(self, request: LaunchRequest) -> Ticket:
         link = self._link
-        request = launch_request(owner, operands, results, scalars, wait, link)
+        message = launch_request(request, link)
         conn = self._conn
-        response, _ = conn.call(conn.stub.Launch, request, timeout, link=link)
+        response, _ = conn.call(conn.stub.Launch, message, request.timeout, link=link)
         return Ticket(
             self,
-            request.session_id,
+            message.session_id,
             response.completed,
             launch_id=response.launch_id,
             enqueue_seconds=response.enqueue_seconds,
             elapsed_seconds=response.elapsed_seconds,
         )
 
-    def wait(self, ticket: Ticket | None, session_id: str | None, timeout: float | None) -> None:
+    def wait(self, request: WaitRequest) -> None:
         link = self._link
+        ticket, session_id, timeout = request
         if ticket is not None:
             session_id, launch_id, what = ticket.session_id, ticket.launch_id or "", ticket.name
         elif session_id is not None:
@@ -70,9 +61,9 @@ class UnaryLaunches:
             return  # every call is answered once the daemon took it: nothing is on its way
         if link.lost is None:
             conn = self._conn
-            request = pb.WaitLaunchRequest(session_id=session_id, launch_id=launch_id)
+            message = pb.WaitLaunchRequest(session_id=session_id, launch_id=launch_id)
             try:
-                conn.call(conn.stub.WaitLaunch, request, timeout, link=link)
+                conn.call(conn.stub.WaitLaunch, message, timeout, link=link)
                 return
             except AccyError as error:
                 if link.lost is None or device_lost(error):  # the daemon's own word on it
@@ -82,56 +73,25 @@ class UnaryLaunches:
     def forget(self, object_id: str) -> None:
         """Nothing is kept per id here."""
 
-    def copy(
-        self,
-        segment_id: str,
-        segment_offset: int,
-        buffer_id: str,
-        buffer_offset: int,
-        size: int,
-        *,
-        to_buffer: bool,
-        timeout: float | None,
-    ) -> int:
-        return copy_by_call(
-            self._conn,
-            self._link,
-            segment_id,
-            segment_offset,
-            buffer_id,
-            buffer_offset,
-            size,
-            to_buffer=to_buffer,
-            timeout=timeout,
-        )
+    def copy(self, request: CopyRequest) -> int:
+        return copy_by_call(self._conn, self._link, request)
 
     def close(self, drain: float = 0.0) -> None:
         """Nothing to close: each launch was its own call."""
 
 
-def copy_by_call(
-    conn: Connection,
-    link: Link,
-    segment_id: str,
-    segment_offset: int,
-    buffer_id: str,
-    buffer_offset: int,
-    size: int,
-    *,
-    to_buffer: bool,
-    timeout: float | None,
-) -> int:
+def copy_by_call(conn: Connection, link: Link, request: CopyRequest) -> int:
     """A shared-memory copy as one ``CopySegment`` call; the bytes copied."""
-    direction = pb.COPY_DIRECTION_TO_BUFFER if to_buffer else pb.COPY_DIRECTION_TO_SEGMENT
-    request = pb.CopySegmentRequest(
-        segment_id=segment_id,
-        segment_offset=segment_offset,
-        buffer_id=buffer_id,
-        buffer_offset=buffer_offset,
-        size=size,
+    direction = pb.COPY_DIRECTION_TO_BUFFER if request.to_buffer else pb.COPY_DIRECTION_TO_SEGMENT
+    message = pb.CopySegmentRequest(
+        segment_id=request.segment_id,
+        segment_offset=request.segment_offset,
+        buffer_id=request.buffer_id,
+        buffer_offset=request.buffer_offset,
+        size=request.size,
         direction=direction,
     )
-    answer, _ = conn.call(conn.stub.CopySegment, request, timeout, link=link)
+    answer, _ = conn.call(conn.stub.CopySegment, message, request.timeout, link=link)
     return int(answer.bytes_copied)
 
 
@@ -142,37 +102,20 @@ class StreamedBytes:
         self._conn = conn
         self._link = link
 
-    def write(
-        self,
-        buffer_id: str,
-        device: int,
-        data: memoryview,
-        offset: int,
-        timeout: float | None,
-        chunk_size: int,
-        progress: Progress | None,
-    ) -> int:
+    def write(self, request: WriteRequest) -> int:
+        buffer_id, _, data, offset, timeout, chunk_size, progress = request
         chunks = _chunks.write_chunks(buffer_id, data, offset, chunk_size, progress)
         conn = self._conn
         response = conn.stream_in(conn.stub.WriteBuffer, chunks, timeout, self._link)
         return int(response.bytes_written)
 
-    def read(
-        self,
-        buffer_id: str,
-        device: int,
-        offset: int,
-        size: int,
-        into: np.ndarray[Any, Any] | None,
-        timeout: float | None,
-        chunk_size: int,
-        progress: Progress | None,
-    ) -> np.ndarray[Any, Any]:
-        request = pb.ReadBufferRequest(
+    def read(self, request: ReadRequest) -> np.ndarray[Any, Any]:
+        buffer_id, _, offset, size, into, timeout, chunk_size, progress = request
+        message = pb.ReadBufferRequest(
             buffer_id=buffer_id, offset=offset, size=size, chunk_size=chunk_size
         )
         conn = self._conn
-        chunks = conn.stream_out(conn.stub.ReadBuffer, request, timeout, self._link)
+        chunks = conn.stream_out(conn.stub.ReadBuffer, message, timeout, self._link)
         got = _chunks.gather(chunks, offset, size, progress)
         if into is None:
             return got

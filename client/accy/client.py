@@ -19,17 +19,19 @@ from typing import Any, Self
 import grpc
 import numpy as np
 
-from accy import _chunks, _dtypes, _transports
+from accy import _chunks, _dtypes, _link_transport
 from accy._chunks import DEFAULT_CHUNK_SIZE, Progress
 from accy._connection import DEFAULT_WINDOW, UNSET, Connection
+from accy._control import Control
 from accy._credentials import PemSource, auth_metadata, client_credentials, resolve_token
 from accy._dtypes import DTypeLike
 from accy._link import Link
 from accy._models import Attachment, PipelineInfo, Reattachment, Status
 from accy._reattach import Attacher
-from accy._requests import pick_pipeline, run_request, run_results
+from accy._requests import pick_pipeline
 from accy._resources import Buffer, allocate, operand_arrays
 from accy._rpc import open_channel
+from accy._seam import Transport
 from accy._sessions import Launch, Session, new_session
 from accy._target import resolve_target
 from accy.errors import (
@@ -39,7 +41,6 @@ from accy.errors import (
     Unavailable,
 )
 from accy.protocol import CLIENT_ID_METADATA
-from accy.protocol.launch.v1 import launch_pb2 as pb
 
 __all__ = [
     "CLIENT_ID_METADATA",
@@ -103,6 +104,10 @@ class Client:
     daemon gone, wait for it within their own timeout. ``on_reattach`` is
     called (on the attach thread) with a ``Reattachment`` each time;
     ``reattachments`` counts them.
+
+    ``transport``: how launches and buffer bytes travel, for tests
+    (``accy.testing.FakeTransport``); by default each attachment chooses its own (a ring,
+    shared memory, or calls, by the target, ``ACCY_RING`` and ``ACCY_SHM``).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class Client:
         liveness: float | None = DEFAULT_LIVENESS,
         launch_window: int = DEFAULT_WINDOW,
         shared_memory: bool = True,
+        transport: Transport | None = None,
     ) -> None:
         self._closed = True  # until attached: close() then has nothing to do
         resolved = resolve_target(target)
@@ -146,6 +152,8 @@ class Client:
         )
         self._conn.launch_window = window
         self._conn.shared_memory = shared_memory
+        self._conn.transport = transport
+        self._control = Control(self._conn)
         self._pipelines: tuple[str, dict[str, list[PipelineInfo]]] = ("", {})
         self._attacher = Attacher(
             self._conn,
@@ -286,8 +294,7 @@ class Client:
     def pipelines(self) -> list[PipelineInfo]:
         """Every pipeline in the daemon's catalog."""
         conn = self._conn
-        response, link = conn.call(conn.stub.ListPipelines, pb.ListPipelinesRequest())
-        infos = [PipelineInfo.from_proto(p) for p in response.pipelines]
+        infos, link = self._control.pipelines()
         by_target: dict[str, list[PipelineInfo]] = {}
         for info in infos:
             by_target.setdefault(info.target, []).append(info)
@@ -310,7 +317,7 @@ class Client:
 
     def status(self) -> Status:
         """The daemon's state as this client may see it."""
-        return Status.from_proto(self._conn.unary(self._conn.stub.GetStatus, pb.GetStatusRequest()))
+        return self._control.status()
 
     def load(
         self, target: str, version: int = 0, format: str = "", *, device: int | None = None
@@ -323,11 +330,8 @@ class Client:
         least loaded) at the client's first session or buffer; ``Session.device``
         says which.
         """
-        response, link = self._conn.call(
-            self._conn.stub.LoadPipeline,
-            pb.LoadPipelineRequest(target=target, version=version, format=format, device=device),
-        )
-        return new_session(self._conn, response, link, response.device)
+        loaded, link = self._control.load(target, version, format, device)
+        return new_session(self._control, loaded, link)
 
     def buffer(
         self,
@@ -347,11 +351,11 @@ class Client:
         if isinstance(array_or_nbytes, int | np.integer):
             nbytes = int(array_or_nbytes)
             kind = _dtypes.to_numpy(dtype) if dtype is not None else None
-            return allocate(self._conn, nbytes, kind, device, exportable=exportable)
+            return allocate(self._control, nbytes, kind, device, exportable=exportable)
         array = np.asarray(array_or_nbytes, dtype=dtype)
         kind = _dtypes.to_numpy(array.dtype)
         buffer = allocate(
-            self._conn, array.size * kind.itemsize, kind, device, exportable=exportable
+            self._control, array.size * kind.itemsize, kind, device, exportable=exportable
         )
         buffer.shape = array.shape
         try:
@@ -371,7 +375,9 @@ class Client:
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         conn = self._conn
         link = conn.current_link(None)
-        return _transports.shared_array(link, dims, _dtypes.to_numpy(dtype), device, conn.timeout)
+        return _link_transport.shared_array(
+            link, dims, _dtypes.to_numpy(dtype), device, conn.timeout
+        )
 
     def empty(
         self,
@@ -386,7 +392,7 @@ class Client:
         kind = _dtypes.to_numpy(dtype)
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         buffer = allocate(
-            self._conn, math.prod(dims) * kind.itemsize, kind, device, exportable=exportable
+            self._control, math.prod(dims) * kind.itemsize, kind, device, exportable=exportable
         )
         buffer.shape = dims if not isinstance(shape, int) else None
         return buffer
@@ -407,6 +413,4 @@ class Client:
         """
         info = self.pipeline(target, version)
         arrays = operand_arrays(operands, [spec.name for spec in info.operands], target)
-        request, values = run_request(info, target, version, format, arrays, scalars)
-        response = self._conn.unary(self._conn.stub.Run, request, timeout)
-        return run_results(info, response, values)
+        return self._control.run(info, target, version, format, arrays, scalars, timeout)

@@ -1,8 +1,15 @@
-"""Run a real ``accyd serve`` in a subprocess for tests and benchmarks, and stop it after.
+"""For tests of programs that use accy: a real daemon to run, and a client's wire to fake or see.
 
-The daemon is started as a program, the way users start it; nothing of the
+``running_daemon`` runs a real ``accyd serve`` in a subprocess and stops it after:
+the daemon is started as a program, the way users start it; nothing of the
 daemon's package is imported here. It can be killed and started again on the
 same addresses, to test what clients do when their daemon restarts.
+
+``FakeTransport`` takes a client's launches, waits and buffer bytes in this process
+(``Client(transport=FakeTransport())``); its ``requests`` are the request values the
+client handed it. ``transport_of`` is a client's transport now (its ``path``: which way
+launches go), and ``call`` makes one raw call as a client (what the client itself never
+sends: another client's ids, hostile fields), for tests of what the daemon refuses.
 """
 
 from __future__ import annotations
@@ -19,16 +26,38 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 
+from accy._connection import UNSET
+from accy._fake_transport import FakeTransport
+from accy._seam import (
+    CopyRequest,
+    LaunchRequest,
+    ReadRequest,
+    Transport,
+    WaitRequest,
+    WriteRequest,
+)
+from accy.client import Client
+
 __all__ = [
     "Certificates",
+    "CopyRequest",
+    "FakeTransport",
+    "LaunchRequest",
+    "ReadRequest",
     "RunningDaemon",
+    "Transport",
+    "WaitRequest",
+    "WriteRequest",
+    "call",
     "free_port",
     "running_daemon",
     "serving",
+    "transport_of",
     "write_certificates",
 ]
 
@@ -40,6 +69,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def transport_of(client: Client) -> Transport:
+    """The transport of ``client``'s latest attachment. Its ``path`` says which way launches
+    go: ``ring``, ``ring-stream``, ``unary``, or ``pending`` before the first launch."""
+    link = client._conn.last
+    if link is None:
+        raise RuntimeError("the client never attached")
+    return link.transport
+
+
+def call(client: Client, method: str, request: Any, timeout: float | None = UNSET) -> Any:
+    """One unary call of ``accy.launch.v1.LaunchService`` (``method``: ``"ExportBuffer"``...)
+    as ``client``, with its credentials and client id; the answer, or the typed error."""
+    conn = client._conn
+    return conn.unary(getattr(conn.stub, method), request, timeout)
 
 
 def serving(target: str, timeout: float = 1.0) -> bool:

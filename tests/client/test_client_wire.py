@@ -10,6 +10,7 @@ import pytest
 
 from accy import errors
 from accy.client import Client
+from accy.testing import transport_of
 from tests.client.fake_daemon import FakeLaunchService
 
 
@@ -181,7 +182,7 @@ def test_a_unary_launch_past_its_timeout_raises_and_the_next_one_works(
     assert time.monotonic() - started < 0.4
     fake[1].launch_delay = 0.0
     launch = session.launch([xb], [yb], n=4)
-    assert launch.id == fake[1].state.launch_ids[-1] and client._conn.last.transport.path == "unary"
+    assert launch.id == fake[1].state.launch_ids[-1] and transport_of(client).path == "unary"
 
 
 def test_run_one_call_infers_n(client: Client) -> None:

@@ -15,7 +15,7 @@ import pytest
 from accy import errors
 from accy.client import Client
 from accy.protocol.ring import RING_ENV
-from accy.testing import running_daemon
+from accy.testing import running_daemon, transport_of
 from tests.client.fake_daemon import FakeLaunchService, until
 
 SCAN = "accy.kernel.device_scan"
@@ -50,7 +50,7 @@ def test_a_launch_without_wait_returns_before_its_answer(
     started = time.monotonic()
     launches = [session.launch([x], [y], wait=False, n=8) for _ in range(3)]
     assert time.monotonic() - started < 0.3  # three answers take 0.9 s to come
-    assert "enqueued" in repr(launches[0]) and client._conn.last.transport.path == "ring-stream"
+    assert "enqueued" in repr(launches[0]) and transport_of(client).path == "ring-stream"
     session.wait()
     records = [launch.record for launch in launches]
     assert records == sorted(records) and len(set(records)) == 3
@@ -186,7 +186,7 @@ def test_pipelined_launches_over_tcp_on_a_real_daemon(
         for _ in range(count):  # y = 0.5 * x + y, in place: every launch depends on the last
             session.launch([x, y], [y], wait=False, n=n, a=0.5)
         np.testing.assert_array_equal(y.read(), np.full(n, count * 0.5, np.float32))
-        assert client._conn.last is not None and client._conn.last.transport.path == way
+        assert transport_of(client).path == way
         with pytest.raises(errors.AccyError) as caught:  # the daemon refuses: y holds n
             session.launch([x, y], [y], wait=False, n=n + 1, a=1.0)
             session.wait()  # through a ring, the refusal comes back later, naming the record

@@ -7,6 +7,7 @@ import pytest
 
 from accy import errors
 from accy.client import Client
+from accy.testing import transport_of
 from tests.client.fake_daemon import FakeLaunchService
 
 SCAN = "accy.kernel.device_scan"
@@ -55,8 +56,7 @@ def test_a_launch_that_faults_one_device_reloads_there_and_goes_on(
         x, y = client.buffer(np.ones(4, np.float32)), client.empty(4, "f32")
         on0.launch([x], [y], n=4)
         on1.launch([x], [y], n=4)
-        assert client._conn.last is not None
-        assert client._conn.last.transport.path == ("ring-stream" if rings else "unary")
+        assert transport_of(client).path == ("ring-stream" if rings else "unary")
         service.fault_device(1)
         faulted = on1.id
         with pytest.raises(errors.Unavailable) as caught:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from accy import Client, errors, references
+from accy._control import Allocated
 from accy._resources import new_buffer
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.ring import RING_ENV
-from accy.testing import RunningDaemon
+from accy.testing import RunningDaemon, call, transport_of
 from tests.e2e.workers import scan_round_trip
 
 SCAN, SUM, SAXPY = "accy.kernel.device_scan", "accy.kernel.reduce_sum", "accy.kernel.saxpy"
@@ -157,12 +158,11 @@ def test_threads_of_one_client_share_its_launch_stream(target: str) -> None:
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(chain, factors))
-        link = client._conn.last
-        assert link is not None  # one way carried every launch of every thread
+        path = transport_of(client).path  # one way carried every launch of every thread
         if not target.startswith("unix:"):
-            assert link.transport.path == "ring-stream"
+            assert path == "ring-stream"
         else:
-            assert link.transport.path == ("unary" if os.environ.get(RING_ENV) == "0" else "ring")
+            assert path == ("unary" if os.environ.get(RING_ENV) == "0" else "ring")
     for row, got in zip(factors, results, strict=True):
         expected = np.zeros(n, np.float32)
         for a in row:
@@ -182,7 +182,7 @@ def test_two_loads_of_one_pipeline_are_released_one_by_one(daemon: RunningDaemon
         second.close()
         assert client.status().my_sessions == 0
         with pytest.raises(errors.NotFound):
-            client._conn.unary(client._conn.stub.Release, pb.ReleaseRequest(session_id=first.id))
+            call(client, "Release", pb.ReleaseRequest(session_id=first.id))
 
 
 def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
@@ -193,9 +193,8 @@ def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
         # Bob holds Alice's ids through objects bound to his own client.
         link = bob._conn.last
         assert link is not None
-        stolen = new_buffer(
-            bob._conn, link, secret.id, secret.nbytes, secret.capacity, secret.dtype, 0
-        )
+        forged = Allocated(secret.id, secret.capacity, 0)
+        stolen = new_buffer(bob._control, link, forged, secret.nbytes, secret.dtype)
         with pytest.raises(errors.NotFound):
             stolen.read()
         with pytest.raises(errors.NotFound):
@@ -208,18 +207,15 @@ def test_clients_cannot_see_each_other(daemon: RunningDaemon) -> None:
         # Alice's session id on Bob's calls: answered exactly as an unknown id.
         for method, request in [
             (
-                bob._conn.stub.Launch,
+                "Launch",
                 pb.LaunchRequest(session_id=session.id, operands=[mine.id], results=[mine.id]),
             ),
-            (
-                bob._conn.stub.AllocateIntermediates,
-                pb.AllocateIntermediatesRequest(session_id=session.id),
-            ),
-            (bob._conn.stub.WaitLaunch, pb.WaitLaunchRequest(session_id=session.id)),
-            (bob._conn.stub.Release, pb.ReleaseRequest(session_id=session.id)),
+            ("AllocateIntermediates", pb.AllocateIntermediatesRequest(session_id=session.id)),
+            ("WaitLaunch", pb.WaitLaunchRequest(session_id=session.id)),
+            ("Release", pb.ReleaseRequest(session_id=session.id)),
         ]:
             with pytest.raises(errors.NotFound):
-                bob._conn.unary(method, request)
+                call(bob, method, request)
         assert bob.status().my_buffers == 1 and bob.status().my_sessions == 1
         np.testing.assert_array_equal(secret.read(), np.arange(16, dtype=np.float32))
 

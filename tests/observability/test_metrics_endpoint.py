@@ -14,6 +14,7 @@ import pytest
 from accy import Client
 from accy.errors import AccyError
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.testing import transport_of
 from accyd.core.tenants import Quotas
 from accyd.errors import LaunchArgumentMismatch, NotFound
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
@@ -126,9 +127,7 @@ def test_ring_launches_are_counted_by_pipeline_and_status(
         assert raised.value.reason == "LAUNCH_ARGUMENT_MISMATCH"
         session.launch([x, x], [out], wait=True, n=64, a=1.0)
         np.testing.assert_array_equal(out.read(), np.full(64, 2.0, np.float32))
-        link = client._conn.link
-        assert link is not None
-        assert link.transport.path == ("ring-stream" if ring == "stream" else "ring")
+        assert transport_of(client).path == ("ring-stream" if ring == "stream" else "ring")
     ok = f'accy_launches_total{{pipeline="{SAXPY}",status="ok"}}'
     # The engine's own launches are counted as its slow thread looks, every 50 ms.
     assert eventually(lambda: scrape(served).get(ok) == 41, timeout=2.0), scrape(served).get(ok)

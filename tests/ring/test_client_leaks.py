@@ -14,7 +14,7 @@ import pytest
 from accy import Client
 from accy._connection import Connection
 from accy._ring_path import RingLaunches
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, running_daemon, transport_of
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def one_client(target: str) -> str:
         y = client.empty(n, np.float32)
         with client.load("accy.kernel.saxpy") as session:
             session.launch(operands=[x, y], results=[y], n=n, a=2.0)
-            path = session._link.transport.path
+            path = transport_of(client).path
         np.testing.assert_allclose(y.read(), 2.0 * np.arange(n, dtype=np.float32))
     return path
 

@@ -18,6 +18,7 @@ from accy import Client
 from accy._ring_path import RingLaunches
 from accy.errors import ClientClosed
 from accy.protocol import ring as layout
+from accy.testing import transport_of
 from tests.service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
@@ -68,9 +69,9 @@ def test_a_forked_child_refuses_and_leaves_the_parents_ring_alone(served: Server
         session = client.load(SAXPY)
         session.launch([x, y], [y], n=N, a=1.0)  # y = 1
         session.launch([spare, spare], [spare], n=N, a=1.0)  # bound: its loss would unbind
-        link = client._conn.link
-        assert link is not None and isinstance(link.transport.launches, RingLaunches)
-        ring = link.transport.launches.ring
+        launches = getattr(transport_of(client), "launches", None)
+        assert isinstance(launches, RingLaunches)
+        ring = launches.ring
         published = int(memoryview(ring._map).cast("Q")[layout.HEAD_WORD])
         assert published == ring.head
 

@@ -13,6 +13,7 @@ from accy import Client
 from accy._ring_path import RingLaunches
 from accy.errors import AccyError, BufferLost, ClientClosed, InvalidArgument, Unavailable
 from accy.protocol.ring import RING_ENV
+from accy.testing import transport_of
 from tests.service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
@@ -36,10 +37,9 @@ def client(served: ServerThread) -> Iterator[Client]:
 
 def ring_of(client: Client) -> RingLaunches:
     """The client's launches through its ring (opened by its first launch)."""
-    link = client._conn.link
-    assert link is not None
-    launches = link.transport.launches
-    assert isinstance(launches, RingLaunches), f"launches went {link.transport.path}"
+    transport = transport_of(client)
+    launches = getattr(transport, "launches", None)
+    assert isinstance(launches, RingLaunches), f"launches went {transport.path}"
     return launches
 
 
@@ -124,9 +124,9 @@ def test_a_missing_scalar_gets_the_same_message_on_every_path(
             assert raised.value.message == f"{SAXPY} needs runtime scalar 'a' (f32)"
             assert raised.value.fields == ("runtime_scalars[a]",)
             session.launch([x, x], [x], n=N, a=0.0)
-        link = client._conn.link
-        assert link is not None
-        assert link.transport.path == {"1": "ring", "stream": "ring-stream", "0": "unary"}[way]
+        assert (
+            transport_of(client).path == {"1": "ring", "stream": "ring-stream", "0": "unary"}[way]
+        )
 
 
 def test_a_session_relaunches_on_the_same_buffers_and_sees_any_change(
@@ -213,14 +213,14 @@ def test_released_sessions_and_freed_buffers_leave_no_handle_on_either_side(
 def test_a_bad_scalar_on_a_first_launch_is_refused_before_a_ring_opens(client: Client) -> None:
     x = client.buffer(np.ones(N, np.float32))
     session = client.load(SAXPY)
-    link = client._conn.link
-    assert link is not None and link.transport.path == "pending"
+    transport = transport_of(client)
+    assert transport.path == "pending"
     with pytest.raises(AccyError) as raised:
         session.launch([x, x], [x], wait=True, n=N, a=1.0, alpha=2.0)
     assert "alpha" in str(raised.value)
-    assert link.transport.path == "pending", "the refused launch opened a ring"
+    assert transport.path == "pending", "the refused launch opened a ring"
     session.launch([x, x], [x], wait=True, n=N, a=1.0)
-    assert link.transport.path == "ring"
+    assert transport.path == "ring"
     np.testing.assert_array_equal(x.read(), np.full(N, 2.0, np.float32))
 
 
@@ -233,7 +233,7 @@ def test_a_buffer_its_device_took_is_lost_on_the_next_launch_not_later(client: C
     session.launch([x, x], [z], wait=True, n=N, a=1.0)
     assert ring_of(client)._records
     fault = Unavailable("device 0 faulted", reason="DEVICE_LOST", metadata={"session": "ses_x"})
-    assert isinstance(z.gone(fault), BufferLost)
+    assert isinstance(z._lose_device(fault), BufferLost)
     with pytest.raises(BufferLost) as raised:
         session.launch([x, x], [z], wait=False, n=N, a=1.0)
     assert raised.value.metadata.get("session") == "ses_x"

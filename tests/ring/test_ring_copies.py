@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _transports
+from accy import Client, _link_transport
 from accy._ring import Ring
 from accy._ring_path import RingLaunches
+from accy._seam import CopyRequest
 from accy.errors import InvalidArgument, NotFound
 from accy.protocol import ring as layout
+from accy.testing import transport_of
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
 from accyd.doors.hostmem import Segments
@@ -34,7 +36,7 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
 
 
 def ring_of(client: Client) -> RingLaunches:
-    launches = client._conn.current_link(None).transport.launches
+    launches = getattr(transport_of(client), "launches", None)
     assert isinstance(launches, RingLaunches), "the client opened no ring"
     return launches
 
@@ -73,20 +75,20 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
     with Client(server.address) as alice, Client(server.address) as mallory:
         mine = alice.empty(N, np.float32)
         theirs = mallory.shared_array(N, np.float32)
-        pool = _transports.shared_pool(mallory._conn.current_link(None))
+        pool = _link_transport.shared_pool(transport_of(mallory))
         assert pool is not None
         segment = pool.locate(theirs)
         assert segment is not None
         # alice names mallory's segment through her own ring: it is not hers.
-        alice_link = alice._conn.current_link(None)
-        alice_pool = _transports.shared_pool(alice_link)
+        alice_wire = transport_of(alice)
+        alice_pool = _link_transport.shared_pool(alice_wire)
         assert alice_pool is not None
         own = alice.shared_array(N, np.float32)
         mine.write(own)  # opens alice's ring and binds her buffer
-        assert alice_link.transport.path == "ring"
-        copy = alice_link.transport.copy
+        assert alice_wire.path == "ring"
+        copy = alice_wire.copy
         with pytest.raises(NotFound, match="ring record"):
-            copy(segment[0].id, 0, mine.id, 0, 16, to_buffer=True, timeout=5)
+            copy(CopyRequest(segment[0].id, 0, mine.id, 0, 16, to_buffer=True, timeout=5))
         placed = alice_pool.locate(own)
         assert placed is not None
         for segment_offset, buffer_offset, size in (
@@ -96,13 +98,9 @@ def test_a_ring_copy_is_checked_like_a_call(server: ServerThread) -> None:
         ):
             with pytest.raises(InvalidArgument, match="outside"):
                 copy(
-                    placed[0].id,
-                    segment_offset,
-                    mine.id,
-                    buffer_offset,
-                    size,
-                    to_buffer=False,
-                    timeout=5,
+                    CopyRequest(
+                        placed[0].id, segment_offset, mine.id, buffer_offset, size, False, 5
+                    )
                 )
         # The ring goes on after refusals: a good copy still lands.
         own[:] = 4.0
@@ -117,7 +115,7 @@ def test_a_copy_record_naming_no_buffer_is_refused(server: ServerThread) -> None
         buffer.write(shared)
         launches = ring_of(client)
         ring = launches.ring
-        pool = _transports.shared_pool(client._conn.current_link(None))
+        pool = _link_transport.shared_pool(transport_of(client))
         assert pool is not None
         placed = pool.locate(shared)
         assert placed is not None

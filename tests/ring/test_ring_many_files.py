@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from accy import Client
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, running_daemon, transport_of
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 20  # long enough on the host backend that a waited launch sleeps, not spins
@@ -50,6 +50,6 @@ def test_waited_launches_on_descriptors_above_1024(
         bx, by = client.buffer(x), client.buffer(np.zeros(N, np.float32))
         for a in (1.0, 2.0, 3.0):
             session.launch(operands=[bx, by], results=[by], n=N, a=a)  # waited: it sleeps
-        path = client._conn.current_link(None).transport.path
+        path = transport_of(client).path
         assert path == {"1": "ring", "stream": "ring-stream"}[ring], path
         np.testing.assert_allclose(by.read(), np.float32(6.0) * x, rtol=1e-5)

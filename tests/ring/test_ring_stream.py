@@ -18,7 +18,7 @@ from accy import errors
 from accy.client import Client
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, running_daemon, transport_of
 from accyd.backends.cuda import cuda_available
 from accyd.doors.grpc.ring_stream import STREAMS_PER_CLIENT
 
@@ -61,8 +61,7 @@ def test_tcp_launches_go_through_the_ring_stream_in_order(client: Client) -> Non
     np.testing.assert_array_equal(y.read(), np.full(n, 100.0, np.float32))
     waited = session.launch([x, y], [y], n=n, a=1.0)
     assert waited.completed
-    link = client._conn.last
-    assert link is not None and link.transport.path == "ring-stream"  # every launch, a record
+    assert transport_of(client).path == "ring-stream"  # every launch, a record
 
 
 def test_a_refused_record_is_raised_by_the_next_wait_naming_it(client: Client) -> None:
@@ -183,8 +182,7 @@ def test_a_daemon_without_rings_keeps_tcp_launches_on_unary_calls() -> None:
         session.launch([x, x], [x], wait=False, n=8, a=1.0)
         session.wait()
         np.testing.assert_array_equal(x.read(), np.full(8, 2.0, np.float32))
-        link = client._conn.last
-        assert link is not None and link.transport.path == "unary"
+        assert transport_of(client).path == "unary"
 
 
 _SLOTS = 16

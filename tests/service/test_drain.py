@@ -16,6 +16,7 @@ import pytest
 
 from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from accy.testing import transport_of
 from accyd.engine import pyloop
 from tests.service.harness import ServerThread, attach, make_config
 
@@ -59,7 +60,7 @@ def test_ring_streams_of_clients_that_come_and_go_leave_nothing_behind(tmp_path:
             with Client(running.address) as client, client.load("accy.kernel.saxpy") as saxpy:
                 x = client.buffer(np.ones(16, np.float32))
                 saxpy.launch(operands=[x, x], results=[x], n=16, a=1.0)
-                assert saxpy._link.transport.path == "ring-stream"
+                assert transport_of(client).path == "ring-stream"
         deadline = time.monotonic() + 10
         while eventfds() > baseline and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -94,7 +95,7 @@ def test_a_launch_that_ends_as_the_drain_begins_reaches_its_client(
             y = client.empty(16, np.float32)
             saxpy.launch(operands=[x, x], results=[y], n=16, a=1.0)  # the ring is open
             launched = saxpy.launch(operands=[x, x], results=[y], n=16, a=2.0, wait=False)
-            assert saxpy._link.transport.path == "ring"
+            assert transport_of(client).path == "ring"
             time.sleep(0.1)  # taken, and run: the device is idle before the stop begins
             stopping = threading.Thread(target=running.stop)
             stopping.start()

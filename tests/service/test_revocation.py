@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from accy import Client, errors
+from accy.testing import transport_of
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.tokens import hash_token
@@ -55,7 +56,7 @@ class Launching(threading.Thread):
                 x = self.client.buffer(np.ones(64, np.float32))
                 while not self.stop.is_set():
                     saxpy.launch(operands=[x, x], results=[x], n=64, a=0.0)
-                    assert saxpy._link.transport.path == "ring-stream"
+                    assert transport_of(self.client).path == "ring-stream"
                     self.launches += 1
                     self.running.set()
         except errors.AccyError as error:

@@ -13,11 +13,12 @@ CLIENT = """
 import sys
 import numpy as np
 from accy import Client
+from accy.testing import transport_of
 
 with Client(sys.argv[1]) as client, client.load("accy.kernel.saxpy") as saxpy:
     x = client.buffer(np.ones(1024, np.float32))
     saxpy.launch(operands=[x, x], results=[x], n=1024, a=1.0)
-    assert saxpy._link.transport.path == "ring-stream"
+    assert transport_of(client).path == "ring-stream"
     print("launching", flush=True)
     while True:
         for _ in range(64):

@@ -18,7 +18,7 @@ import pytest
 from accy import Client, ExportedBuffer, _handoff
 from accy.errors import FailedPrecondition, InvalidArgument, NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, call, running_daemon
 from tests.shm.test_shared_buffers import daemon_fds, server_pid
 
 SAXPY = "accy.kernel.saxpy"
@@ -92,37 +92,30 @@ def test_refusals_say_what_to_fix(daemon: RunningDaemon) -> None:
             plain.export()
         assert info.value.fields == ("buffer_id",)
         assert plain.id in info.value.message  # its buf_... id, not the backend's number
-        conn = client._conn
         for bad in ("", "no-such-buffer", "x" * 300, "../../etc/passwd"):
             with pytest.raises((NotFound, InvalidArgument)):
-                conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=bad))
+                call(client, "ExportBuffer", pb.ExportBufferRequest(buffer_id=bad))
     assert daemon.tcp_target is not None
     with Client(daemon.tcp_target) as remote:
         far = remote.empty(16, np.float32, exportable=True)
         with pytest.raises(FailedPrecondition, match="on this host"):
             far.export()
-        conn = remote._conn  # asked anyway over TCP: refused, nothing is held for it
-        with pytest.raises(FailedPrecondition, match="came over TCP") as refused:
-            conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=far.id))
+        with pytest.raises(FailedPrecondition, match="came over TCP") as refused:  # asked anyway
+            call(remote, "ExportBuffer", pb.ExportBufferRequest(buffer_id=far.id))
         assert refused.value.fields == ("buffer_id",)
 
 
 def test_another_client_cannot_export_or_take_a_buffer(daemon: RunningDaemon) -> None:
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as mallory:
         mine = alice.buffer(np.arange(N, dtype=np.float32), exportable=True)
-        conn = mallory._conn
         with pytest.raises(NotFound):
-            conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=mine.id))
-        offer = alice._conn.call(
-            alice._conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=mine.id)
-        )[0]
+            call(mallory, "ExportBuffer", pb.ExportBufferRequest(buffer_id=mine.id))
+        offer = call(alice, "ExportBuffer", pb.ExportBufferRequest(buffer_id=mine.id))
         handoff = Path(daemon.unix_target.removeprefix("unix:")).with_name(offer.handoff_name)
         with pytest.raises(_handoff.HandoffRefused):  # a guessed ticket
             _handoff.take(handoff, offer.export_id, bytes(len(offer.ticket)), 1)
         # Asking again replaces the offer: the first ticket no longer works.
-        second = alice._conn.call(
-            alice._conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=mine.id)
-        )[0]
+        second = call(alice, "ExportBuffer", pb.ExportBufferRequest(buffer_id=mine.id))
         with pytest.raises(_handoff.HandoffRefused):
             _handoff.take(handoff, offer.export_id, offer.ticket, 1)
         (fd,) = _handoff.take(handoff, second.export_id, second.ticket, 1)

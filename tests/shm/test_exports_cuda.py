@@ -15,7 +15,7 @@ import pytest
 from accy import Client, ExportedBuffer
 from accy.errors import NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, call, running_daemon
 from accyd.backends.base import ExportKind
 from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend
@@ -105,9 +105,8 @@ def test_only_the_owner_exports_and_a_freed_buffer_is_not_reused_under_it(
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as mallory:
         data = np.arange(1 << 20, dtype=np.float32)
         mine = alice.buffer(data, exportable=True)
-        conn = mallory._conn
         with pytest.raises(NotFound):
-            conn.call(conn.stub.ExportBuffer, pb.ExportBufferRequest(buffer_id=mine.id))
+            call(mallory, "ExportBuffer", pb.ExportBufferRequest(buffer_id=mine.id))
         view = mine.export()
         array = cupy.from_dlpack(view)
         mine.free()

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from accy import Client, _handoff, _shm, _transports
+from accy import Client, _handoff, _link_transport, _shm
+from accy._seam import CopyRequest
 from accy.errors import InvalidArgument, NotFound, ResourceExhausted
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accy.testing import RunningDaemon, running_daemon
+from accy.testing import RunningDaemon, call, running_daemon, transport_of
 from accyd.doors.hostmem.segments import MAX_SEGMENTS_PER_CLIENT
 
 SAXPY = "accy.kernel.saxpy"
@@ -32,7 +33,7 @@ def daemon() -> Iterator[RunningDaemon]:
 
 
 def segments_of(client: Client) -> int:
-    pool = _transports.shared_pool(client._conn.current_link(None))
+    pool = _link_transport.shared_pool(transport_of(client))
     return 0 if pool is None else len(pool._segments)
 
 
@@ -52,8 +53,7 @@ def daemon_segment_maps(pid: int) -> int:
 
 
 def copy(client: Client, **fields: object) -> pb.CopySegmentResponse:
-    conn = client._conn
-    return conn.call(conn.stub.CopySegment, pb.CopySegmentRequest(**fields))[0]
+    return call(client, "CopySegment", pb.CopySegmentRequest(**fields))
 
 
 def test_write_launch_read_through_shared_memory(daemon: RunningDaemon) -> None:
@@ -97,7 +97,7 @@ def test_another_client_cannot_use_or_take_a_segment(daemon: RunningDaemon) -> N
     with Client(daemon.unix_target) as alice, Client(daemon.unix_target) as mallory:
         mine = alice.buffer(np.ones(N, np.float32))
         theirs = mallory.empty(N, np.float32)
-        pool = _transports.shared_pool(alice._conn.current_link(None))
+        pool = _link_transport.shared_pool(transport_of(alice))
         assert pool is not None
         segment = pool._segments[0]
         for fields in (
@@ -115,8 +115,7 @@ def test_another_client_cannot_use_or_take_a_segment(daemon: RunningDaemon) -> N
         with pytest.raises(NotFound):  # alice's segment with mallory's buffer
             copy(alice, segment_id=segment.id, buffer_id=theirs.id, size=16, direction=1)
         # A ticket is good once: a second taker (or a guessed ticket) gets nothing.
-        conn = mallory._conn
-        offer = conn.call(conn.stub.OpenSegment, pb.OpenSegmentRequest(byte_size=4096))[0]
+        offer = call(mallory, "OpenSegment", pb.OpenSegmentRequest(byte_size=4096))
         handoff = Path(daemon.unix_target.removeprefix("unix:")).with_name(offer.handoff_name)
         with pytest.raises(_handoff.HandoffRefused):
             _handoff.take(handoff, offer.segment_id, bytes(len(offer.ticket)), 1)
@@ -148,7 +147,7 @@ def test_hostile_ranges_never_leave_the_segment_or_buffer(
     data = np.arange(N, dtype=np.float32)
     with Client(daemon.unix_target) as client:
         buffer = client.buffer(data)
-        pool = _transports.shared_pool(client._conn.current_link(None))
+        pool = _link_transport.shared_pool(transport_of(client))
         assert pool is not None
         segment = pool._segments[0]
         for direction in (pb.COPY_DIRECTION_TO_BUFFER, pb.COPY_DIRECTION_TO_SEGMENT):
@@ -235,8 +234,8 @@ def test_a_write_when_segments_ran_out_takes_grpc(daemon: RunningDaemon) -> None
 
 
 def shared_bytes_of(client: Client) -> _shm.SharedBytes:
-    transport = client._conn.current_link(None).transport
-    assert isinstance(transport, _transports.LinkTransport)
+    transport = transport_of(client)
+    assert isinstance(transport, _link_transport.LinkTransport)
     assert isinstance(transport.bytes, _shm.SharedBytes)
     return transport.bytes
 
@@ -280,11 +279,11 @@ def test_a_piece_the_daemon_refuses_fails_the_transfer_and_frees_the_segments(
         copier = shared._copier
         calls: list[int] = []
 
-        def third_refused(*args: object, **kwargs: object) -> int:
+        def third_refused(request: CopyRequest) -> int:
             calls.append(1)
             if len(calls) == 3:  # a segment id the daemon never gave: it refuses the copy
-                args = ("seg_not_yours", *args[1:])
-            return copier.copy(*args, **kwargs)  # type: ignore[arg-type]
+                request = request._replace(segment_id="seg_not_yours")
+            return copier.copy(request)
 
         monkeypatch.setattr(shared, "_copier", type("C", (), {"copy": staticmethod(third_refused)}))
         with pytest.raises((NotFound, InvalidArgument)):

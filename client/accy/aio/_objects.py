@@ -31,7 +31,7 @@ from accy._requests import (
     write_data,
 )
 from accy._scalars import check_scalars, pack_scalars
-from accy._transport import Ticket
+from accy._seam import LaunchRequest, Ticket
 from accy.aio._link import AioLink
 from accy.aio._ring import AioRing, ring_of
 from accy.errors import AccyError
@@ -104,7 +104,7 @@ class AsyncSession:
     def closed(self) -> bool:
         return self._released
 
-    def id_on(self, link: object) -> str:
+    def _id_on(self, link: object) -> str:
         """This session's id for a call; a released session raises as the blocking one does."""
         if self._released:
             raise released_error(self.id, self.info.target)
@@ -113,7 +113,7 @@ class AsyncSession:
     async def allocate_intermediates(self, **scalars: float) -> int:
         """Allocate the session's scratch once for these scalars; returns its size in bytes."""
         request = pb.AllocateIntermediatesRequest(
-            session_id=self.id_on(self._link),
+            session_id=self._id_on(self._link),
             runtime_scalars=pack_scalars(self.info.runtime_scalars, scalars),
         )
         link = self._link
@@ -141,13 +141,11 @@ class AsyncSession:
         if not link.ring_tried:
             check_scalars(self.info, scalars)  # a launch refused here opens no ring
         ring = await ring_of(link)
+        request = LaunchRequest(self, operands, results, scalars, wait, timeout)
         if ring is None:
-            request = launch_request(self, operands, results, scalars, wait, link)
-            response = await link.call(link.stub.Launch, request, timeout)
+            response = await link.call(link.stub.Launch, launch_request(request, link), timeout)
             return AsyncLaunch._called(self, response)
-        launch = AsyncLaunch._ringed(
-            self, ring, await ring.launch(self, operands, results, scalars, timeout)
-        )
+        launch = AsyncLaunch._ringed(self, ring, await ring.launch(request))
         if wait:
             await launch.wait(timeout)
         return launch
@@ -155,7 +153,7 @@ class AsyncSession:
     async def wait(self, timeout: float | None = UNSET) -> None:
         """Wait for every launch of this session so far."""
         link = self._link
-        session_id = self.id_on(link)
+        session_id = self._id_on(link)
         if link.ring is not None:
             await link.ring.wait(None, session_id, timeout)
             return
@@ -308,7 +306,7 @@ class AsyncBuffer:
         """Elements of ``dtype`` the buffer holds (bytes when it has no dtype)."""
         return self.nbytes // (self.dtype.itemsize if self.dtype is not None else 1)
 
-    def on(self, link: object) -> str:
+    def _buffer_id_on(self, link: object) -> str:
         """This buffer's id for a call (a launch names it); a freed buffer raises."""
         if self._freed:
             raise freed_error(self.id)
@@ -326,7 +324,7 @@ class AsyncBuffer:
         """Upload ``array`` at byte ``offset`` in chunks; returns the bytes written (checked as
         ``Buffer.write`` checks)."""
         raw = write_data(self.id, self.dtype, self.nbytes, array, offset)
-        self.on(self._link)
+        self._buffer_id_on(self._link)
         link = self._link
         size = _chunks.check_chunk_size(chunk_size or link.chunk_size)
         chunks = _chunks.write_chunks(self.id, raw, offset, size, progress)
@@ -347,7 +345,7 @@ class AsyncBuffer:
         """Download ``count`` elements (default: to the end, or ``out``'s size) from byte
         ``offset``; with ``out`` fill and return it (as ``Buffer.read``)."""
         plan = read_plan(self.id, self.nbytes, self.dtype, dtype, count, offset, out)
-        self.on(self._link)
+        self._buffer_id_on(self._link)
         if plan.size == 0:
             return np.empty(0, dtype=plan.kind) if out is None else out
         link = self._link

@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 from accy._ring import Ring, RingClosed
 from accy._ring_path import RING_WAIT_CAP, RingLaunches
+from accy._seam import LaunchRequest, Ticket, WaitRequest
 from accy._target import unix_socket_of
-from accy._transport import BufferRef, LaunchOwner, Ticket
 from accy.aio._link import AioLink
 from accy.errors import AccyError, DeadlineExceeded
 from accy.protocol import ring as layout
@@ -52,22 +52,15 @@ class AioRing:
         self._wake = asyncio.Event()
         ring.abandoned = lambda: link.lost is not None or link.closed
 
-    async def launch(
-        self,
-        owner: LaunchOwner,
-        operands: Sequence[BufferRef],
-        results: Sequence[BufferRef],
-        scalars: Mapping[str, object],
-        timeout: Any,
-    ) -> Ticket:
+    async def launch(self, request: LaunchRequest) -> Ticket:
         """Write one launch record (once there is room) without waiting for it."""
-        ring, left = self.ring, self._timeout(timeout)
+        ring, left = self.ring, self._timeout(request.timeout)
         most = ring.slots - min(ROOM, ring.slots // 2)  # records not done it may hold first
         if ring.head - ring.done > most:
             room = await self._until(lambda: ring.head - ring.done <= most, left)
             if not room:  # closed: the launch below says so, as the blocking client does
                 left = 0.0
-        return self.launches.launch(owner, operands, results, scalars, False, left)
+        return self.launches.launch(request._replace(wait=False, timeout=left))
 
     async def wait(self, ticket: Ticket | None, session_id: str | None, timeout: Any) -> None:
         """Until ``ticket``'s record (else every record so far) is done; raise what failed."""
@@ -75,7 +68,7 @@ class AioRing:
         seq = ticket.record if ticket is not None and ticket.record is not None else ring.head - 1
         if await self._until(lambda: ring.done > seq, left):
             left = 0.0  # done: the blocking wait returns at once, raising what the daemon refused
-        self.launches.wait(ticket, session_id, left)
+        self.launches.wait(WaitRequest(ticket, session_id, left))
 
     async def settle(self) -> None:
         """Before a call: the daemon took every record written, so the call is ordered after."""
@@ -84,7 +77,7 @@ class AioRing:
         with contextlib.suppress(DeadlineExceeded):
             await self._until(lambda: ring.taken >= head, 10.0)
         with contextlib.suppress(AccyError):
-            self.launches.wait(None, None, 0.0)  # writes the unbinds waiting
+            self.launches.wait(WaitRequest(None, None, 0.0))  # writes the unbinds waiting
 
     def forget(self, object_id: str) -> None:
         self.launches.forget(object_id)

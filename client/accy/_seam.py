@@ -1,11 +1,12 @@
 """The client's transport seam: how one link's launches and buffer bytes travel.
 
 As in httpx, a connection gets one ``Transport`` and the API objects never ask
-which one: ``Session``, ``Buffer`` and ``Launch`` call ``launch``, ``wait``,
-``forget``, ``write``, ``read`` and ``close`` on their link's transport and import
-no transport module. One transport per link (an attachment to one daemon
-instance), chosen once by ``accy._transports.open_transport`` from the target
-and the environment:
+which one: ``Session``, ``Buffer`` and ``Launch`` hand it request values
+(``LaunchRequest``, ``WaitRequest``, ``WriteRequest``, ``ReadRequest``,
+``CopyRequest``) and import no transport module. One transport per link (an
+attachment to one daemon instance), chosen once by
+``accy._link_transport.open_transport`` from the target and the environment, or
+given to ``Client(transport=...)`` (``accy.testing.FakeTransport``):
 
 - launches: the shared ring (a Unix socket), the ring over a ``RingStream`` call
   (TCP, or ``ACCY_RING=stream``), or unary ``Launch`` calls (``ACCY_RING=0``, or
@@ -14,9 +15,16 @@ and the environment:
 - bytes: memory shared with a local daemon (``ACCY_SHM``, ``Client(shared_memory=)``)
   for large transfers and shared arrays, else streamed ``WriteBuffer`` and
   ``ReadBuffer`` calls. Shared memory falls back to those where the daemon
-  shares none or its segments ran out.
+  shares none or its segments ran out; its copies are ``copy`` requests.
 
 Every launch comes back as a ``Ticket``, whichever way it went; ``Launch`` wraps it.
+The requests are ``NamedTuple``s: frozen values like a frozen dataclass, made in a
+fifth of the time (0.3 µs against 1.8 µs here), and every launch makes one.
+
+A transport learns the ids a launch names from the objects themselves
+(``Session._id_on``, ``Buffer._buffer_id_on``: loading a session again, or refusing a
+buffer that was lost, on the way); only this module's ``session_id_on`` and
+``ids_of`` call those hooks.
 
 The one cache. A ring transport keeps one packed record per plan: the fixed part of
 a launch's ring record (kind, handles, counts) and its scalars' packer, keyed by the
@@ -34,8 +42,8 @@ nothing: a call costs a hundred times the packing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -47,16 +55,17 @@ __all__ = [
     "CLOSE_DRAIN_SECONDS",
     "RECORDS_KEPT",
     "BufferRef",
-    "ForgetFn",
-    "LaunchFn",
+    "CopyRequest",
     "LaunchOwner",
-    "ReadFn",
+    "LaunchRequest",
+    "ReadRequest",
     "Ticket",
     "Transport",
-    "WaitFn",
+    "WaitRequest",
     "Waiter",
-    "WriteFn",
+    "WriteRequest",
     "ids_of",
+    "session_id_on",
 ]
 
 CLOSE_DRAIN_SECONDS = 10.0
@@ -67,9 +76,9 @@ RECORDS_KEPT = 256
 
 
 class Named(Protocol):
-    """A buffer as a launch names it: its id for a call on a link (``Buffer.on``)."""
+    """A buffer as a launch names it: its id for a call on a link."""
 
-    def on(self, link: Any) -> str: ...
+    def _buffer_id_on(self, link: Any) -> str: ...
 
 
 BufferRef = Named | str
@@ -86,17 +95,76 @@ class LaunchOwner(Protocol):
         """Its id now (for messages)."""
         ...
 
-    def id_on(self, link: Any) -> str:
+    def _id_on(self, link: Any) -> str:
         """The session's id on ``link``; raises why it cannot launch there."""
         ...
+
+
+class LaunchRequest(NamedTuple):
+    """One launch: check and send it (with ``wait``, return once it finished)."""
+
+    session: LaunchOwner
+    operands: Sequence[BufferRef]
+    results: Sequence[BufferRef]
+    scalars: Mapping[str, object]
+    wait: bool
+    timeout: Any
+    """Seconds, ``None`` (no limit) or ``UNSET`` (the client's)."""
+
+
+class WaitRequest(NamedTuple):
+    """Until ``ticket``'s launch finished; without a ticket, every launch of ``session_id``
+    so far; with neither, until the daemon took every launch sent (so a call after it is
+    ordered after them)."""
+
+    ticket: Ticket | None
+    session_id: str | None
+    timeout: float | None
+
+
+class WriteRequest(NamedTuple):
+    """Upload ``data`` to a buffer at byte ``offset``."""
+
+    buffer_id: str
+    device: int
+    data: memoryview
+    offset: int
+    timeout: float | None
+    chunk_size: int
+    progress: Progress | None
+
+
+class ReadRequest(NamedTuple):
+    """Download ``size`` bytes of a buffer from byte ``offset``, into ``into`` (a
+    C-contiguous array of that many bytes) where given."""
+
+    buffer_id: str
+    device: int
+    offset: int
+    size: int
+    into: np.ndarray[Any, Any] | None
+    timeout: float | None
+    chunk_size: int
+    progress: Progress | None
+
+
+class CopyRequest(NamedTuple):
+    """Have the daemon copy ``size`` bytes between a shared segment and a buffer."""
+
+    segment_id: str
+    segment_offset: int
+    buffer_id: str
+    buffer_offset: int
+    size: int
+    to_buffer: bool
+    """Into the buffer (a write); else into the segment (a read)."""
+    timeout: float | None
 
 
 class Waiter(Protocol):
     """The part of a transport that waits for its tickets."""
 
-    def wait(
-        self, ticket: Ticket | None, session_id: str | None, timeout: float | None
-    ) -> None: ...
+    def wait(self, request: WaitRequest) -> None: ...
 
 
 class Ticket:
@@ -143,19 +211,6 @@ class Ticket:
         return f"launch {what} of session {self.session_id}"
 
 
-LaunchFn = Callable[
-    [LaunchOwner, Sequence[BufferRef], Sequence[BufferRef], Mapping[str, object], bool, Any],
-    Ticket,
-]
-WaitFn = Callable[[Ticket | None, str | None, float | None], None]
-ForgetFn = Callable[[str], None]
-WriteFn = Callable[[str, int, memoryview, int, float | None, int, Progress | None], int]
-ReadFn = Callable[
-    [str, int, int, int, np.ndarray[Any, Any] | None, float | None, int, Progress | None],
-    np.ndarray[Any, Any],
-]
-
-
 class Transport(Protocol):
     """How one link's launches and bytes travel; every operation is safe from any thread."""
 
@@ -165,28 +220,32 @@ class Transport(Protocol):
         ring not opened yet)."""
         ...
 
-    launch: LaunchFn
-    """``launch(session, operands, results, scalars, wait, timeout)``: check and send one
-    launch (with ``wait``, return once it finished). A refusal of an earlier launch sent
-    without waiting that nothing reported yet raises first, naming it."""
+    def launch(self, request: LaunchRequest) -> Ticket:
+        """Check and send one launch. A refusal of an earlier launch sent without waiting
+        that nothing reported yet raises first, naming it."""
+        ...
 
-    wait: WaitFn
-    """``wait(ticket, session_id, timeout)``: until ``ticket``'s launch finished; without a
-    ticket, every launch of ``session_id`` so far; with neither, until the daemon took
-    every launch sent (so a call after it is ordered after them). What failed raises."""
+    def wait(self, request: WaitRequest) -> None:
+        """Until what ``request`` names is done; what failed raises."""
+        ...
 
-    forget: ForgetFn
-    """``forget(object_id)``: a session or buffer id that goes away (released, freed,
-    collected, loaded again, lost): drop what is kept for it, here and on the daemon."""
+    def forget(self, object_id: str) -> None:
+        """A session or buffer id that goes away (released, freed, collected, loaded again,
+        lost): drop what is kept for it, here and on the daemon."""
+        ...
 
-    write: WriteFn
-    """``write(buffer_id, device, data, offset, timeout, chunk_size, progress)``: upload
-    ``data`` at byte ``offset``; the bytes written."""
+    def write(self, request: WriteRequest) -> int:
+        """Upload; the bytes written."""
+        ...
 
-    read: ReadFn
-    """``read(buffer_id, device, offset, size, into, timeout, chunk_size, progress)``: download
-    ``size`` bytes from byte ``offset``, into ``into`` (a C-contiguous array of that many
-    bytes) where given; the bytes, as a flat ``uint8`` array."""
+    def read(self, request: ReadRequest) -> np.ndarray[Any, Any]:
+        """Download; the bytes, as a flat ``uint8`` array (``request.into``'s where given)."""
+        ...
+
+    def copy(self, request: CopyRequest) -> int:
+        """A shared-memory copy (a COPY record on a shared ring, in its order with the
+        launches, else a ``CopySegment`` call); the bytes copied."""
+        ...
 
     def close(self, drain: float = 0.0) -> None:
         """Stop: launches on their way get up to ``drain`` seconds to reach the daemon."""
@@ -197,6 +256,12 @@ class Transport(Protocol):
         ...
 
 
+def session_id_on(session: LaunchOwner, link: Any) -> str:
+    """The id of a launch's session for a call on ``link`` (loading it there first if need
+    be); raises why it cannot launch there."""
+    return session._id_on(link)
+
+
 def ids_of(buffers: Sequence[BufferRef], link: Any, role: str) -> list[str]:
     """The ids of a launch's ``operands`` or ``results`` (``role``) for a call on ``link``;
     anything but a ``Buffer`` or an id is refused, naming its place."""
@@ -205,10 +270,10 @@ def ids_of(buffers: Sequence[BufferRef], link: Any, role: str) -> list[str]:
         if isinstance(buffer, str):
             ids.append(buffer)
             continue
-        on = getattr(buffer, "on", None)
-        if on is None:
+        id_on = getattr(buffer, "_buffer_id_on", None)
+        if id_on is None:
             raise _not_a_buffer(buffer, f"{role}[{index}]")
-        ids.append(on(link))
+        ids.append(id_on(link))
     return ids
 
 
