@@ -15,7 +15,7 @@ import pytest
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.clients import Client
 from accyd.core.daemon import Daemon, WouldBlock
-from accyd.core.device import DeviceState
+from accyd.core.device import DeviceHealth
 from accyd.core.tickets import FastLaunch
 from tests.core.daemon_fixtures import host_daemon
 
@@ -73,7 +73,7 @@ class FakeEngine:
 def core() -> Iterator[tuple[Daemon, FakeEngine]]:
     daemon, _ = host_daemon()
     engine = FakeEngine()
-    watched: list[DeviceState] = []
+    watched: list[DeviceHealth] = []
     daemon.attach_engine(engine, engine, watched.append)
     try:
         yield daemon, engine

@@ -29,7 +29,7 @@ from accyd.core.arguments import Tensor
 from accyd.core.buffers import Transfer
 from accyd.core.catalogs import CatalogChange, Catalogs
 from accyd.core.clients import Client, ClientTable
-from accyd.core.device import DeviceState
+from accyd.core.device import DeviceHealth
 from accyd.core.executor import allocate_intermediates, intermediate_byte_sizes
 from accyd.core.holdings import ONE_CLIENT, CatalogView, Holdings
 from accyd.core.ids import CLIENT, INSTANCE, new_id
@@ -102,7 +102,7 @@ class Daemon:
             on_refused=on_quota_refused,
         )
         table = dict(backends)
-        state = DeviceState(lock, table, on_fault, isolated=isolated)
+        state = DeviceHealth(lock, table, on_fault, isolated=isolated)
         self._t = Tables(table, lock, ledger, state, ClientTable())
         self._holdings = Holdings(self._t)
         self._launching = Launching(self._t)
@@ -173,7 +173,7 @@ class Daemon:
         self,
         revoker: Revoker,
         counts: EngineCounts,
-        watch: Callable[[DeviceState], None],
+        watch: Callable[[DeviceHealth], None],
     ) -> None:
         """A ring engine that launches tickets by itself: its epochs, its counters, and a
         watcher of the device state (drain, faults) that it stops or goes on by."""

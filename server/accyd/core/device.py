@@ -12,7 +12,7 @@ import structlog
 from accyd.backends.base import Backend
 from accyd.errors import DeviceFault, Unavailable
 
-__all__ = ["DeviceState", "FaultHandler"]
+__all__ = ["DeviceHealth", "FaultHandler"]
 
 log = structlog.get_logger("accyd.core")
 
@@ -20,7 +20,7 @@ FaultHandler = Callable[[DeviceFault], None]
 """Told once of each fault latched: the whole process's, or one isolated device's."""
 
 
-class DeviceState:
+class DeviceHealth:
     """Whether the core still takes work: not once draining, nor on a faulted device.
 
     A sticky device error poisons the process that drives the device (DESIGN.md,
@@ -61,7 +61,7 @@ class DeviceState:
         """Faults each isolated device was replaced after."""
         self._retired: weakref.WeakKeyDictionary[Backend, DeviceFault] = weakref.WeakKeyDictionary()
         """Each replaced backend still held somewhere -> the fault it was replaced after."""
-        self.watchers: list[Callable[[DeviceState], None]] = []
+        self.watchers: list[Callable[[DeviceHealth], None]] = []
         """Told after every change (drain, fault, a device lost or replaced), maybe under the
         lock: an engine that launches by itself stops or goes on with the core. Quick."""
 

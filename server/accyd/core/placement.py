@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from accyd.backends.base import Backend
 from accyd.core.clients import Client
-from accyd.core.device import DeviceState
+from accyd.core.device import DeviceHealth
 
 __all__ = ["DeviceLoad", "home_of", "load_of", "place"]
 
@@ -53,7 +53,7 @@ def load_of(devices: Iterable[int], clients: Iterable[Client]) -> dict[int, Devi
     return loads
 
 
-def place(backends: Mapping[int, Backend], clients: Iterable[Client], state: DeviceState) -> int:
+def place(backends: Mapping[int, Backend], clients: Iterable[Client], state: DeviceHealth) -> int:
     """Under the core's lock: the least-loaded serving device (fewest clients homed there,
     then the least memory held, then the lowest index); a lost device only if all are."""
     loads = load_of(backends, clients)
@@ -62,7 +62,7 @@ def place(backends: Mapping[int, Backend], clients: Iterable[Client], state: Dev
 
 
 def home_of(
-    client: Client, backends: Mapping[int, Backend], clients: Iterable[Client], state: DeviceState
+    client: Client, backends: Mapping[int, Backend], clients: Iterable[Client], state: DeviceHealth
 ) -> int:
     """Under the core's lock: ``client``'s home device, placed (``place``) at its first
     request that names none."""

@@ -15,7 +15,7 @@ from accyd.backends.base import Backend
 from accyd.catalog.model import ScalarSpec
 from accyd.core.accounting import Ledger
 from accyd.core.clients import Client, ClientTable
-from accyd.core.device import DeviceState
+from accyd.core.device import DeviceHealth
 from accyd.core.partitions import Partitions
 from accyd.core.placement import home_of
 from accyd.core.sessions import Session
@@ -36,7 +36,7 @@ class Tables:
     backends: dict[int, Backend]
     lock: threading.RLock
     ledger: Ledger
-    state: DeviceState
+    state: DeviceHealth
     clients: ClientTable
     revoker: Revoker = NO_TICKETS
     """The ring engine's tickets, once one is attached (``Daemon.attach_engine``)."""

@@ -24,7 +24,7 @@ import structlog
 from accyd.backends.base import Backend
 from accyd.core.clients import Client
 from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon
-from accyd.core.device import DeviceState
+from accyd.core.device import DeviceHealth
 from accyd.core.tenants import Tenant
 from accyd.doors.ring.facade import RingObserver
 from accyd.doors.ring.records import KEY, KEY_END
@@ -255,7 +255,7 @@ class NativeEngine:
             self._engine.reset_counter(counter)
             self._free_counters.append(counter)
 
-    def _watch(self, state: DeviceState) -> None:
+    def _watch(self, state: DeviceHealth) -> None:
         """The core's device state changed: stop launching where it stopped."""
         self._engine.set_serving(state.serving)
         for device in self._drivers:

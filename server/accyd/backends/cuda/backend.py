@@ -31,7 +31,7 @@ from accyd.backends.cuda.kernels import FEATURES, FORMATS, CudaKernel, Kernels
 from accyd.backends.cuda.partitions import GreenContexts
 from accyd.backends.cuda.shareable import Plain, Shareable, allocate_shareable
 from accyd.backends.cuda.staging import cuda_staged_copies
-from accyd.backends.cuda.state import CURRENT, TOKENS, DeviceState
+from accyd.backends.cuda.state import CURRENT, TOKENS, DriverState
 from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
@@ -48,7 +48,7 @@ from accyd.errors import (
 __all__ = ["FEATURES", "CudaBackend"]
 
 
-class CudaBackend(DeviceState):
+class CudaBackend(DriverState):
     """One CUDA device, through its primary context, for every caller in the process.
 
     Ownership: every buffer, loaded kernel (one module each), stream and event it hands

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from accyd.backends.base import Event, Stream
-from accyd.backends.cuda.state import DeviceState
+from accyd.backends.cuda.state import DriverState
 from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.errors import LaunchArgumentMismatch, LaunchFailed
 
@@ -30,7 +30,7 @@ class Events:
     hands out is tracked in the device's tables until ``destroy_stream`` / ``destroy_event``
     (events go back to a pool)."""
 
-    def __init__(self, state: DeviceState) -> None:
+    def __init__(self, state: DriverState) -> None:
         """``state``: the device's driver handles and tables (its ``CudaBackend``)."""
         self._state = state
 

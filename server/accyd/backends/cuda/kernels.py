@@ -19,7 +19,7 @@ from accyd.backends.base import (
 from accyd.backends.cuda.compile_cache import KernelImage
 from accyd.backends.cuda.driver import DEVICE_FAULTS
 from accyd.backends.cuda.params import check_parameters
-from accyd.backends.cuda.state import CURRENT, DeviceState
+from accyd.backends.cuda.state import CURRENT, DriverState
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.model import ArtifactFormat, Param, ParamKind
 from accyd.errors import (
@@ -132,7 +132,7 @@ class Kernels:
     kernels are tracked in the device's ``_kernels`` until ``destroy`` (in ``backend.py``)
     unloads them."""
 
-    def __init__(self, state: DeviceState) -> None:
+    def __init__(self, state: DriverState) -> None:
         """``state``: the device's driver handles and tables (its ``CudaBackend``)."""
         self._state = state
 

@@ -17,7 +17,7 @@ from accyd.backends.cuda.driver import ErrorCheck
 from accyd.backends.cuda.partitions import GreenContexts
 from accyd.errors import LaunchArgumentMismatch, LaunchFailed, Unavailable
 
-__all__ = ["CURRENT", "TOKENS", "DeviceState"]
+__all__ = ["CURRENT", "TOKENS", "DriverState"]
 
 # The context each thread last made current (cuCtxSetCurrent is per thread); shared by
 # every backend object so that two devices used from one thread switch correctly.
@@ -27,7 +27,7 @@ CURRENT = threading.local()
 TOKENS = itertools.count(1)
 
 
-class DeviceState:
+class DriverState:
     """One device's driver handles and tables, shared by the backend's parts.
 
     Nothing here allocates or frees: ``CudaBackend`` owns what the tables track.
