@@ -316,7 +316,7 @@ class Churn:
         )
         process.start()
         writer.close()
-        # killed somewhere past its first tenth, while it works
+        # killed somewhere past its first tenth, once it has a result (step)
         kill_at = time.monotonic() + seconds * self.rng.uniform(0.1, 0.9) if kill else None
         self.running.append(Running(life, process, counts, reader, kill_at))
 
@@ -329,7 +329,8 @@ class Churn:
         """Kill the lives due, reap those that ended."""
         now = time.monotonic()
         for one in list(self.running):
-            if one.kill_at is not None and now >= one.kill_at and one.process.is_alive():
+            worked = one.counts[VERIFIED] + one.counts[WRONG] > 0  # killed mid-work, not mid-start
+            if one.kill_at is not None and now >= one.kill_at and worked and one.process.is_alive():
                 os.kill(one.process.pid or 0, signal.SIGKILL)
                 one.kill_at = None
             if one.process.is_alive():
@@ -487,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "started": started,
             "host": platform.node(),
             "cpus": os.cpu_count(),
+            "load_average_at_end": os.getloadavg(),
             "python": platform.python_version(),
             "grpc": grpc.__version__,
             "command": " ".join(["python", *sys.argv]),
