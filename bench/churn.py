@@ -7,11 +7,11 @@ temporary Unix socket and a TCP loopback port, with JSON logs):
         [--life 0.5 6] [--sample 5] [--backend host|cuda|auto] [--json PATH|-]
 
 For ``--minutes`` it keeps ``--workers`` client processes alive, each a life of
-a random kind (``bench/_churn_workers.py``: an accy client on the shared-memory
-ring, one over TCP with its ring carried by a RingStream, KServe ModelInfer
-calls, KServe ModelStreamInfer streams) and a random length (``--life``), doing
-checked work. A share of them (``--kill-share``) is SIGKILLed at a random moment
-of its life instead of ending it.
+a random length (``--life``) and of one of four kinds, taken in turns in a random
+order (``bench/_churn_workers.py``: an accy client on the shared-memory ring, one
+over TCP with its ring carried by a RingStream, KServe ModelInfer calls, KServe
+ModelStreamInfer streams), doing checked work. A share of them (``--kill-share``)
+is SIGKILLed at a random moment of its life instead of ending it.
 
 Before the churn, one life of each kind warms the daemon up; then its open
 descriptors and what it holds (``GetStatus``: clients, sessions, buffers) are the
@@ -304,6 +304,7 @@ class Churn:
         self.rng = random.Random(args.seed)
         self.seeds = iter(range(args.seed * 1_000_000, (args.seed + 1) * 1_000_000))
         self.running: list[Running] = []
+        self.deck: list[str] = []
 
     def start(self, kind: str, seconds: float, kill: bool) -> None:
         life = Life(
@@ -321,9 +322,13 @@ class Churn:
         self.running.append(Running(life, process, counts, reader, kill_at))
 
     def start_random(self) -> None:
+        """A life of the next kind of a shuffled deck (each kind a quarter of the lives, even
+        in a short run), of a random length, killed or not at random."""
+        if not self.deck:
+            self.deck = self.rng.sample(KINDS, len(KINDS))
         low, high = self.args.life
         kill = self.rng.random() < self.args.kill_share
-        self.start(self.rng.choice(KINDS), self.rng.uniform(low, high), kill)
+        self.start(self.deck.pop(), self.rng.uniform(low, high), kill)
 
     def step(self) -> None:
         """Kill the lives due, reap those that ended."""
