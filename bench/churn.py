@@ -368,6 +368,7 @@ class Churn:
                 for one in self.running:
                     one.process.kill()
                 self.report.errors.append(f"{len(self.running)} lives did not end in time")
+                deadline = float("inf")  # killed: reaped by the next steps
             self.step()
             time.sleep(0.05)
 
