@@ -99,10 +99,12 @@ def _require(value: str, field: str) -> None:
 
 
 class ClientTable:
-    """Every attached client by id: the one place a call is routed to its client's state."""
+    """Every attached client by id: the one place a call is routed to its client's state;
+    and the clients that detached while their work is still waited for (``leaving``)."""
 
     def __init__(self) -> None:
         self._clients: dict[str, Client] = {}
+        self._leaving: dict[str, Client] = {}
 
     def add(self, client: Client) -> None:
         self._clients[client.id] = client
@@ -122,8 +124,21 @@ class ClientTable:
     def find(self, client_id: str) -> Client | None:
         return self._clients.get(client_id)
 
-    def pop(self, client_id: str) -> Client | None:
-        return self._clients.pop(client_id, None)
+    def leave(self, client_id: str) -> Client | None:
+        """Detach: no call finds the client from now on; it is ``leaving`` until ``gone``."""
+        client = self._clients.pop(client_id, None)
+        if client is not None:
+            self._leaving[client.id] = client
+        return client
+
+    def gone(self, client: Client) -> None:
+        """A leaving client's resources were freed: forget it."""
+        self._leaving.pop(client.id, None)
+
+    @property
+    def leaving(self) -> list[Client]:
+        """Detached clients whose work is still waited for before their resources go."""
+        return list(self._leaving.values())
 
     def __iter__(self) -> Iterator[Client]:
         return iter(list(self._clients.values()))

@@ -5,9 +5,11 @@ may wait for the device or compile, and run off the event loop; the ``*_async`` 
 the device's completions on the event loop and park no thread; the rest only enqueue and
 return. Tables change under one lock, never held across a device allocation or a wait.
 
-``Daemon`` composes its parts (``Holdings``, ``Launching``, ``Replacing``) over one
-``Tables``; doors extend it with what they keep per client (``Extension``: rings, segments,
-exports), closed with the client, in the order added, before its sessions and buffers go.
+Every operation is a method here, most a one-line hand-off to the part that does it
+(``Holdings``, ``Launching``, ``Replacing``, ``Catalogs``), composed over one ``Tables``.
+The doors see it through ``accyd.core.interface.Core``; doors extend it with what they
+keep per client (``Extension``: rings, segments, exports), closed with the client, in the
+order added, before its sessions and buffers go.
 """
 
 from __future__ import annotations
@@ -16,36 +18,39 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
 from accyd.backends.base import Backend
 from accyd.backends.partitions import PartitionSpec
-from accyd.catalog.dtypes import Scalar
-from accyd.catalog.model import ArtifactFormat, Pipeline
+from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.model import ArtifactFormat, Pipeline, ScalarSpec
 from accyd.core.accounting import DEFAULT_LAUNCHES_PER_CLIENT, EngineCounts, Ledger
 from accyd.core.arguments import Tensor
-from accyd.core.buffers import Transfer
+from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.catalogs import CatalogChange, Catalogs
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceHealth
 from accyd.core.executor import allocate_intermediates, intermediate_byte_sizes
 from accyd.core.holdings import ONE_CLIENT, CatalogView, Holdings
 from accyd.core.ids import CLIENT, INSTANCE, new_id
+from accyd.core.interface import UNKNOWN_PIPELINE, Core, Extension
 from accyd.core.launching import Launching, LaunchTicket, WouldBlock
+from accyd.core.limits import DaemonLimits
 from accyd.core.replacing import Replacing
 from accyd.core.run import run
 from accyd.core.sessions import LoadedSession, order_scalars
 from accyd.core.status import DaemonStatus, TenantStatus, status_of
-from accyd.core.tables import UNKNOWN_PIPELINE, Tables
+from accyd.core.tables import Tables
 from accyd.core.tenants import DEFAULT_TENANT, Placement, Quotas, Usage
 from accyd.core.tickets import Revoker
-from accyd.errors import DeviceFault, NotFound
+from accyd.errors import AccyError, DeviceFault, NotFound
 
 __all__ = [
     "UNKNOWN_PIPELINE",
     "CatalogView",
+    "Core",
     "Daemon",
     "DaemonStatus",
     "Extension",
@@ -58,18 +63,6 @@ __all__ = [
 
 
 log = structlog.get_logger("accyd.core")
-
-
-class Extension(Protocol):
-    """What a door keeps per client beside the core's tables (rings, segments, exports)."""
-
-    def close_client(self, client_id: str) -> object:
-        """*Blocking*: the client detached: close what it holds here (before its buffers go)."""
-        ...
-
-    def device_replaced(self, device: int, backend: Backend) -> object:
-        """``backend`` serves ``device`` now, after a fault (re-pin, re-target...)."""
-        ...
 
 
 class Daemon:
@@ -110,18 +103,7 @@ class Daemon:
         self._extensions: list[Extension] = []
         self._catalogs = Catalogs(catalog, lock, catalog_source)
         self.instance_id = new_id(INSTANCE, 9)
-        self.started_at = time.monotonic()
-        # The operations that are the parts' own, as they are.
-        holdings = self._holdings
-        self.release, self.release_async = holdings.release, holdings.release_async
-        self.wait_launch, self.wait_launch_async = holdings.wait_launch, holdings.wait_launch_async
-        self.reap, self.allocate_buffer = holdings.reap, holdings.allocate_buffer
-        self.wait_idle = holdings.wait_idle
-        tables = self._t  # the lookups a door's records need
-        self.touch, self.pipeline_of = tables.touch, tables.pipeline_of
-        self.session_scalars, self.check_buffer = tables.session_scalars, tables.check_buffer
-        self.free_buffer, self.free_buffer_async = holdings.free_buffer, holdings.free_buffer_async
-        self.set_limits = holdings.set_limits  # the daemon's ceilings (accyd.core.limits)
+        self._started_at = time.monotonic()
 
     # State ------------------------------------------------------------------
 
@@ -169,6 +151,15 @@ class Daemon:
         """Refuse new work from now on (``Unavailable``); reads, waits and frees still work."""
         self._t.state.begin_drain()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """*Blocking*: wait up to ``timeout`` seconds for every launch so far; True if all done."""
+        return self._holdings.wait_idle(timeout)
+
+    def set_limits(self, limits: DaemonLimits) -> None:
+        """The daemon's ceilings and each tenant's default shares (``accyd.core.limits``)."""
+        with self._t.lock:
+            self._t.ledger.set_limits(limits)
+
     def attach_engine(
         self,
         revoker: Revoker,
@@ -209,8 +200,15 @@ class Daemon:
         return client
 
     def client(self, client_id: str) -> Client:
+        """The attached client (marked seen); ``NotFound`` once it detached."""
         with self._t.lock:
             return self._t.clients.get(client_id)
+
+    def touch(self, client_id: str) -> None:
+        """The client is alive: a ring's records count as calls for liveness."""
+        client = self._t.clients.find(client_id)
+        if client is not None:
+            client.last_seen = time.monotonic()
 
     def charge(self, client_id: str, usage: Usage) -> Client:
         """Charge ``usage`` to an attached client while serving, for memory held outside the
@@ -292,6 +290,27 @@ class Daemon:
             session.id, created, session.pipeline, session.key.format, session.key.device
         )
 
+    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
+        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
+        with self._t.lock:
+            return self._t.session(client_id, session_id)[1].pipeline.runtime_scalars
+
+    def pipeline_of(self, client_id: str, session_id: str) -> str:
+        """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
+        with self._t.lock:
+            try:
+                return self._t.session(client_id, session_id)[1].pipeline.target
+            except AccyError:
+                return UNKNOWN_PIPELINE
+
+    def release(self, client_id: str, session_id: str) -> None:
+        """*Blocking*: release one load; the last frees the session after its work."""
+        self._holdings.release(client_id, session_id)
+
+    async def release_async(self, client_id: str, session_id: str) -> None:
+        """``release``, awaiting the session's work on the event loop."""
+        await self._holdings.release_async(client_id, session_id)
+
     def allocate_intermediates(
         self, client_id: str, session_id: str, scalars: Mapping[str, Scalar]
     ) -> int:
@@ -365,7 +384,43 @@ class Daemon:
                 raise
             return blocked.finish()
 
+    def wait_launch(
+        self, client_id: str, session_id: str, launch_id: str | None = None, *, reap: bool = True
+    ) -> None:
+        """*Blocking*: wait for one launch of the session, or all so far (``reap``: see
+        ``Holdings.wait_launch``)."""
+        self._holdings.wait_launch(client_id, session_id, launch_id, reap=reap)
+
+    async def wait_launch_async(
+        self, client_id: str, session_id: str, launch_id: str | None = None
+    ) -> None:
+        """``wait_launch``, awaiting the launch's end on the event loop."""
+        await self._holdings.wait_launch_async(client_id, session_id, launch_id)
+
+    def reap(self, client_id: str, session_id: str) -> bool:
+        """Drop a session's finished launches and refund them; whether some still run."""
+        return self._holdings.reap(client_id, session_id)
+
     # Buffers ----------------------------------------------------------------
+
+    def allocate_buffer(
+        self,
+        client_id: str,
+        byte_size: int,
+        dtype: DType | None = None,
+        device: int | None = None,
+        *,
+        exportable: bool = False,
+    ) -> BufferRecord:
+        """*Blocking*: a zeroed buffer charged to the client's tenant (``Holdings``)."""
+        return self._holdings.allocate_buffer(
+            client_id, byte_size, dtype, device, exportable=exportable
+        )
+
+    def check_buffer(self, client_id: str, buffer_id: str) -> None:
+        """``NotFound`` unless the client owns the buffer."""
+        with self._t.lock:
+            self._t.clients.get(client_id).buffer(buffer_id)
 
     def open_write(self, client_id: str, buffer_id: str) -> Transfer:
         """A streamed write, ordered after the buffer's readers and last writer."""
@@ -374,6 +429,14 @@ class Daemon:
     def open_read(self, client_id: str, buffer_id: str) -> Transfer:
         """A streamed read, ordered after the buffer's last writer."""
         return self._holdings.open_transfer(client_id, buffer_id, writing=False)
+
+    def free_buffer(self, client_id: str, buffer_id: str) -> None:
+        """*Blocking*: wait for the work that uses the buffer, then free it."""
+        self._holdings.free_buffer(client_id, buffer_id)
+
+    async def free_buffer_async(self, client_id: str, buffer_id: str) -> None:
+        """``free_buffer``, awaiting the buffer's users on the event loop."""
+        await self._holdings.free_buffer_async(client_id, buffer_id)
 
     # Detach, devices ----------------------------------------------------------
 
@@ -447,7 +510,7 @@ class Daemon:
         return status_of(
             self._t,
             self.instance_id,
-            time.monotonic() - self.started_at,
+            time.monotonic() - self._started_at,
             (self.launches_total, self.launches_failed),
             client_id,
             tenants,
@@ -460,3 +523,10 @@ class Daemon:
             self.detach(client.id)
         for backend in self._t.backends.values():
             backend.close()
+
+
+if TYPE_CHECKING:
+
+    def _fits(daemon: Daemon) -> Core:
+        """The type checker's proof that ``Daemon`` is a ``Core``."""
+        return daemon

@@ -22,7 +22,6 @@ from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.clients import Client
 from accyd.core.executor import load_pipeline_artifacts
 from accyd.core.ids import BUFFER, SESSION, new_id
-from accyd.core.limits import DaemonLimits
 from accyd.core.marks import Mark, order_after
 from accyd.core.sessions import Session, SessionKey, pick_format
 from accyd.core.tables import Tables
@@ -348,11 +347,6 @@ class Holdings:
             lost=self.device_gone,
         )
 
-    def set_limits(self, limits: DaemonLimits) -> None:
-        """The daemon's ceilings and each tenant's default shares (``accyd.core.limits``)."""
-        with self._t.lock:
-            self._t.ledger.set_limits(limits)
-
     def device_gone(self) -> bool:
         """Whether a device was lost (its work may never end, its notifications never come)."""
         return self._t.state.fault is not None or bool(self._t.state.lost)
@@ -413,10 +407,9 @@ class Holdings:
     def _detach(self, client_id: str) -> Deferred | None:
         """Forget the client at once; drop its queued kernels where the backend can."""
         with self._t.lock:
-            client = self._t.clients.pop(client_id)
+            client = self._t.clients.leave(client_id)
             if client is None:
                 return None
-            self._t.leaving[client.id] = client
             sessions = list(client.sessions.values())
             tails = [mark for s in sessions if (mark := s.pending(None)) is not None]
         for session in sessions:
@@ -439,7 +432,7 @@ class Holdings:
                 client.session_ids.clear()
                 client.buffers.clear()
                 client.transfer_streams.clear()
-                self._t.leaving.pop(client.id, None)
+                self._t.clients.gone(client)
             self._t.ledger.refund(client, ONE_CLIENT)
             log.info(
                 "client detached", client_id=client.id, sessions=len(sessions), buffers=len(taken)

@@ -74,7 +74,7 @@ class Replacing:
                         descriptors=descriptors,
                     ),
                 )
-            for leaving in self._t.leaving.values():
+            for leaving in self._t.clients.leaving:
                 leaving.transfer_streams.pop(device, None)
             self._t.backends[device] = backend
         # The old backend is faulted: these free nothing on a device, only their handles.

@@ -99,7 +99,7 @@ def status_of(
     state, ledger = tables.state, tables.ledger
     with tables.lock:
         clients = list(tables.clients)
-        leaving = list(tables.leaving.values())
+        leaving = tables.clients.leaving
         mine = tables.clients.find(client_id) if client_id else None
         backend = backends[min(backends)]
         loads = load_of(backends, clients + leaving)

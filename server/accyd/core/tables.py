@@ -1,18 +1,23 @@
 """The core's shared state: clients, devices, the ledger and the one lock, with their lookups.
 
 ``Daemon`` makes one ``Tables`` and gives it to each part it composes (holdings,
-launching, replacing); nothing else reaches into it. Every lookup of a session or a
-buffer goes through its owner (``Client``), so another client's id is ``NotFound``.
+launching, replacing, status); nothing else reaches into it. Every lookup of a session
+or a buffer goes through its owner (``Client``), so another client's id is ``NotFound``.
+
+Only what two or more parts use is here. Each field is read or changed by several: the
+lock, the ledger, the device health and the client table (attached and leaving clients)
+by all of them; the backends by holdings, replacing and status; the engine's revoker by
+launching (tickets) and holdings (revoked by frees); the partitions by holdings (a
+session's stream), replacing (a new device split) and status. What one part alone keeps
+is that part's own: launching's counts, the facade's catalogs and extensions.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 from accyd.backends.base import Backend
-from accyd.catalog.model import ScalarSpec
 from accyd.core.accounting import Ledger
 from accyd.core.clients import Client, ClientTable
 from accyd.core.device import DeviceHealth
@@ -20,12 +25,9 @@ from accyd.core.partitions import Partitions
 from accyd.core.placement import home_of
 from accyd.core.sessions import Session
 from accyd.core.tickets import NO_TICKETS, Revoker
-from accyd.errors import AccyError, DeviceFault, NotFound
+from accyd.errors import DeviceFault, NotFound
 
-__all__ = ["UNKNOWN_PIPELINE", "Tables"]
-
-UNKNOWN_PIPELINE = "unknown"
-"""What ``pipeline_of`` says of a session it does not know (a bounded metrics label)."""
+__all__ = ["Tables"]
 
 
 @dataclass(eq=False)
@@ -40,8 +42,6 @@ class Tables:
     clients: ClientTable
     revoker: Revoker = NO_TICKETS
     """The ring engine's tickets, once one is attached (``Daemon.attach_engine``)."""
-    leaving: dict[str, Client] = field(default_factory=dict)
-    """Detached clients whose work is still waited for before their resources go."""
     partitions: Partitions = field(default_factory=Partitions)
     """Tenants' SM partitions and stream priorities (``core/partitions.py``)."""
 
@@ -75,27 +75,3 @@ class Tables:
         """Under the lock: refuse to hand ``client`` anything once it detached."""
         if self.clients.find(client.id) is not client:
             raise NotFound(f"client {client.id!r} detached", field="client_id")
-
-    def touch(self, client_id: str) -> None:
-        """The client is alive: a ring's records count as calls for liveness."""
-        client = self.clients.find(client_id)
-        if client is not None:
-            client.last_seen = time.monotonic()
-
-    def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]:
-        """The runtime scalars a client's session takes, in order (a ring binds them once)."""
-        with self.lock:
-            return self.session(client_id, session_id)[1].pipeline.runtime_scalars
-
-    def check_buffer(self, client_id: str, buffer_id: str) -> None:
-        """``NotFound`` unless the client owns the buffer."""
-        with self.lock:
-            self.clients.get(client_id).buffer(buffer_id)
-
-    def pipeline_of(self, client_id: str, session_id: str) -> str:
-        """The catalog target of a client's session, or ``unknown`` (a bounded metrics label)."""
-        with self.lock:
-            try:
-                return self.session(client_id, session_id)[1].pipeline.target
-            except AccyError:
-                return UNKNOWN_PIPELINE
