@@ -21,7 +21,6 @@ from accyd.core.buffers import BufferRecord, Transfer
 from accyd.core.catalogs import CatalogChange
 from accyd.core.clients import Client
 from accyd.core.device import DeviceHealth
-from accyd.core.holdings import CatalogView
 from accyd.core.launching import LaunchTicket, WouldBlock
 from accyd.core.sessions import LoadedSession
 from accyd.core.status import DaemonStatus, TenantStatus
@@ -31,7 +30,6 @@ from accyd.errors import DeviceFault
 
 __all__ = [
     "UNKNOWN_PIPELINE",
-    "CatalogView",
     "Core",
     "DaemonStatus",
     "Extension",
@@ -59,7 +57,7 @@ class Extension(Protocol):
 
 
 class Core(Protocol):
-    """Every operation a door calls (``Daemon``'s docstrings say what each does).
+    """Every operation a door calls, and no other (``Daemon``'s docstrings say what each does).
 
     *Blocking* ones may wait for the device or compile (call them off the event loop);
     ``*_async`` ones await the device on the event loop; the rest return at once.
@@ -84,9 +82,6 @@ class Core(Protocol):
 
     @property
     def launches_per_client(self) -> int | None: ...
-
-    @property
-    def catalog(self) -> CatalogView: ...
 
     @property
     def catalog_generation(self) -> int: ...
@@ -176,8 +171,6 @@ class Core(Protocol):
     ) -> None: ...
 
     def reap(self, client_id: str, session_id: str) -> bool: ...
-
-    def release(self, client_id: str, session_id: str) -> None: ...
 
     async def release_async(self, client_id: str, session_id: str) -> None: ...
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from accyd.backends.base import DeviceBuffer, Stream
 from accyd.catalog.dtypes import Scalar
@@ -38,7 +37,7 @@ from accyd.core.tenants import Usage
 from accyd.core.tickets import FastLaunch, claim, note_ticketed
 from accyd.errors import AccyError, DeviceFault, NotFound
 
-__all__ = ["LaunchContract", "LaunchTicket", "Launching", "WouldBlock"]
+__all__ = ["LaunchTicket", "Launching", "WouldBlock"]
 
 _ONE_LAUNCH = Usage(launches_in_flight=1)
 """What a launch on the session's own scratch costs (never changed: shared by every launch)."""
@@ -71,23 +70,6 @@ class LaunchTicket:
     """For a launch made with ``watch=True``: the caller's hold on its end (it closes it)."""
     fast: FastLaunch | None = None
     """With ``ticket_for``: the launch as a ticket the door may install (``None``: none)."""
-
-
-class LaunchContract(Protocol):
-    """The launch every door calls, by client and session id (``Daemon.launch`` fits)."""
-
-    def launch(
-        self,
-        client_id: str,
-        session_id: str,
-        operands: Sequence[str],
-        results: Sequence[str],
-        scalars: Mapping[str, Scalar],
-        *,
-        watch: bool = False,
-        ticket_for: object | None = None,
-        may_block: bool = False,
-    ) -> LaunchTicket: ...
 
 
 @dataclass(frozen=True, slots=True)

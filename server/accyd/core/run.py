@@ -4,62 +4,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
-from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ArtifactFormat
 from accyd.core.arguments import Tensor, check_tensors
-from accyd.core.buffers import BufferRecord, Transfer
-from accyd.core.clients import Client
-from accyd.core.launching import LaunchContract
-from accyd.core.sessions import LoadedSession, order_scalars
+from accyd.core.interface import Core
+from accyd.core.sessions import order_scalars
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
 from accyd.errors import NotFound
 
-__all__ = ["OneCall", "run"]
-
-
-class OneCall(LaunchContract, Protocol):
-    """The facade's operations the one-call path is written over (``Daemon`` fits)."""
-
-    def attach(
-        self, name: str = "", tenant: str = DEFAULT_TENANT, quotas: Quotas | None = None
-    ) -> Client: ...
-
-    def load_pipeline(
-        self,
-        client_id: str,
-        target: str,
-        version: int = 0,
-        format: ArtifactFormat | None = None,
-        device: int | None = None,
-    ) -> LoadedSession: ...
-
-    def allocate_buffer(
-        self,
-        client_id: str,
-        byte_size: int,
-        dtype: DType | None = None,
-        device: int | None = None,
-        *,
-        exportable: bool = False,
-    ) -> BufferRecord: ...
-
-    def open_write(self, client_id: str, buffer_id: str) -> Transfer: ...
-
-    def open_read(self, client_id: str, buffer_id: str) -> Transfer: ...
-
-    def wait_launch(
-        self, client_id: str, session_id: str, launch_id: str | None = None, *, reap: bool = True
-    ) -> None: ...
-
-    def free_buffer(self, client_id: str, buffer_id: str) -> None: ...
-
-    def detach(self, client_id: str) -> None: ...
+__all__ = ["run"]
 
 
 def run(
-    core: OneCall,
+    core: Core,
     client_id: str | None,
     target: str,
     version: int,

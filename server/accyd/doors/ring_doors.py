@@ -8,12 +8,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
-from accyd.core.daemon import Daemon, LaunchTicket
+from accyd.core.interface import Core, LaunchTicket
 from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.grpc.ring_stream import RingStreams
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import RingCharges
-from accyd.doors.ring.facade import RingObserver
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.ring import Blocking
 from accyd.doors.ring.waiting import WaitBudget
 from accyd.engine.auto import EngineKind, RingEngine, open_engine
@@ -32,7 +32,7 @@ class RingDoors:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         calls: CallTracker,
         loop: asyncio.AbstractEventLoop,
         *,

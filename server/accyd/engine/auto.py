@@ -8,8 +8,8 @@ from typing import Literal, Protocol
 import structlog
 
 from accyd.backends.base import Backend, BackendKind
-from accyd.core.daemon import Daemon
-from accyd.doors.ring.facade import RingObserver
+from accyd.core.interface import Core
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.ring import ServerRing
 from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
 
@@ -54,7 +54,7 @@ class RingEngine(Protocol):
 
 
 def open_engine(
-    core: Daemon,
+    core: Core,
     *,
     kind: EngineKind | None = None,
     threads: int = 0,

@@ -23,10 +23,10 @@ import structlog
 
 from accyd.backends.base import Backend
 from accyd.core.clients import Client
-from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon
 from accyd.core.device import DeviceHealth
+from accyd.core.interface import UNKNOWN_PIPELINE, Core
 from accyd.core.tenants import Tenant
-from accyd.doors.ring.facade import RingObserver
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.records import KEY, KEY_END
 from accyd.doors.ring.ring import Handled, Pending, ServerRing
 from accyd.engine import _native
@@ -63,7 +63,7 @@ class NativeEngine:
 
     def __init__(
         self,
-        core: Daemon,
+        core: Core,
         *,
         threads: int = 1,
         batch: int = 64,

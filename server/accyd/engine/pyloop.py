@@ -29,8 +29,9 @@ import structlog
 
 from accy.protocol import ring as layout
 from accyd.backends.base import Backend
+from accyd.core.interface import Core
 from accyd.core.marks import Mark
-from accyd.doors.ring.facade import RingCore, RingObserver
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.ring import Handled, Pending, ServerRing
 from accyd.errors import AccyError, DeviceFault
 
@@ -81,7 +82,7 @@ class PythonLoop:
 
     def __init__(
         self,
-        core: RingCore,
+        core: Core,
         *,
         spin: bool | None = None,
         spin_seconds: float = 200e-6,

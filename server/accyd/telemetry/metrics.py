@@ -25,12 +25,12 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from accyd.core.daemon import UNKNOWN_PIPELINE
+from accyd.core.interface import UNKNOWN_PIPELINE
 from accyd.errors import AccyError
 from accyd.telemetry.triton import TritonFigures
 
 if TYPE_CHECKING:
-    from accyd.core.daemon import DaemonStatus
+    from accyd.core.interface import DaemonStatus
 
 __all__ = ["Metrics", "RingLaunchCounts", "status_of"]
 

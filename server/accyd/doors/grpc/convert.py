@@ -10,7 +10,7 @@ from accyd.catalog.dtypes import DType, Scalar
 from accyd.catalog.expr import render
 from accyd.catalog.model import ArtifactFormat, BufferSpec, IntermediateSpec, Pipeline
 from accyd.clipping import clip
-from accyd.core.daemon import DaemonStatus, TenantStatus, Tensor
+from accyd.core.interface import DaemonStatus, TenantStatus, Tensor
 from accyd.errors import InvalidRequest, LaunchArgumentMismatch
 
 __all__ = [

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.core.daemon import UNKNOWN_PIPELINE, Daemon, LaunchTicket, WouldBlock
+from accyd.core.interface import UNKNOWN_PIPELINE, Core, LaunchTicket, WouldBlock
 from accyd.doors.grpc import convert
 from accyd.doors.grpc.calls import CallTracker, id_fields, text_field
 from accyd.logs import bind
@@ -68,7 +68,7 @@ class Launcher:
     """Validates and enqueues launches on the daemon and answers them when due."""
 
     def __init__(
-        self, daemon: Daemon, calls: CallTracker, metrics: Metrics, *, spin_seconds: float = 0.0
+        self, daemon: Core, calls: CallTracker, metrics: Metrics, *, spin_seconds: float = 0.0
     ) -> None:
         self.daemon = daemon
         self.calls = calls
@@ -220,9 +220,7 @@ class Launcher:
         await self.daemon.wait_launch_async(client_id, session_id, launch_id)
 
 
-async def until_stopped(
-    requests: AsyncIterator[_Message], daemon: Daemon
-) -> AsyncIterator[_Message]:
+async def until_stopped(requests: AsyncIterator[_Message], daemon: Core) -> AsyncIterator[_Message]:
     """The stream's requests; a read that fails because the server is stopping ends them."""
     iterator = aiter(requests)
     while True:

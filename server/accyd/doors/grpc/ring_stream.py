@@ -30,14 +30,14 @@ import structlog
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.clipping import clip
-from accyd.core.daemon import Daemon
 from accyd.core.ids import new_id
+from accyd.core.interface import Core
 from accyd.doors.grpc.calls import Context
 from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.launches import until_stopped
 from accyd.doors.ring.door import RingTaker, ring_slots
-from accyd.doors.ring.facade import RingObserver
 from accyd.doors.ring.memory import RingMemory
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.ring import Blocking, ServerRing
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
 
@@ -57,7 +57,7 @@ class RingStreams:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         engine: RingTaker,
         *,
         spin_seconds: float = 0.0,

@@ -20,7 +20,7 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.backends.base import ExportKind
 from accyd.core.clients import Client
-from accyd.core.daemon import Daemon
+from accyd.core.interface import Core
 from accyd.core.tenants import Quotas
 from accyd.doors.grpc import convert
 from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
@@ -71,7 +71,7 @@ class LaunchServicer:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         calls: CallTracker,
         *,
         tenant: str,

@@ -20,7 +20,7 @@ import structlog
 
 from accyd.backends.base import Exported
 from accyd.core.buffers import Transfer
-from accyd.core.daemon import Daemon
+from accyd.core.interface import Core
 from accyd.core.tenants import Usage
 from accyd.doors.hostmem.handoff import Handoff, Offered
 
@@ -64,7 +64,7 @@ class _Descriptor:
 
 
 def offer_export(
-    daemon: Daemon,
+    daemon: Core,
     handoff: Handoff,
     client_id: str,
     buffer_id: str,

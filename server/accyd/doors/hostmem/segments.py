@@ -18,9 +18,9 @@ import structlog
 
 from accyd.backends.base import Backend
 from accyd.core.buffers import Transfer
-from accyd.core.daemon import Daemon
 from accyd.core.holdings import MAX_BUFFER_BYTES
 from accyd.core.ids import new_id
+from accyd.core.interface import Core
 from accyd.core.tenants import Usage
 from accyd.doors.hostmem.exports import ExportOffer, offer_export
 from accyd.doors.hostmem.handoff import Handoff, Offered
@@ -118,7 +118,7 @@ class SegmentOffer:
 class Segments:
     """The segments of every client, over the daemon facade and a handoff socket."""
 
-    def __init__(self, daemon: Daemon, handoff: Handoff | None) -> None:
+    def __init__(self, daemon: Core, handoff: Handoff | None) -> None:
         self._daemon = daemon
         self._handoff = handoff
         self._by_client: dict[str, dict[str, HostSegment]] = {}

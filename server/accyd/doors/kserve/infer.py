@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from accyd.core.daemon import Daemon, WouldBlock
+from accyd.core.interface import Core, WouldBlock
 from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.kserve.cuda_regions import CudaRegion, CudaRegions
 from accyd.doors.kserve.models import datatype_of
@@ -38,7 +38,7 @@ class Inference:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         calls: CallTracker,
         metrics: Metrics,
         *,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 
-from accyd.core.daemon import Daemon
+from accyd.core.interface import Core
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.peers import Peer, TcpTable, others_may_connect, parse_peer
 from accyd.doors.kserve.regions import Regions
@@ -74,7 +74,7 @@ class Owners:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         models: Callable[[str], ModelSessions],
         *,
         liveness_seconds: float = DEFAULT_LIVENESS_SECONDS,

@@ -22,7 +22,7 @@ import structlog
 
 import accyd
 from accyd.catalog.model import ArtifactFormat, Pipeline
-from accyd.core.daemon import Daemon
+from accyd.core.interface import Core
 from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
 from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
@@ -61,7 +61,7 @@ class KServeServicer:
 
     @classmethod
     def from_config(
-        cls, daemon: Daemon, calls: CallTracker, config: Config, metrics: Metrics
+        cls, daemon: Core, calls: CallTracker, config: Config, metrics: Metrics
     ) -> KServeServicer:
         """The door as ``accyd serve`` runs it, from its flags."""
         return cls(
@@ -87,7 +87,7 @@ class KServeServicer:
 
     def __init__(
         self,
-        daemon: Daemon,
+        daemon: Core,
         calls: CallTracker,
         *,
         default_principal: Principal,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
-from accyd.core.daemon import Daemon
+from accyd.core.interface import Core
 from accyd.doors.grpc.calls import CallTracker
 from accyd.errors import AccyError
 
@@ -60,7 +60,7 @@ class ModelSession:
 class ModelSessions:
     """A client's sessions by (model, version)."""
 
-    def __init__(self, daemon: Daemon, calls: CallTracker, client_id: str) -> None:
+    def __init__(self, daemon: Core, calls: CallTracker, client_id: str) -> None:
         self.daemon = daemon
         self.calls = calls
         self.client_id = client_id

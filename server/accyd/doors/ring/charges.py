@@ -11,24 +11,16 @@ client detached, its stream ended.
 from __future__ import annotations
 
 import threading
-from typing import Protocol
 
 from accy.protocol import ring as layout
 from accyd.core.clients import Client
+from accyd.core.interface import Core
 from accyd.core.tenants import Usage
 
 __all__ = ["RING_DESCRIPTORS", "RingCharges", "stream_ring_usage"]
 
 RING_DESCRIPTORS = 4
 """A shared ring's descriptors in the daemon: the memfd, its mapping's, two eventfds."""
-
-
-class Charging(Protocol):
-    """What charging needs of the daemon (``accyd.core.daemon.Daemon``)."""
-
-    def charge(self, client_id: str, usage: Usage) -> Client: ...
-
-    def refund(self, client: Client, usage: Usage) -> None: ...
 
 
 def shared_ring_usage(slots: int) -> Usage:
@@ -44,7 +36,7 @@ def stream_ring_usage(slots: int) -> Usage:
 class RingCharges:
     """The charges of every shared ring, by ring id, until each is refunded once."""
 
-    def __init__(self, daemon: Charging) -> None:
+    def __init__(self, daemon: Core) -> None:
         self._daemon = daemon
         self._held: dict[str, tuple[Client, Usage]] = {}
         self._lock = threading.Lock()

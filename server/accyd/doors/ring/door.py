@@ -18,11 +18,12 @@ import structlog
 
 from accyd.backends.base import Backend
 from accyd.core.ids import new_id
+from accyd.core.interface import Core
 from accyd.doors.hostmem.handoff import OFFER_SECONDS, Handoff, Offered
 from accyd.doors.ring.charges import RingCharges
 from accyd.doors.ring.copies import Copier
-from accyd.doors.ring.facade import RingCore, RingObserver
 from accyd.doors.ring.memory import RingMemory
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.ring import Blocking, ServerRing
 from accyd.doors.ring.waiting import WaitBudget
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
@@ -80,7 +81,7 @@ class RingDoor:
 
     def __init__(
         self,
-        core: RingCore,
+        core: Core,
         socket_path: Path,
         engine: RingTaker,
         *,

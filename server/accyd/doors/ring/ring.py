@@ -25,11 +25,12 @@ from accy.protocol import ring as layout
 from accyd.backends.base import Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
+from accyd.core.interface import Core
 from accyd.core.launching import LaunchTicket, WouldBlock
 from accyd.core.tickets import FastLaunch
 from accyd.doors.ring.copies import Copier
-from accyd.doors.ring.facade import RingCore, RingObserver
 from accyd.doors.ring.memory import RingMemory
+from accyd.doors.ring.observer import RingObserver
 from accyd.doors.ring.records import id_of, scalar_struct
 from accyd.errors import (
     AccyError,
@@ -41,7 +42,7 @@ from accyd.errors import (
     QuotaExceeded,
 )
 
-__all__ = ["BOUND_HANDLES", "NOTHING", "Blocking", "Handled", "Pending", "RingCore", "ServerRing"]
+__all__ = ["BOUND_HANDLES", "NOTHING", "Blocking", "Handled", "Pending", "ServerRing"]
 
 log = structlog.get_logger("accyd.doors.ring")
 
@@ -111,7 +112,7 @@ class ServerRing:
         ring_id: str,
         client_id: str,
         memory: RingMemory,
-        core: RingCore,
+        core: Core,
         copier: Copier | None = None,
         observer: RingObserver | None = None,
         blocking: Blocking | None = None,
