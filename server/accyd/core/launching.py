@@ -56,7 +56,11 @@ class WouldBlock(Exception):
 
 @dataclass(frozen=True, slots=True)
 class LaunchTicket:
-    """An enqueued launch; ``must_wait`` when it runs on scratch made for it alone."""
+    """An enqueued launch; ``must_wait`` when it runs on scratch made for it alone.
+
+    The first five fields are plain data; ``stream``, ``watch`` and ``fast`` are handles
+    for the door in the daemon's process that made the launch, taken with the enqueue
+    under the lock (why they are not fetched by id later: docs/architecture.md)."""
 
     session_id: str
     launch_id: str
