@@ -8,8 +8,8 @@ done is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device fa
 the release (the context is poisoned) and exits non-zero so the process is restarted.
 ``accyd.serving`` runs one as the ``accyd serve`` process, under its signals.
 
-Every call but health and reflection passes the auth interceptor
-(``accyd.doors.grpc.auth``); TCP listeners serve TLS when a certificate is
+Every call but health and reflection passes the admission interceptor
+(``accyd.doors.grpc.admission``); TCP listeners serve TLS when a certificate is
 configured; metrics are served on a port of their own when asked for.
 """
 
