@@ -8,18 +8,17 @@ done is dropped with the process, which exits ``EXIT_STOPPED_BUSY``. A device fa
 the release (the context is poisoned) and exits non-zero so the process is restarted.
 ``accyd.serving`` runs one as the ``accyd serve`` process, under its signals.
 
-Every call but health and reflection passes the auth interceptor
-(``accyd.doors.grpc.auth``); TCP listeners serve TLS when a certificate is
+Every call but health and reflection passes the admission interceptor
+(``accyd.doors.grpc.admission``); TCP listeners serve TLS when a certificate is
 configured; metrics are served on a port of their own when asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,7 +35,8 @@ from accyd.core.catalogs import check_kernels
 from accyd.core.daemon import CatalogView, Daemon
 from accyd.core.limits import daemon_limits, raise_descriptor_limit
 from accyd.devices import open_backends, replace_device
-from accyd.doors.grpc.auth import Admitting, Authenticator, default_principal
+from accyd.doors.grpc.admission import Admission, AdmissionInterceptor
+from accyd.doors.grpc.auth import Authenticator, default_principal
 from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.grpc.health import Health
 from accyd.doors.grpc.servicer import SERVICE_NAME, LaunchServicer
@@ -103,6 +103,7 @@ class Server:
         self._health_grpc: grpc.aio.Server | None = None
         self.health_address: str | None = None
         """Where the health-only listener is (``--health-listen``), once serving."""
+        self.kserve: KServeServicer | None = None  # --kserve
         self.kserve_http: KServeHttpDoor | None = None  # --kserve-http-listen
         self._stop_requested: asyncio.Event | None = None
         self._reloads: set[asyncio.Task[None]] = set()
@@ -111,28 +112,56 @@ class Server:
         self._calls_ended: int | None = None  # by the stop itself, once it ended them
 
     async def start(self) -> None:
-        config = self.config
+        """Open the devices, make the daemon and every door whole, listen, then serve: the
+        steps below, in this order (a listener that cannot open closes what came before)."""
         loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
         descriptors = raise_descriptor_limit()  # a daemon of many clients wants them all
-        tokens = None if config.tokens_file is None else TokenTable.load(config.tokens_file)
-        credentials = server_credentials(config)
-        isolated = self._backends is None and config.uses_device_workers
+        tokens = self._load_tokens()
+        credentials = server_credentials(self.config)
+        backends = self._open_backends()
+        catalog = self._catalog or self._catalog_source()
+        self._tune_process(loop, backends)
+        self.daemon = self._make_daemon(catalog, backends)
+        made = await self._ready_daemon(catalog, backends, descriptors, tokens)
+        self._make_doors(loop, backends)
+        self._grpc = self._make_grpc_server(tokens)
+        self._listen(credentials, backends)
+        await self._grpc.start()
+        await self._open_beside()
+        await self.health.set_serving(True)
+        if self.supervised:
+            self._watching = loop.create_task(self._watch_supervisor())
+        self._log_serving(catalog, made, tokens, tls=credentials is not None)
+
+    def _load_tokens(self) -> TokenTable | None:
+        path = self.config.tokens_file
+        return None if path is None else TokenTable.load(path)
+
+    def _catalog_source(self) -> CatalogView:
+        return load_catalog(self.config.catalog_dirs, builtin=self.config.builtin_catalog)
+
+    def _open_backends(self) -> Mapping[int, Backend]:
+        """The given backends, or each configured device's (in a worker process of its own
+        when the config says so: a fault then replaces that device alone)."""
         if self._backends is not None:
-            backends: Mapping[int, Backend] = self._backends
-        else:
-            backends, self._pool = open_backends(
-                config, lambda device, fault: self.daemon.device_lost(device, fault)
-            )
-        source = functools.partial(
-            load_catalog, config.catalog_dirs, builtin=config.builtin_catalog
+            return self._backends
+        backends, self._pool = open_backends(
+            self.config, lambda device, fault: self.daemon.device_lost(device, fault)
         )
-        catalog = self._catalog or source()
+        return backends
+
+    def _tune_process(
+        self, loop: asyncio.AbstractEventLoop, backends: Mapping[int, Backend]
+    ) -> None:
+        """Keep freed memory for reuse, and spin the event loop as the devices want."""
         kinds = {backend.kind.value for backend in backends.values()}
-        kinds_served = set(kinds)
-        self._malloc_tuned = keep_freed_memory(config.malloc_keep_bytes)
-        spin = config.loop_spin_for(kinds.pop() if len(kinds) == 1 else "mixed")
+        self._malloc_tuned = keep_freed_memory(self.config.malloc_keep_bytes)
+        spin = self.config.loop_spin_for(kinds.pop() if len(kinds) == 1 else "mixed")
         self._loop_spin = spin if set_loop_spin(loop, spin) else 0.0
+
+    def _make_daemon(self, catalog: CatalogView, backends: Mapping[int, Backend]) -> Daemon:
+        loop = asyncio.get_running_loop()
 
         def on_fault(fault: DeviceFault) -> None:  # from any thread
             if fault.isolated:  # on a thread of its own: replace that device alone
@@ -142,43 +171,68 @@ class Server:
             else:
                 loop.call_soon_threadsafe(self._on_fault, fault)
 
-        metrics = self.metrics
-        self.daemon = Daemon(
+        config = self.config
+        return Daemon(
             catalog,
             backends,
             quotas=config.quotas,
             on_fault=on_fault,
-            on_quota_refused=metrics.quota_refused,
-            isolated=isolated,
-            catalog_source=None if self._catalog else source,
+            on_quota_refused=self.metrics.quota_refused,
+            isolated=self._backends is None and config.uses_device_workers,
+            catalog_source=None if self._catalog else self._catalog_source,
         )
-        # Every kernel made for the devices before the first client: a broken one stops the
-        # start naming its file and line, and the compile cache is warm for the first loads.
+
+    async def _ready_daemon(
+        self,
+        catalog: CatalogView,
+        backends: Mapping[int, Backend],
+        descriptors: int,
+        tokens: TokenTable | None,
+    ) -> int:
+        """Every kernel made for the devices before the first client (a broken one stops the
+        start naming its file and line, and the compile cache is warm for the first loads),
+        the daemon's limits, its tenants' SM partitions, its metrics; the kernels made."""
+        daemon, metrics = self.daemon, self.metrics
         made = await asyncio.to_thread(check_kernels, backends.values(), catalog.registry)
-        self.daemon.set_limits(daemon_limits(config.shared_memory_limit, descriptors))
+        daemon.set_limits(daemon_limits(self.config.shared_memory_limit, descriptors))
         if tokens is not None:  # SM partitions and stream priorities, made once here
-            await asyncio.to_thread(self.daemon.split_sms, tokens.partitions, tokens.placements)
-        metrics.watch(self.daemon.status)
+            await asyncio.to_thread(daemon.split_sms, tokens.partitions, tokens.placements)
+        metrics.watch(daemon.status)
         metrics.restarts.set(self.lineage.restarts)
         metrics.device_faults.inc(self.lineage.device_faults)
+        return made
+
+    def _make_doors(self, loop: asyncio.AbstractEventLoop, backends: Mapping[int, Backend]) -> None:
+        """The device-work threads and every door over the daemon, each made whole: the rings
+        (their engine; their door and the shared memory beside the first Unix socket), the
+        launch service, the KServe door, health."""
+        config, daemon, metrics = self.config, self.daemon, self.metrics
         self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
         self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
-        ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
+        ring_counts = RingLaunchCounts(metrics, daemon.pipeline_of)
         if not config.no_rings:
+            host = any(backend.kind.value == "host" for backend in backends.values())
             self.ring_doors = RingDoors(
-                self.daemon,
+                daemon,
                 self.calls,
                 loop,
                 kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
                 threads=config.engine_threads,
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
-                spin_seconds=0.0 if "host" in kinds_served else config.launch_spin_seconds,
+                spin_seconds=0.0 if host else config.launch_spin_seconds,
                 observer=ring_counts,
                 wait_budget=config.wait_budget,
             )
+        socket = _first_unix_socket(config.listen_addresses)
+        if self.ring_doors is not None and socket is not None:
+            self.rings, self._segments = self.ring_doors.open_door(socket)
+        else:  # no rings, or no Unix socket to hand memory over beside: no memory shared
+            self._segments = Segments(daemon, None)
+        daemon.extend(self._segments)
         self.servicer = LaunchServicer(
-            self.daemon,
+            daemon,
             self.calls,
+            segments=self._segments,
             tenant=config.default_tenant,
             heartbeat_seconds=config.heartbeat_seconds,
             read_chunk_bytes=config.read_chunk_bytes,
@@ -187,37 +241,54 @@ class Server:
             quotas=config.quotas,
             metrics=metrics,
             lineage=self.lineage,
+            rings=self.rings,
             ring_streams=None if self.ring_doors is None else self.ring_doors.streams,
             ring_counts=ring_counts,
         )
-        self.kserve: KServeServicer | None = None
         if config.kserve:  # the KServe v2 door, admitted as the launch service is
-            self.kserve = KServeServicer.from_config(self.daemon, self.calls, config, metrics)
-        services = [SERVICE_NAME, *([KSERVE_SERVICE] if self.kserve is not None else [])]
-        self.health = Health(services)
-        self._authenticator = authenticator = Authenticator(
+            self.kserve = KServeServicer.from_config(daemon, self.calls, config, metrics)
+        self.health = Health([SERVICE_NAME, *([KSERVE_SERVICE] if self.kserve is not None else [])])
+
+    def _make_grpc_server(self, tokens: TokenTable | None) -> grpc.aio.Server:
+        """The gRPC server with its services, every call but health's and reflection's
+        admitted first (``accyd.doors.grpc.admission``)."""
+        config = self.config
+        self._authenticator = Authenticator(
             tokens,
             default_principal(config.default_tenant, config.quotas),
             unix_trusted=config.unix_trusted,
             tenant_of_client=self._tenant_of_client,
         )
-        self._grpc = grpc.aio.server(options=config.grpc_server_options())
-        self._admitting = Admitting(self._grpc, authenticator)
-        self.servicer.register(self._admitting)
-        if self.kserve is not None:
-            self.kserve.register(self._admitting)
-        self.health.register(self._grpc)
-        reflection.enable_server_reflection(
-            (*services, "grpc.health.v1.Health", reflection.SERVICE_NAME), self._grpc
+        self._admission = Admission(self._authenticator)
+        server = grpc.aio.server(
+            interceptors=[AdmissionInterceptor(self._admission)],
+            options=config.grpc_server_options(),
         )
+        self.servicer.register(server)
+        services = [SERVICE_NAME]
+        if self.kserve is not None:
+            self.kserve.register(server)
+            services.append(KSERVE_SERVICE)
+        self.health.register(server)
+        reflection.enable_server_reflection(
+            (*services, "grpc.health.v1.Health", reflection.SERVICE_NAME), server
+        )
+        return server
+
+    def _listen(
+        self, credentials: grpc.ServerCredentials | None, backends: Mapping[int, Backend]
+    ) -> None:
+        """Bind every listener and the metrics port; if one cannot, close what start opened."""
         try:
-            for address in config.listen_addresses:
+            for address in self.config.listen_addresses:
                 self.addresses.append(self._bind(address, credentials))
-            if config.metrics_port is not None:
-                self.metrics_port = metrics.serve(config.metrics_port, config.metrics_address)
+            if self.config.metrics_port is not None:
+                self.metrics_port = self.metrics.serve(
+                    self.config.metrics_port, self.config.metrics_address
+                )
         except BaseException:
             self._release_sockets()
-            metrics.close()
+            self.metrics.close()
             self._executor.shutdown(wait=False)
             if self._pool is not None:
                 self._pool.close()
@@ -225,15 +296,13 @@ class Server:
                 for backend in backends.values():
                     backend.close()
             raise
-        await self._grpc.start()
+
+    async def _open_beside(self) -> None:
+        """Once gRPC serves: its sockets handed over, the rings' handoff socket and engine
+        started, the health-only listener and the KServe HTTP door opened (when asked for)."""
+        config = self.config
         for claim in self._claims:
             claim.bound()
-        if self._claims and self.ring_doors is not None:
-            self.rings = self.servicer.rings = self.ring_doors.open_door(self._claims[0].path)
-            self.servicer.segments = self.rings.copier.copies = Segments(
-                self.daemon, self.rings.handoff
-            )
-        self.daemon.extend(self.servicer.segments)
         if self.ring_doors is not None:
             self.ring_doors.start()
         if config.health_listen:
@@ -243,11 +312,13 @@ class Server:
         if self.kserve is not None and config.kserve_http_listen:
             from accyd.doors.kserve_http.door import serve_http  # aiohttp: only when asked for
 
-            self.kserve_http = await serve_http(self.kserve, self._admitting, config)
-        await self.health.set_serving(True)
-        if self.supervised:
-            self._watching = loop.create_task(self._watch_supervisor())
-        backend = self.daemon.backend
+            self.kserve_http = await serve_http(self.kserve, self._admission, config)
+
+    def _log_serving(
+        self, catalog: CatalogView, made: int, tokens: TokenTable | None, *, tls: bool
+    ) -> None:
+        config, backend = self.config, self.daemon.backend
+        engine = None if self.ring_doors is None else self.ring_doors.engine
         log.info(
             "accyd serving",
             backend=backend.kind.value,
@@ -255,13 +326,13 @@ class Server:
             device=backend.device_name,
             listen=self.addresses,
             rings=None if self.rings is None else str(self.rings.path),
-            engine=None if self.ring_doors is None else self.ring_doors.engine.kind,
-            engine_threads=None if self.ring_doors is None else self.ring_doors.engine.threads,
+            engine=None if engine is None else engine.kind,
+            engine_threads=None if engine is None else engine.threads,
             instance_id=self.daemon.instance_id,
             pipelines=len(catalog.pipelines),
             kernels_made=made,
             pid=os.getpid(),
-            tls=credentials is not None,
+            tls=tls,
             mutual_tls=config.tls_client_ca is not None,
             tokens=None if tokens is None else len(tokens),
             unix_trusted=config.unix_trusted,
@@ -293,7 +364,7 @@ class Server:
 
     def _bind(self, address: str, credentials: grpc.ServerCredentials | None) -> str:
         if address.startswith("unix:"):
-            path = Path(address.removeprefix("unix:")).expanduser()
+            path = _socket_path(address)
             claim = SocketClaim(path)
             claim.take()
             self._claims.append(claim)
@@ -366,7 +437,7 @@ class Server:
         named = set(tokens.tenant_quotas)
         self._authenticator.replace_tokens(tokens)
         self.daemon.place_tenants(tokens.partitions, tokens.placements)
-        ended = self._admitting.revoke()
+        ended = self._admission.revoke()
         dropped = 0 if self.kserve is None else self.kserve.drop_tenants_but(named)
         log.info(
             "tokens file reloaded",
@@ -379,7 +450,7 @@ class Server:
     def _end_calls(self) -> None:
         """Answer every admitted call still running: the daemon is shutting down (once)."""
         if self._calls_ended is None:
-            self._calls_ended = self._admitting.in_flight.end_all(_SHUTTING_DOWN)
+            self._calls_ended = self._admission.in_flight.end_all(_SHUTTING_DOWN)
             if self._calls_ended:
                 log.info("calls ended at the deadline", calls=self._calls_ended)
 
@@ -420,7 +491,7 @@ class Server:
             self._grpc.stop(grace if faulted else grace + STOP_SLACK_SECONDS)
         )
         ending = loop.call_at(deadline, self._end_calls)
-        rest = self._admitting.in_flight.cancel_rest(self._grpc, deadline + ABANDON_SECONDS)
+        rest = self._admission.in_flight.cancel_rest(self._grpc, deadline + ABANDON_SECONDS)
         cancelling = asyncio.create_task(rest)
         http = self.kserve_http  # its requests in flight drain as the gRPC calls do
         http_stopping = asyncio.create_task(http.close()) if http is not None else None
@@ -465,7 +536,7 @@ class Server:
             await self.ring_doors.close()
         if self._health_grpc is not None:  # it said NOT_SERVING since the drain began
             await self._health_grpc.stop(0)
-        await asyncio.to_thread(self.servicer.segments.close_all)
+        await asyncio.to_thread(self._segments.close_all)
         if not abandon:
             await self.calls.blocking(self.daemon.close)
         elif busy:
@@ -483,6 +554,17 @@ class Server:
         self._stopped = True
         flush_left_out()
         log.info("accyd stopped", exit_code=self.exit_code)
+
+
+def _socket_path(address: str) -> Path:
+    """The path of a ``unix:`` listen address."""
+    return Path(address.removeprefix("unix:")).expanduser()
+
+
+def _first_unix_socket(addresses: Sequence[str]) -> Path | None:
+    """The first Unix socket listened on: the rings' and shared memory's handoff socket is
+    made beside it."""
+    return next((_socket_path(a) for a in addresses if a.startswith("unix:")), None)
 
 
 STOP_SLACK_SECONDS = 5.0

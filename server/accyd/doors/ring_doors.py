@@ -11,6 +11,7 @@ from pathlib import Path
 from accyd.core.interface import Core, LaunchTicket
 from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.grpc.ring_stream import RingStreams
+from accyd.doors.hostmem import Segments
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import RingCharges
 from accyd.doors.ring.observer import RingObserver
@@ -68,9 +69,11 @@ class RingDoors:
         # (which polls a while after each call) keep their CPUs.
         self.waits = WaitBudget(self.engine.threads + 2, enabled=wait_budget)
 
-    def open_door(self, socket_path: Path) -> RingDoor:
+    def open_door(self, socket_path: Path) -> tuple[RingDoor, Segments]:
         """The shared ring door beside ``socket_path`` (its mode: who may call may take a
-        ring); a detached client's rings close first, before its other extensions."""
+        ring), and the memory segments handed over its handoff socket, which its rings' COPY
+        records copy through; a detached client's rings close first, before its other
+        extensions (the server adds the segments next)."""
         door = self.door = RingDoor(
             self._daemon,
             socket_path,
@@ -80,8 +83,9 @@ class RingDoors:
             waits=self.waits,
         )
         door.charges = RingCharges(self._daemon)
+        segments = door.copier.copies = Segments(self._daemon, door.handoff)
         self._daemon.extend(door)
-        return door
+        return door, segments
 
     def start(self) -> None:
         """Start the door and the engine (after the extensions are in place)."""

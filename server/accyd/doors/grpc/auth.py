@@ -1,9 +1,8 @@
-"""Authentication and authorization of every call: bearer tokens, scopes, the caller's tenant.
+"""Who a call comes from and what it may do: bearer tokens, scopes, the caller's tenant.
 
-``Admitting`` wraps each method handler of the launch service once, as it is
-registered, so each call is checked inside the task that runs it, before its
-handler starts (a server interceptor would do the same at a cost on every call
-of every service, the open ones too):
+``Authenticator.check`` is the rule; ``accyd.doors.grpc.admission`` applies it to
+every call before its handler starts (the server's interceptor, and the KServe
+HTTP door's routes):
 
 - The token comes from ``authorization: Bearer <token>`` metadata. Without a
   tokens file every caller is the default principal (the default tenant, its
@@ -20,31 +19,20 @@ of every service, the open ones too):
 - The health and reflection services need no token, so that container
   orchestrators and tools such as grpcurl can reach them.
 
-The handler finds the principal with ``current_principal()``.
+The handler finds the principal with ``current_principal()``
+(``accyd.doors.grpc.admission``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
 import dataclasses
-import functools
-import inspect
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
-
-import grpc
-import structlog
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from accy.protocol import AUTHORIZATION_METADATA as AUTHORIZATION_HEADER
-from accyd.core.ids import new_request_id
 from accyd.core.tenants import Quotas
-from accyd.doors.grpc.calls import CLIENT_ID_HEADER, Context, log_failure, remember_metadata
-from accyd.doors.grpc.in_flight import Admitted, InFlight
-from accyd.doors.grpc.status import to_status
-from accyd.errors import AccyError, NotFound, PermissionDenied, Unauthenticated
-from accyd.logs import Fields, bind_lazily
+from accyd.doors.grpc.calls import CLIENT_ID_HEADER
+from accyd.errors import NotFound, Unauthenticated
 from accyd.tokens import Principal, TokenTable
 
 __all__ = [
@@ -53,9 +41,7 @@ __all__ = [
     "LAUNCH_SCOPE",
     "OPEN_SERVICES",
     "STATUS_SCOPE",
-    "Admitting",
     "Authenticator",
-    "current_principal",
     "default_principal",
     "scopes_of",
 ]
@@ -85,18 +71,6 @@ _METHOD_SCOPES: dict[str, tuple[str, ...]] = {
 def scopes_of(method: str) -> tuple[str, ...]:
     """The scopes that admit a call of ``method`` (``/package.Service/Name`` or ``Name``)."""
     return _METHOD_SCOPES.get(method.rsplit("/", 1)[-1], (LAUNCH_SCOPE,))
-
-
-_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
-    "accy_principal", default=None
-)
-
-log = structlog.get_logger("accyd.doors.grpc")
-
-
-def current_principal() -> Principal | None:
-    """Who the call in progress comes from; ``None`` outside a checked call."""
-    return _principal.get()
 
 
 def default_principal(tenant: str, quotas: Quotas) -> Principal:
@@ -175,185 +149,3 @@ def _bearer(metadata: Sequence[tuple[str, Any]]) -> str | None:
                 raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
             return token.strip()
     return None
-
-
-_Behavior = Callable[..., Any]
-_Req = TypeVar("_Req")
-_Resp = TypeVar("_Resp")
-_Handler = grpc.RpcMethodHandler
-
-
-class _Admission:
-    """Checks a call's credentials and scopes before its handler runs (``Admitting`` wraps
-    each handler of the services it registers with it)."""
-
-    def __init__(self, authenticator: Authenticator) -> None:
-        self.authenticator = authenticator
-        self._tenants: dict[str, Fields] = {}
-
-    def admitter(self, method: str) -> Callable[[Context], Awaitable[None]]:
-        """What admits a call of ``method`` (``/package.Service/Name``): its scopes found once."""
-        return functools.partial(self._admit, method, scopes_of(method))
-
-    def refusal(self, call: Admitted) -> AccyError | None:
-        """Why the tokens now in force no longer admit ``call`` (in flight) as they did."""
-        context = call.context
-        try:
-            metadata = tuple(context.invocation_metadata() or ())
-            now = self.authenticator.check(metadata, context.peer, *call.scopes)
-        except AccyError as error:
-            kind = Unauthenticated if isinstance(error, Unauthenticated) else PermissionDenied
-            why = f"the daemon's tokens were reloaded and do not admit this call: {error.message}"
-            return kind(why)
-        if call.principal is not None and now.tenant != call.principal.tenant:
-            return PermissionDenied(
-                f"the daemon's tokens were reloaded: this call's token is tenant {now.tenant!r}'s "
-                f"now, not {call.principal.tenant!r}'s"
-            )
-        return None
-
-    async def _admit(self, method: str, scopes: tuple[str, ...], context: Context) -> None:
-        metadata = tuple(context.invocation_metadata() or ())
-        try:
-            principal = self.authenticator.check(metadata, context.peer, *scopes)
-        except AccyError as error:
-            request_id = new_request_id()
-            log_failure("call", error, rpc=method, request_id=request_id)
-            status = to_status(error, request_id)
-            await context.abort(status.code, status.details, status.trailing_metadata)
-        # Each call runs in a task of its own: what is set here ends with the call.
-        _principal.set(principal)
-        remember_metadata(context, metadata)
-        tenant = self._tenants.get(principal.tenant)
-        if tenant is None:  # one per tenant the tokens name: a handful
-            tenant = self._tenants[principal.tenant] = Fields({"tenant": principal.tenant})
-        bind_lazily(tenant)
-
-
-UNDRAINED = frozenset({"Attach"})
-"""Calls a stop ends by itself (``close_attach_streams``), not through ``InFlight.end_all``."""
-
-
-class Admitting:
-    """Registers a service's handlers on ``server``, each wrapped to admit its calls first.
-
-    It stands in for the server in a generated ``add_*Servicer_to_server`` call.
-    Services registered on the server directly (health, reflection) stay open.
-    Every call it admits is in ``in_flight`` while it runs; ``revoke`` ends those that
-    new tokens no longer admit.
-    """
-
-    def __init__(self, server: grpc.aio.Server, authenticator: Authenticator) -> None:
-        self._server = server
-        self._interceptor = _Admission(authenticator)
-        self.in_flight = InFlight()
-
-    def revoke(self) -> int:
-        """After the tokens were replaced: end each call in flight (streams included) that
-        they no longer admit as they did, saying why; how many."""
-        return self.in_flight.end_where(self._interceptor.refusal)
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        """Ignored: the same handlers come again, by name, to the call below."""
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, _Handler[Any, Any]]
-    ) -> None:
-        interceptor = self._interceptor
-        wrapped = {
-            name: _wrap(
-                handler,
-                interceptor.admitter(f"/{service}/{name}"),
-                functools.partial(
-                    self.in_flight.enter,
-                    scopes=scopes_of(name),
-                    drained=name not in UNDRAINED,
-                ),
-                self.in_flight,
-            )
-            for name, handler in handlers.items()
-        }
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, wrapped),)
-        )
-        self._server.add_registered_method_handlers(service, wrapped)
-
-    def admitted(self, service: str, name: str, behavior: _Behavior) -> _Behavior:
-        """``behavior`` (a handler taking request and context) admitted as this service's
-        method ``name`` is, and counted in ``in_flight``: for a door whose calls reach a
-        registered service's handlers through a context of its own (the KServe HTTP door)."""
-        admit = self._interceptor.admitter(f"/{service}/{name}")
-        enter = functools.partial(
-            self.in_flight.enter, scopes=scopes_of(name), drained=name not in UNDRAINED
-        )
-        return _admitted(behavior, admit, enter, self.in_flight)
-
-
-_Enter = Callable[..., asyncio.Task[Any]]
-"""``InFlight.enter`` with the method's scopes and drain given: (context, principal)."""
-
-
-def _wrap(
-    handler: _Handler[_Req, _Resp],
-    admit: Callable[[Context], Awaitable[None]],
-    enter: _Enter,
-    in_flight: InFlight,
-) -> _Handler[_Req, _Resp]:
-    """The same handler, with ``admit`` awaited before its behavior."""
-    kinds = (
-        ("unary_unary", grpc.unary_unary_rpc_method_handler),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler),
-    )
-    for name, make in kinds:
-        inner: _Behavior | None = getattr(handler, name)
-        if inner is not None:
-            return make(
-                _admitted(inner, admit, enter, in_flight),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    return handler
-
-
-def _admitted(
-    inner: _Behavior,
-    admit: Callable[[Context], Awaitable[None]],
-    enter: _Enter,
-    in_flight: InFlight,
-) -> _Behavior:
-    """A coroutine behavior that admits the call, then runs ``inner`` (in ``in_flight``).
-
-    A streaming ``inner`` is driven here and its items written with
-    ``context.write``, so it is always closed in the call's own task (its
-    ``finally`` blocks, such as the detach at the end of Attach, run at once and
-    in the call's context), never later by the garbage collector.
-    """
-    if inspect.isasyncgenfunction(inner):
-
-        async def streaming(request: Any, context: Context) -> None:
-            await admit(context)
-            task = enter(context, principal=_principal.get())
-            try:
-                async with contextlib.aclosing(inner(request, context)) as items:
-                    async for item in items:
-                        await context.write(item)
-            except asyncio.CancelledError:
-                await in_flight.ended(context, task)
-            finally:
-                in_flight.leave(task)
-
-        return streaming
-
-    async def unary(request: Any, context: Context) -> Any:
-        await admit(context)
-        task = enter(context, principal=_principal.get())  # inline: a few µs a call less
-        try:
-            return await inner(request, context)
-        except asyncio.CancelledError:
-            await in_flight.ended(context, task)
-        finally:
-            in_flight.leave(task)
-
-    return unary

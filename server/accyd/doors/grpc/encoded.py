@@ -46,8 +46,7 @@ class EncodedAnswers:
     """Stands in for the server in a generated ``add_*Servicer_to_server`` call.
 
     The named methods' answers may be ``bytes`` already encoded, sent as they
-    are; messages are encoded as usual. Everything is passed on to ``server``
-    (a ``grpc.aio.Server``, or an ``Admitting`` that stands in for one).
+    are; messages are encoded as usual. Everything is passed on to ``server``.
     """
 
     def __init__(self, server: Any, methods: Sequence[str]) -> None:

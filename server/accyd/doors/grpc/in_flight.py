@@ -1,6 +1,6 @@
 """The admitted calls running now, so a stop or a tokens reload can end them, saying why.
 
-Each call admitted (``accyd.doors.grpc.auth.Admitting``) is here while it runs,
+Each call admitted (``accyd.doors.grpc.admission``) is here while it runs,
 with what admitted it: its context, the scopes its method needs and its
 principal. Ending one cancels its task; its wrapper then answers the caller with
 the error given (``ended``) instead of a bare cancellation. ``end_all`` ends every

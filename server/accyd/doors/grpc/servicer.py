@@ -23,7 +23,8 @@ from accyd.core.clients import Client
 from accyd.core.interface import Core
 from accyd.core.tenants import Quotas
 from accyd.doors.grpc import convert
-from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
+from accyd.doors.grpc.admission import current_principal
+from accyd.doors.grpc.auth import ADMIN_SCOPE, default_principal
 from accyd.doors.grpc.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, text_field, unary
 from accyd.doors.grpc.encoded import EncodedAnswers, encode_read_chunk
 from accyd.doors.grpc.ending import StreamEnds, until_ended
@@ -74,6 +75,7 @@ class LaunchServicer:
         daemon: Core,
         calls: CallTracker,
         *,
+        segments: Segments,
         tenant: str,
         heartbeat_seconds: float,
         read_chunk_bytes: int,
@@ -82,12 +84,16 @@ class LaunchServicer:
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
+        rings: RingDoor | None = None,
         ring_streams: RingStreams | None = None,
         ring_counts: RingLaunchCounts | None = None,
     ) -> None:
+        """``segments``: the shared memory it offers (none without a Unix socket); ``rings``:
+        the same-host ring door, beside the Unix socket; ``ring_streams``: the rings over a
+        stream (neither with ``--no-rings``)."""
         self.daemon = daemon
-        self.rings: RingDoor | None = None  # the same-host ring door (set with its socket)
-        self.segments = Segments(daemon, None)  # replaced by the server's, beside the door
+        self.rings = rings
+        self.segments = segments
         self.calls = calls
         self.metrics = metrics or Metrics()  # Launch and WaitLaunch report to observe_launch
         self._default_principal = default_principal(tenant, quotas or Quotas())
@@ -105,8 +111,8 @@ class LaunchServicer:
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         self._ring_streams = ring_streams
 
-    def register(self, server: grpc.aio.Server | Admitting) -> None:
-        """Add the service's handlers to ``server`` (an ``Admitting`` checks callers first)."""
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the service's handlers to ``server`` (its interceptor admits their callers first)."""
         encoded = EncodedAnswers(server, ["ReadBuffer"])
         launch_pb2_grpc.add_LaunchServiceServicer_to_server(self, encoded)  # type: ignore[no-untyped-call, unused-ignore]
 

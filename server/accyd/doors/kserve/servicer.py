@@ -23,7 +23,8 @@ import structlog
 import accyd
 from accyd.catalog.model import ArtifactFormat, Pipeline
 from accyd.core.interface import Core
-from accyd.doors.grpc.auth import ADMIN_SCOPE, Admitting, current_principal, default_principal
+from accyd.doors.grpc.admission import current_principal
+from accyd.doors.grpc.auth import ADMIN_SCOPE, default_principal
 from accyd.doors.grpc.calls import Call, CallTracker, streaming, text_field, unary
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.held import HeldBytes, request_bytes
@@ -129,8 +130,8 @@ class KServeServicer:
             daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
         )
 
-    def register(self, server: grpc.aio.Server | Admitting) -> None:
-        """Add the handlers to ``server`` (an ``Admitting`` checks callers first)."""
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the handlers to ``server`` (its interceptor admits their callers first)."""
         add = open_inference_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         add(self, server)  # type: ignore[no-untyped-call, unused-ignore]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from accyd.doors.grpc.auth import Admitting
+from accyd.doors.grpc.admission import Admission
 from accyd.doors.kserve.servicer import KServeServicer
 from accyd.doors.kserve_http.refusals import error_response, refusal_of
 from accyd.doors.kserve_http.routes import Routes
@@ -74,14 +74,14 @@ class KServeHttpDoor:
     def __init__(
         self,
         servicer: KServeServicer,
-        admitting: Admitting,
+        admission: Admission,
         *,
         max_body_bytes: int,
         shutdown_seconds: float = 10.0,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[_json_errors])
-        Routes(servicer, admitting, max_body_bytes=max_body_bytes).add_to(self.app)
+        Routes(servicer, admission, max_body_bytes=max_body_bytes).add_to(self.app)
         self._runner = web.AppRunner(
             self.app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_seconds
         )
@@ -137,12 +137,12 @@ class KServeHttpDoor:
 
 
 async def serve_http(
-    servicer: KServeServicer, admitting: Admitting, config: Config
+    servicer: KServeServicer, admission: Admission, config: Config
 ) -> KServeHttpDoor:
     """The door as ``accyd serve`` runs it, listening where its flags say."""
     door = KServeHttpDoor(
         servicer,
-        admitting,
+        admission,
         max_body_bytes=config.max_message_bytes,
         shutdown_seconds=config.grace_seconds,
     )

@@ -2,7 +2,7 @@
 
 Every route builds the protocol request its RPC takes, runs the gRPC door's
 handler (``KServeServicer``) through the daemon's admission as that RPC
-(tokens, scopes, tenants: ``Admitting.admitted``) with the HTTP request as its
+(tokens, scopes, tenants: ``Admission.admitted``) with the HTTP request as its
 context (``context.py``), and writes the answer as Triton's HTTP server does.
 A refusal leaves as ``Refused`` or a domain error, which ``door.py`` answers
 through ``refusals.py``. A body is read only after the caller is admitted, and
@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from accyd.doors.grpc.auth import Admitting
+from accyd.doors.grpc.admission import Admission
 from accyd.doors.grpc.calls import Context
 from accyd.doors.kserve.infer import INLINE_BYTES
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
@@ -53,14 +53,14 @@ def _model(request: web.Request) -> tuple[str, str]:
 
 
 class Routes:
-    """The door's routes over one ``KServeServicer``, admitted by ``admitting``."""
+    """The door's routes over one ``KServeServicer``, admitted by ``admission``."""
 
     def __init__(
-        self, servicer: KServeServicer, admitting: Admitting, *, max_body_bytes: int
+        self, servicer: KServeServicer, admission: Admission, *, max_body_bytes: int
     ) -> None:
         self.servicer = servicer
         self.max_body_bytes = max_body_bytes
-        self._admitting = admitting
+        self._admission = admission
 
     def add_to(self, app: web.Application) -> None:
         routes = app.router
@@ -95,7 +95,7 @@ class Routes:
         self, method: str, work: _Work
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """The route's handler: ``work`` admitted as the gRPC call ``method``."""
-        admitted = self._admitting.admitted(SERVICE_NAME, method, work)
+        admitted = self._admission.admitted(SERVICE_NAME, method, work)
 
         async def handler(request: web.Request) -> web.StreamResponse:
             request["accy_method"] = method  # what the handler of ``work`` calls
