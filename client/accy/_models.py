@@ -19,6 +19,7 @@ __all__ = [
     "Attachment",
     "BufferSpec",
     "DeviceStatus",
+    "PartitionStatus",
     "PipelineInfo",
     "Reattachment",
     "ScalarSpec",
@@ -233,6 +234,20 @@ class TenantQuotas:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    """One SM partition of a device: its SMs, the tenants placed in it, their sessions there."""
+
+    name: str
+    sms: int
+    sessions: int
+    tenants: tuple[str, ...]
+
+    @classmethod
+    def from_proto(cls, partition: launch_pb2.PartitionStatus) -> PartitionStatus:
+        return cls(partition.name, partition.sms, partition.sessions, tuple(partition.tenants))
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceStatus:
     """One device of the daemon: what clients hold there, and its replacements after faults."""
 
@@ -249,10 +264,16 @@ class DeviceStatus:
     """Sticky faults on this device that its worker process was replaced after."""
     isolated: bool
     """Whether it runs in a process of its own (a fault there spares the other devices)."""
+    partitions: tuple[PartitionStatus, ...] = ()
+    """Its SM partitions (the tokens file's ``[partitions]``), with their use."""
+    unconfined: str = ""
+    """Why it made none of the partitions asked for (``""``: made, or none asked)."""
 
     @classmethod
     def from_proto(cls, device: launch_pb2.DeviceStatus) -> DeviceStatus:
-        return cls(**{f.name: getattr(device, f.name) for f in dataclasses.fields(cls)})
+        values = {f.name: getattr(device, f.name) for f in dataclasses.fields(cls)}
+        values["partitions"] = tuple(PartitionStatus.from_proto(p) for p in device.partitions)
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +288,10 @@ class TenantStatus:
     launches_in_flight: int
     quotas: TenantQuotas
     quota_refusals: Mapping[str, int]
+    partition: str = ""
+    """Its SM partition, ``unconfined: <why>`` where a device did not make it, or ``""``."""
+    priority: int = 0
+    """Its session streams' priority (0 to 5: higher runs first)."""
 
     @classmethod
     def from_proto(cls, tenant: launch_pb2.TenantStatus) -> TenantStatus:
@@ -279,6 +304,8 @@ class TenantStatus:
             launches_in_flight=tenant.launches_in_flight,
             quotas=TenantQuotas.from_proto(tenant.quotas),
             quota_refusals=dict(tenant.quota_refusals),
+            partition=tenant.partition,
+            priority=tenant.priority,
         )
 
 

@@ -142,6 +142,16 @@ def _value_text(name: str, value: Any) -> str:
     """One status value for people: sizes also in binary units, unset as ``-``."""
     if value is None:
         return "-"
+    if isinstance(value, list):  # (a device's partitions): one item after another
+        return (
+            "; ".join(
+                " ".join(f"{k}={v}" for k, v in item.items())
+                if isinstance(item, dict)
+                else str(item)
+                for item in value
+            )
+            or "-"
+        )
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if "memory" in name or name.endswith("bytes"):

@@ -34,10 +34,22 @@ def test_partitions_the_host_cannot_make_are_said_once_and_the_tenant_runs(
             y = client.buffer(np.zeros(256, np.float32))
             session.launch(operands=[x, y], results=[y], n=256, a=2.0, wait=True)
             assert float(y.read()[0]) == 2.0
+            status = client.status()
+        shown = subprocess.run(
+            [sys.executable, "-m", "accy.cli", "--target", daemon.unix_target, "--token", token,
+             "status"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
             metrics = page.read().decode()
         log = daemon.log.read_text(errors="replace")
     assert 'accy_device_partitions_unconfined{device="0"} 1.0' in metrics
+    (tenant,) = status.tenants  # GetStatus says where the tenant runs, and why
+    assert tenant.partition.startswith("unconfined: ") and tenant.priority == 2, tenant
+    (device,) = status.devices
+    assert "the host backend runs kernels on CPU threads" in device.unconfined, device
+    assert device.partitions == ()
+    assert tenant.partition in shown.stdout and device.unconfined in shown.stdout, shown
     lines = [line for line in log.splitlines() if "SM partitions" in line]
     assert len(lines) == 1, lines
     assert "not made on device 0: the host backend runs kernels on CPU threads" in lines[0]

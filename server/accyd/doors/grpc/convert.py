@@ -147,6 +147,13 @@ def status_to_proto(status: DaemonStatus) -> pb.GetStatusResponse:
                 launches_in_flight=d.launches_in_flight,
                 replacements=d.replacements,
                 isolated=d.isolated,
+                partitions=[
+                    pb.PartitionStatus(
+                        name=p.name, sms=p.sms, sessions=p.sessions, tenants=p.tenants
+                    )
+                    for p in d.partitions
+                ],
+                unconfined=d.unconfined,
             )
             for d in status.devices
         ],
@@ -169,4 +176,6 @@ def _tenant_to_proto(tenant: TenantStatus) -> pb.TenantStatus:
             launches_in_flight=quotas.launches_in_flight,
         ),
         quota_refusals=tenant.quota_refusals,
+        partition=tenant.partition,
+        priority=tenant.priority,
     )

@@ -590,7 +590,7 @@ class GetStatusResponse(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ..., backend: _Optional[str] = ..., device_name: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_seconds: _Optional[float] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., device_memory_in_use: _Optional[int] = ..., launches_total: _Optional[int] = ..., launches_failed: _Optional[int] = ..., my_sessions: _Optional[int] = ..., my_buffers: _Optional[int] = ..., my_memory_in_use: _Optional[int] = ..., tenant: _Optional[str] = ..., tenants: _Optional[_Iterable[_Union[TenantStatus, _Mapping]]] = ..., quota_refusals: _Optional[int] = ..., restarts: _Optional[int] = ..., device_faults: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ...) -> None: ...
 
 class DeviceStatus(_message.Message):
-    __slots__ = ("index", "name", "backend", "serving", "clients", "sessions", "buffers", "memory_in_use", "launches_in_flight", "replacements", "isolated")
+    __slots__ = ("index", "name", "backend", "serving", "clients", "sessions", "buffers", "memory_in_use", "launches_in_flight", "replacements", "isolated", "partitions", "unconfined")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -602,6 +602,8 @@ class DeviceStatus(_message.Message):
     LAUNCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REPLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     ISOLATED_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    UNCONFINED_FIELD_NUMBER: _ClassVar[int]
     index: int
     name: str
     backend: str
@@ -613,10 +615,24 @@ class DeviceStatus(_message.Message):
     launches_in_flight: int
     replacements: int
     isolated: bool
-    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., backend: _Optional[str] = ..., serving: _Optional[bool] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., memory_in_use: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., replacements: _Optional[int] = ..., isolated: _Optional[bool] = ...) -> None: ...
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    unconfined: str
+    def __init__(self, index: _Optional[int] = ..., name: _Optional[str] = ..., backend: _Optional[str] = ..., serving: _Optional[bool] = ..., clients: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., memory_in_use: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., replacements: _Optional[int] = ..., isolated: _Optional[bool] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., unconfined: _Optional[str] = ...) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("name", "sms", "sessions", "tenants")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SMS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sms: int
+    sessions: int
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., sms: _Optional[int] = ..., sessions: _Optional[int] = ..., tenants: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TenantStatus(_message.Message):
-    __slots__ = ("name", "clients", "memory_bytes", "sessions", "buffers", "launches_in_flight", "quotas", "quota_refusals")
+    __slots__ = ("name", "clients", "memory_bytes", "sessions", "buffers", "launches_in_flight", "quotas", "quota_refusals", "partition", "priority")
     class QuotaRefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -632,6 +648,8 @@ class TenantStatus(_message.Message):
     LAUNCHES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUOTAS_FIELD_NUMBER: _ClassVar[int]
     QUOTA_REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     clients: int
     memory_bytes: int
@@ -640,7 +658,9 @@ class TenantStatus(_message.Message):
     launches_in_flight: int
     quotas: TenantQuotas
     quota_refusals: _containers.ScalarMap[str, int]
-    def __init__(self, name: _Optional[str] = ..., clients: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ..., quota_refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    partition: str
+    priority: int
+    def __init__(self, name: _Optional[str] = ..., clients: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., buffers: _Optional[int] = ..., launches_in_flight: _Optional[int] = ..., quotas: _Optional[_Union[TenantQuotas, _Mapping]] = ..., quota_refusals: _Optional[_Mapping[str, int]] = ..., partition: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class TenantQuotas(_message.Message):
     __slots__ = ("memory_bytes", "sessions", "buffers", "launches_in_flight")
