@@ -326,10 +326,10 @@ done
 podman logs "$kube_client" 2>&1 | sed 's/^/   client | /'
 expect "client pod: the manifest's checked scan loop still running" \
   "$(inspect "$kube_client" '{{.State.Status}} restarts={{.RestartCount}}')" "running restarts=0"
-expect "client pod: user, group and supplemental groups (none but 10001)" \
+expect "client pod: user, group, and groups (its own and the socket's 10001)" \
   "$(awk '/^(Uid|Gid):/ {printf "%s %s ", $1, $2} /^Groups:/ {$1 = $1; print}' \
     "/proc/$(inspect "$kube_client" '{{.State.Pid}}')/status")" \
-  "Uid: 10002 Gid: 10002 Groups: 10001"
+  "Uid: 10002 Gid: 10002 Groups: 10001 10002"
 for yaml in "${kube_played[@]}"; do
   quiet podman kube down "$yaml" >"$log/kube-down.log" 2>&1 ||
     { cat "$log/kube-down.log"; fail "podman kube down $yaml"; }
