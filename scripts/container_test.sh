@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build the image and run docker-compose.yml with podman on a local Debian base: the daemon as
 # its non-root user with its health check passing, clients of other users through the socket's
-# group, the restart policy after the daemon's process is killed, and a clean stop.
+# group, the restart policy after the daemon's process is killed, and a clean stop. Then plays
+# deploy/k8s's DaemonSet and client Deployment as pods with `podman kube play` (host backend,
+# scripts/kube_pod.py): the init container, the gRPC probes, TLS with a token, and the client
+# pod's checked scan through the socket folder.
 #
-# Installs what it needs (podman, runc, debootstrap from apt; podman-compose from PyPI). Keeps
-# the base image, the build's layers and the tools between runs, so a second run only rebuilds
-# what changed. Where containers cannot run, it says so loudly and exits 0, unless
+# Installs what it needs (podman, runc, debootstrap, catatonit from apt; podman-compose from
+# PyPI). Keeps the base image, the build's layers and the tools between runs, so a second run
+# only rebuilds what changed. Where containers cannot run, it says so loudly and exits 0, unless
 # ACCY_REQUIRE_CONTAINERS=1. Settings: ACCY_CONTAINER_CACHE (tools and podman settings),
 # ACCY_BASE_IMAGE, ACCY_DEBIAN_SUITE, ACCY_DEBIAN_MIRROR.
 set -euo pipefail
@@ -24,6 +27,7 @@ ca=/etc/ssl/certs/ca-certificates.crt
 podman_compose_version=1.6.0
 stand_in=/var/run/cdi/accy-ci-gpu-stand-in.yaml
 log=$(mktemp -d)
+kube_played=()
 started=$SECONDS
 
 say() { echo "== container test: $*"; }
@@ -53,6 +57,9 @@ cleanup() {
   if [[ -x $cache/venv/bin/podman-compose ]] && command -v podman >/dev/null; then
     compose down --volumes >"$log/down.log" 2>&1 || true
   fi
+  for yaml in "${kube_played[@]}"; do
+    podman kube down "$yaml" >/dev/null 2>&1 || true
+  done
   if [[ -f $stand_in && $(head -1 "$stand_in") == "# accy container test" ]]; then
     rm -f "$stand_in"
   fi
@@ -64,15 +71,15 @@ if [[ $(id -u) != 0 ]]; then
   skip "needs root (podman as root with runc; base images made with debootstrap)"
 fi
 missing=()
-for tool in podman runc debootstrap; do
+for tool in podman runc debootstrap catatonit; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 if ((${#missing[@]})); then
   say "installing ${missing[*]} from apt"
   if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends podman runc debootstrap; } >"$log/apt.log" 2>&1; then
+    apt-get install -y -qq --no-install-recommends podman runc debootstrap catatonit; } >"$log/apt.log" 2>&1; then
     tail -5 "$log/apt.log"
-    skip "could not install podman, runc and debootstrap with apt-get"
+    skip "could not install podman, runc, debootstrap and catatonit with apt-get"
   fi
 fi
 trap cleanup EXIT
@@ -246,5 +253,88 @@ until podman logs "$daemon" 2>&1 | grep -q 'accyd stopped'; do
   sleep 0.5
 done
 say "ok: the daemon drained and stopped"
+
+# --- the Kubernetes manifests, played with podman -----------------------------------------
+# deploy/k8s's DaemonSet and client Deployment, their pod templates as written but for what
+# scripts/kube_pod.py changes (the image, no GPU, host paths and Secrets under $kube), played
+# with `podman kube play` as pods on the network it makes. podman runs no gRPC probe (it
+# ignores them, and readiness and startup probes altogether): the test runs each one as the
+# kubelet would, a grpc.health.v1 Check of the whole server at the pod's address and the
+# probe's port, from outside the pod (a container on the same network).
+kube=$log/kube
+mkdir -p "$kube/node" "$kube/secrets/accyd-tls" "$kube/secrets/accyd-tokens"
+kube_play() { # MANIFEST NAME: writes $kube/NAME.yaml and $kube/NAME.probes, plays the pod
+  "$cache/venv/bin/python" scripts/kube_pod.py "deploy/k8s/$1" --image "$image" \
+    --host-root "$kube/node" --secrets "$kube/secrets" --out "$kube/$2.yaml" >"$kube/$2.probes" ||
+    fail "scripts/kube_pod.py deploy/k8s/$1"
+  quiet podman kube play "$kube/$2.yaml" >"$log/play-$2.log" 2>&1 ||
+    { cat "$log/play-$2.log"; fail "podman kube play deploy/k8s/$1"; }
+  kube_played+=("$kube/$2.yaml")
+}
+pod_network() { # POD: "NETWORK ADDRESS" of the pod on the network kube play made
+  inspect "$(podman pod inspect --format '{{.InfraContainerID}}' "$1")" \
+    '{{range $name, $net := .NetworkSettings.Networks}}{{$name}} {{$net.IPAddress}}{{end}}'
+}
+outside() { quiet podman run --rm --network "$network" "$@" </dev/null; } # beside the pods
+# The Secrets the DaemonSet mounts (0440, group 10001 as fsGroup makes them): a self-signed
+# certificate for the TLS listener and a tokens file with one token.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 90 -subj /CN=accyd \
+  -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$kube/secrets/accyd-tls/tls.key" \
+  -out "$kube/secrets/accyd-tls/tls.crt" >"$log/openssl.log" 2>&1 ||
+  { cat "$log/openssl.log"; fail "openssl: the TLS Secret"; }
+token=accy_ci$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '[[token]]\ntenant = "ci"\nsha256 = "%s"\nscopes = ["launch"]\n' \
+  "$(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$kube/secrets/accyd-tokens/tokens.toml"
+chgrp -R 10001 "$kube/secrets" && chmod 0440 "$kube"/secrets/*/* && chmod 0750 "$kube"/secrets/*
+
+kube_played=()
+kube_play daemonset.yaml accyd
+kube_daemon=accyd-accyd
+read -r network address < <(pod_network accyd)
+expect "daemon pod: the init container gave the node's /run/accy to accyd" \
+  "$(stat -c '%u:%g %a' "$kube/node/run/accy")" "10001:10001 750"
+while read -r kind container port period tries; do
+  t0=$SECONDS
+  for ((try = 1; ; try++)); do
+    outside "$image" accy --target "$address:$port" health --timeout 5 >/dev/null 2>&1 && break
+    if ((try >= tries)); then
+      podman logs --tail 20 "$kube_daemon" 2>&1 | sed 's/^/   accyd | /'
+      fail "$kind of $container (gRPC, port $port) failed $tries times"
+    fi
+    sleep "$period"
+  done
+  say "ok: $kind of $container: gRPC health at $address:$port SERVING (try $try, $((SECONDS - t0)) s)"
+done <"$kube/accyd.probes"
+pid=$(inspect "$kube_daemon" '{{.State.Pid}}')
+expect "daemon pod: process user and group" \
+  "$(ps -o uid=,gid= -p "$pid" | tr -s ' ' | sed 's/^ //')" "10001 10001"
+outside -v "$kube/secrets/accyd-tls:/tls:ro" "$image" accy --target "$address:7447" \
+  --tls-ca /tls/tls.crt --tls-server-name localhost --token "$token" status >"$log/tls.log" 2>&1 ||
+  { cat "$log/tls.log"; fail "daemon pod: a remote client over TLS with a token"; }
+say "ok: daemon pod: a remote client's accy status at $address:7447, TLS (the Secret) and a token"
+
+kube_play client-deployment.yaml client
+kube_client=accy-example-client-client
+deadline=$((SECONDS + 120))
+until podman logs "$kube_client" 2>&1 | grep -Eq '^check [^ ]+ +ok '; do
+  if ((SECONDS > deadline)) || [[ $(inspect "$kube_client" '{{.State.Status}}') != running ]]; then
+    podman logs "$kube_client" 2>&1 | tail -20 | sed 's/^/   client | /'
+    fail "client pod: no checked scan through the socket volume"
+  fi
+  sleep 1
+done
+podman logs "$kube_client" 2>&1 | sed 's/^/   client | /'
+expect "client pod: the manifest's checked scan loop still running" \
+  "$(inspect "$kube_client" '{{.State.Status}} restarts={{.RestartCount}}')" "running restarts=0"
+expect "client pod: user, group, and groups (its own and the socket's 10001)" \
+  "$(awk '/^(Uid|Gid):/ {printf "%s %s ", $1, $2} /^Groups:/ {$1 = $1; print}' \
+    "/proc/$(inspect "$kube_client" '{{.State.Pid}}')/status")" \
+  "Uid: 10002 Gid: 10002 Groups: 10001 10002"
+for yaml in "${kube_played[@]}"; do
+  quiet podman kube down "$yaml" >"$log/kube-down.log" 2>&1 ||
+    { cat "$log/kube-down.log"; fail "podman kube down $yaml"; }
+done
+kube_played=()
+say "ok: both pods down"
 
 banner "PASSED in $((SECONDS - started)) s: build ${build_s} s ($cached cached steps), image $((size / 1000000)) MB"
