@@ -119,3 +119,14 @@ def test_a_replacement_backend_is_split_before_it_serves() -> None:
     load_as(daemon, "a")
     assert spare.stream_places == [("batch", 2)]
     daemon.close()
+
+
+def test_a_session_may_lower_its_priority_below_its_tenants_never_raise_it() -> None:
+    """KServe's ``priority`` parameter: a request asks for less than its tenant's priority
+    (a session of its own), and no more than the tokens file gave the tenant."""
+    daemon, backend = gpu_daemon()
+    daemon.split_sms(SPECS, PLACES)
+    client = daemon.attach("a", tenant="a").id
+    at = [daemon.load_pipeline(client, TEST_PIPELINE.target, lowered=n) for n in (0, 1, 9, 1)]
+    assert backend.stream_places == [("batch", 2), ("batch", 1), ("batch", 0)]
+    assert at[1].session_id == at[3].session_id != at[0].session_id  # one session a level

@@ -285,3 +285,24 @@ def test_the_tcp_table_is_searched_not_parsed(tmp_path: Path) -> None:
     for _ in range(40):
         TcpTable([table]).owner(parse_peer("ipv4:127.0.0.1:8080"))
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize(("priority", "lowered"), [(0, 0), (1, 0), (2, 1), (4, 3), (99, 5)])
+def test_a_requests_priority_lowers_its_stream_below_its_tenants(
+    priority: int, lowered: int
+) -> None:
+    """Triton's ``priority`` (0 the default, 1 the highest, larger lower) as levels below the
+    tenant's stream priority: a request may lower its work, never raise it."""
+    scan = request("accy.kernel.device_scan", ("x", "FP32", [8], f32(8)))
+    scan.parameters["priority"].uint64_param = priority
+    assert check_request(model("accy.kernel.device_scan"), scan, LIMIT).lowered == lowered
+
+
+def test_a_priority_that_is_no_level_is_refused() -> None:
+    scan = request("accy.kernel.device_scan", ("x", "FP32", [8], f32(8)))
+    scan.parameters["priority"].int64_param = -1
+    with pytest.raises(InvalidRequest, match="priority is 0"):
+        check_request(model("accy.kernel.device_scan"), scan, LIMIT)
+    scan.parameters["priority"].string_param = "high"
+    with pytest.raises(InvalidRequest, match="priority"):
+        check_request(model("accy.kernel.device_scan"), scan, LIMIT)

@@ -266,15 +266,17 @@ class Daemon:
         version: int = 0,
         format: ArtifactFormat | None = None,
         device: int | None = None,
+        lowered: int = 0,
     ) -> LoadedSession:
         """*Blocking* (compiles): the client's session for this key, made if it has none.
 
         Each load counts: the session is freed by the release that matches the last
         one, so two parts of one client that load the same pipeline cannot free it
-        under each other. ``device`` ``None``: the client's home device.
+        under each other. ``device`` ``None``: the client's home device. ``lowered``:
+        its stream that many priority levels below its tenant's (a session of its own).
         """
         session, created = self._holdings.load(
-            self.catalog, client_id, target, version, format, device
+            self.catalog, client_id, target, version, format, device, lowered
         )
         if created:
             log.info(

@@ -77,14 +77,17 @@ class Holdings:
         version: int,
         format: ArtifactFormat | None,
         device: int | None,
+        lowered: int = 0,
     ) -> tuple[Session, bool]:
         if not target:
             raise InvalidRequest("target is empty", field="target")
+        if lowered < 0:
+            raise InvalidRequest("a priority is lowered by 0 levels or more", field="priority")
         pipeline = catalog.find_pipeline(target, version)
         device = self._t.place(client_id, device)
         backend = self._t.backend(device)
         fmt = pick_format(pipeline, catalog.formats_of(pipeline), backend, format)
-        key = SessionKey(pipeline.target, pipeline.version, fmt, device)
+        key = SessionKey(pipeline.target, pipeline.version, fmt, device, lowered)
         with self._t.lock:
             self._t.state.check_serving(device)
             client = self._t.clients.get(client_id)
@@ -96,7 +99,8 @@ class Holdings:
             with self._t.state.guard(backend=backend):
                 pool = load_pipeline_artifacts(backend, pipeline, catalog.registry, fmt)
                 held.undo(pool.close)
-                stream = self._t.partitions.create_stream(backend, device, client.tenant.name)
+                tenant = client.tenant.name
+                stream = self._t.partitions.create_stream(backend, device, tenant, lowered)
                 held.undo(lambda: backend.destroy_stream(stream))
             session = Session(
                 new_id(SESSION),

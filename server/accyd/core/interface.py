@@ -139,6 +139,7 @@ class Core(Protocol):
         version: int = 0,
         format: ArtifactFormat | None = None,
         device: int | None = None,
+        lowered: int = 0,
     ) -> LoadedSession: ...
 
     def session_scalars(self, client_id: str, session_id: str) -> tuple[ScalarSpec, ...]: ...

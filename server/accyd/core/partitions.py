@@ -97,12 +97,15 @@ class Partitions:
         with self._lock:
             return self._placements.get(tenant, _WHOLE)
 
-    def create_stream(self, backend: Backend, device: int, tenant: str) -> Stream:
-        """*Blocking*: a session's stream, in its tenant's partition where ``device`` has it."""
+    def create_stream(self, backend: Backend, device: int, tenant: str, lowered: int = 0) -> Stream:
+        """*Blocking*: a session's stream, in its tenant's partition where ``device`` has it,
+        at its tenant's priority ``lowered`` levels down (never below 0: a caller may lower
+        its work, never raise it past what the tokens file gave its tenant)."""
         place = self.placement(tenant)
-        if place.partition is not None and self.sms(device, place.partition) is None:
-            place = Placement(None, place.priority)
-        return backend.create_stream(place.partition, place.priority)
+        partition = place.partition
+        if partition is not None and self.sms(device, partition) is None:
+            partition = None
+        return backend.create_stream(partition, max(0, place.priority - lowered))
 
     def sms(self, device: int, partition: str) -> int | None:
         with self._lock:

@@ -62,6 +62,8 @@ class SessionKey:
     version: int
     format: ArtifactFormat
     device: int
+    lowered: int = 0
+    """Priority levels below its tenant's (a KServe request's ``priority``)."""
 
 
 @dataclass(frozen=True, slots=True)

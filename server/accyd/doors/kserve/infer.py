@@ -58,7 +58,7 @@ class Inference:
         models = owner.models
         self._check_regions(owner, checked)
         session = await models.session(
-            pipeline.target, pipeline.version, bool(pipeline.intermediates)
+            pipeline.target, pipeline.version, bool(pipeline.intermediates), checked.lowered
         )
         await models.scratch(session, checked.args, [s.name for s in pipeline.runtime_scalars])
         buffers = await models.take(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,16 +65,20 @@ class ModelSessions:
         self.daemon = daemon
         self.calls = calls
         self.client_id = client_id
-        self._sessions: dict[tuple[str, int], ModelSession] = {}
-        self._loading: dict[tuple[str, int], asyncio.Future[ModelSession]] = {}
+        self._sessions: dict[tuple[str, int, int], ModelSession] = {}
+        self._loading: dict[tuple[str, int, int], asyncio.Future[ModelSession]] = {}
         self._forgotten = False
 
     def loaded(self) -> list[tuple[str, int]]:
-        return list(self._sessions)
+        """(target, version) of each session loaded (once for all its priorities)."""
+        return list(dict.fromkeys(key[:2] for key in self._sessions))
 
-    async def session(self, target: str, version: int, needs_scratch: bool) -> ModelSession:
-        """The client's session for the model, loaded at the first request (compiles)."""
-        key = (target, version)
+    async def session(
+        self, target: str, version: int, needs_scratch: bool, lowered: int = 0
+    ) -> ModelSession:
+        """The client's session for the model at a priority ``lowered`` levels below its
+        tenant's (one per priority asked for), loaded at the first request (compiles)."""
+        key = (target, version, lowered)
         found = self._sessions.get(key)
         if found is not None:
             return found
@@ -84,7 +89,11 @@ class ModelSessions:
         self._loading[key] = future
         try:
             loaded = await self.calls.blocking_for(
-                self.client_id, self.daemon.load_pipeline, self.client_id, target, version
+                self.client_id,
+                functools.partial(self.daemon.load_pipeline, lowered=lowered),
+                self.client_id,
+                target,
+                version,
             )
             made = ModelSession(loaded.session_id, needs_scratch)
             self._sessions[key] = made
@@ -161,11 +170,11 @@ class ModelSessions:
         """Free a set whose request failed."""
         self._free(buffers)
 
-    def _key_of(self, session: ModelSession) -> tuple[str, int]:
+    def _key_of(self, session: ModelSession) -> tuple[str, int, int]:
         for key, found in self._sessions.items():
             if found is session:
                 return key
-        return ("", -1)
+        return ("", -1, 0)
 
     def _free(self, buffers: BufferSet) -> None:
         if self._forgotten:

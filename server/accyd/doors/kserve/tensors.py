@@ -109,6 +109,8 @@ class Checked:
     args: tuple[Scalar, ...]
     result_sizes: tuple[int, ...]
     """Every result's byte size (the pipeline writes them all, asked for or not)."""
+    lowered: int = 0
+    """Stream priority levels below its tenant's, from its ``priority`` parameter."""
 
     @property
     def uses_regions(self) -> bool:
@@ -195,7 +197,26 @@ def check_request(model: Model, request: pb.ModelInferRequest, max_message_bytes
             f"({max_message_bytes}); ask for them in shared memory",
             field="outputs",
         )
-    return Checked(model, ready, outputs, scalars, args, sizes)
+    return Checked(model, ready, outputs, scalars, args, sizes, _lowered(request.parameters))
+
+
+MAX_LOWERED = 5
+"""Stream priorities run 0 to 5: lowering further changes nothing."""
+
+
+def _lowered(parameters: Mapping[str, pb.InferParameter]) -> int:
+    """Triton's ``priority`` (0: the model's default; 1 the highest, larger lower) as levels
+    below the tenant's stream priority: 0 and 1 run at the tenant's, 2 one level below..."""
+    if "priority" not in parameters:
+        return 0
+    value = parameter_value(parameters["priority"], int, "parameters.priority")
+    assert isinstance(value, int)
+    if value < 0:
+        raise InvalidRequest(
+            f"priority is 0 (the default) or a level from 1 (highest) down, not {value}",
+            field="parameters.priority",
+        )
+    return min(max(value - 1, 0), MAX_LOWERED)
 
 
 def _inputs_by_operand(
@@ -318,11 +339,11 @@ def parameter_value(
     """A parameter's value, as the kind asked for where it converts without loss."""
     choice = parameter.WhichOneof("parameter_choice")
     if choice is None:
-        raise InvalidRequest("the parameter has no value", field=field)
+        raise InvalidRequest(f"{field} has no value", field=field)
     value: int | float | str | bool = getattr(parameter, choice)
     if kind is str:
         if not isinstance(value, str):
-            raise InvalidRequest("the parameter must be a string", field=field)
+            raise InvalidRequest(f"{field} must be a string", field=field)
         return value
     if isinstance(value, str):
         text = value
@@ -330,14 +351,12 @@ def parameter_value(
             value = int(text) if kind is int else float(text)
         except ValueError:
             wanted = "an integer" if kind is int else "a number"
-            raise InvalidRequest(
-                f"the parameter {clip(text)!r} is not {wanted}", field=field
-            ) from None
+            raise InvalidRequest(f"{field} is {clip(text)!r}, not {wanted}", field=field) from None
     if isinstance(value, bool):
         value = int(value)
     if kind is int and isinstance(value, float):
         if not value.is_integer():
-            raise InvalidRequest(f"the parameter {value!r} is not an integer", field=field)
+            raise InvalidRequest(f"{field} is {value!r}, not an integer", field=field)
         value = int(value)
     return value
 
