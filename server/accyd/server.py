@@ -20,7 +20,6 @@ import functools
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ from accyd.process.exits import EXIT_STOPPED_BUSY, Lineage
 from accyd.process.malloc import keep_freed_memory
 from accyd.process.socket_claim import SocketClaim, umask
 from accyd.process.steps import alive, on_loop, within
+from accyd.scheduling import DeviceWork
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
@@ -161,14 +161,13 @@ class Server:
         metrics.watch(self.daemon.status)
         metrics.restarts.set(self.lineage.restarts)
         metrics.device_faults.inc(self.lineage.device_faults)
-        self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
-        self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
+        self.work = DeviceWork(config.blocking_threads, tenant_of=self._tenant_of_client)
+        self.calls = CallTracker(self.work)
         ring_counts = RingLaunchCounts(metrics, self.daemon.pipeline_of)
         if not config.no_rings:
             self.ring_doors = RingDoors(
                 self.daemon,
-                self.calls,
-                loop,
+                self.work,
                 kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
                 threads=config.engine_threads,
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
@@ -218,7 +217,7 @@ class Server:
         except BaseException:
             self._release_sockets()
             metrics.close()
-            self._executor.shutdown(wait=False)
+            self.work.close(wait=False)
             if self._pool is not None:
                 self._pool.close()
             elif self._backends is None:
@@ -467,11 +466,11 @@ class Server:
             await self._health_grpc.stop(0)
         await asyncio.to_thread(self.servicer.segments.close_all)
         if not abandon:
-            await self.calls.blocking(self.daemon.close)
+            await self.work.run(self.daemon.close)
         elif busy:
             log.warning("device still busy after the grace; dropping its work", grace=grace)
             self.exit_code = self.exit_code or EXIT_STOPPED_BUSY
-        self._executor.shutdown(wait=not abandon, cancel_futures=True)
+        self.work.close(wait=not abandon, drop_queued=True)
         if self._pool is not None:  # every worker process ends, spares too
             await asyncio.to_thread(self._pool.close)
         # The metrics server takes up to half a second to stop: not worth waiting for after

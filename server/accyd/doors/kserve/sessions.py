@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
-from accyd.doors.grpc.calls import CallTracker
 from accyd.errors import AccyError
+from accyd.scheduling import DeviceWork
 
 __all__ = ["POOL_SETS", "BufferSet", "ModelSession", "ModelSessions"]
 
@@ -60,9 +60,9 @@ class ModelSession:
 class ModelSessions:
     """A client's sessions by (model, version)."""
 
-    def __init__(self, daemon: Daemon, calls: CallTracker, client_id: str) -> None:
+    def __init__(self, daemon: Daemon, work: DeviceWork, client_id: str) -> None:
         self.daemon = daemon
-        self.calls = calls
+        self.work = work
         self.client_id = client_id
         self._sessions: dict[tuple[str, int], ModelSession] = {}
         self._loading: dict[tuple[str, int], asyncio.Future[ModelSession]] = {}
@@ -83,7 +83,7 @@ class ModelSessions:
         future: asyncio.Future[ModelSession] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
-            loaded = await self.calls.blocking_for(
+            loaded = await self.work.run_for(
                 self.client_id, self.daemon.load_pipeline, self.client_id, target, version
             )
             made = ModelSession(loaded.session_id, needs_scratch)
@@ -104,7 +104,7 @@ class ModelSessions:
         if not session.needs_scratch or args in session.scratch_for:
             return
         scalars = dict(zip(names, args, strict=True))
-        await self.calls.blocking_for(
+        await self.work.run_for(
             self.client_id,
             self.daemon.allocate_intermediates,
             self.client_id,
@@ -127,9 +127,7 @@ class ModelSessions:
             if found.sizes == sizes:
                 del session.idle[number]
                 return found
-        return await self.calls.blocking_for(
-            self.client_id, self._allocate, sizes, [*operands, *results]
-        )
+        return await self.work.run_for(self.client_id, self._allocate, sizes, [*operands, *results])
 
     def _allocate(self, sizes: Sizes, wanted: Sequence[tuple[int, DType]]) -> BufferSet:
         """*Blocking*: allocate a whole set, or none of it."""

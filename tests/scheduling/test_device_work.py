@@ -5,27 +5,23 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from accyd.doors.grpc.calls import CallTracker
+from accyd.scheduling import DeviceWork
 
 
 def test_a_tenants_clients_together_hold_at_most_half_the_threads() -> None:
     async def scenario() -> float:
-        executor = ThreadPoolExecutor(8)
         tenants = {f"a{i}": "a" for i in range(8)} | {"b": "b"}
-        calls = CallTracker(executor, tenant_of=tenants.get)
+        work = DeviceWork(8, tenant_of=tenants.get)
         gate = threading.Event()
-        held = [
-            asyncio.ensure_future(calls.blocking_for(f"a{i % 8}", gate.wait, 10)) for i in range(32)
-        ]
+        held = [asyncio.ensure_future(work.run_for(f"a{i % 8}", gate.wait, 10)) for i in range(32)]
         await asyncio.sleep(0.1)
         started = time.perf_counter()
-        await calls.blocking_for("b", time.sleep, 0)
+        await work.run_for("b", time.sleep, 0)
         took = time.perf_counter() - started
         gate.set()
         await asyncio.gather(*held)
-        executor.shutdown()
+        work.close()
         return took
 
     took = asyncio.run(scenario())
