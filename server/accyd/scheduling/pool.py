@@ -110,6 +110,7 @@ class FairPool:
             client, tenant, work = taken
             with contextlib.suppress(BaseException):  # the work reports its own failures
                 work()
+            del taken, work  # let its arguments and result go now, not when the next piece comes
             with self._cond:
                 _less(self._running, client)
                 if tenant is not None:
