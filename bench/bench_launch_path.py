@@ -9,7 +9,7 @@ allocated once, it times per waited launch (median of blocks):
 
 - ``daemon``: ``Daemon.launch`` then ``Daemon.wait_launch`` (ids, quotas,
   hazards, marks, the launch log) on a thread, as the blocking fallback does;
-- ``launcher``: the service's ``Launcher.enqueue`` + ``finish`` on an event loop
+- ``launcher``: the service's ``Launcher.submit`` + ``finish`` on an event loop
   (request fields, the spin-then-notify wait, metrics, the reply message), for
   spin budgets of 0 (notification only) and the default.
 
@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -36,9 +35,9 @@ from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
-from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.grpc.launches import Launcher
 from accyd.logs import configure_logging
+from accyd.scheduling import DeviceWork
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics
 
@@ -106,13 +105,13 @@ def main() -> int:
         runtime_scalars={"n": pb.Scalar(u32=args.n)},
         wait=True,
     )
-    executor = ThreadPoolExecutor(4)
+    work = DeviceWork(4)
 
     async def through_launcher(spin: float) -> float:
-        launcher = Launcher(daemon, CallTracker(executor), Metrics(), spin_seconds=spin)
+        launcher = Launcher(daemon, work, Metrics(), spin_seconds=spin)
 
         async def one() -> object:
-            pending = launcher.enqueue(client, request, time.perf_counter())
+            pending = await launcher.submit(client, request, time.perf_counter())
             return await launcher.finish(client, pending)
 
         return await _async_blocks(one, args.count)
@@ -120,9 +119,9 @@ def main() -> int:
     default_spin = Config().launch_spin_seconds
     for spin in (0.0, default_spin):
         took = asyncio.run(through_launcher(spin))
-        rows.append([f"Launcher.enqueue + finish, spin {spin * 1e6:.0f} µs", f"{took:.1f} µs"])
+        rows.append([f"Launcher.submit + finish, spin {spin * 1e6:.0f} µs", f"{took:.1f} µs"])
     daemon.close()
-    executor.shutdown()
+    work.close()
     print(f"\n{backend.kind.value} backend on {backend.device_name}; device_scan n={args.n}\n")
     print(markdown(["path (one process, no gRPC)", "per waited launch"], rows))
     return 0

@@ -29,6 +29,7 @@ from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
 from accyd.doors.ring import RingDoor
+from accyd.scheduling import DeviceWork
 
 SAXPY = "accy.kernel.saxpy"
 N = 1024
@@ -83,7 +84,8 @@ def main() -> None:
         backend = make_backend(args.backend)
     daemon = Daemon(load_catalog(), {0: backend})
     folder = Path(tempfile.mkdtemp())
-    door = RingDoor(daemon, folder / "accyd.sock")
+    work = DeviceWork(2)
+    door = RingDoor(daemon, folder / "accyd.sock", work=work)
     door.start()
     cid = daemon.attach("probe").id
     sid = daemon.load_pipeline(cid, SAXPY).session_id
@@ -126,6 +128,7 @@ def main() -> None:
     ]
     door.close()
     daemon.close()
+    work.close()
     if profile is not None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     print(f"| {args.backend} | value |\n| --- | --- |")

@@ -19,7 +19,6 @@ import asyncio
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ from accyd.process.exits import EXIT_STOPPED_BUSY, Lineage
 from accyd.process.malloc import keep_freed_memory
 from accyd.process.socket_claim import SocketClaim, umask
 from accyd.process.steps import alive, on_loop, within
+from accyd.scheduling import DeviceWork
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import TokenTable
@@ -124,7 +124,7 @@ class Server:
         self._tune_process(loop, backends)
         self.daemon = self._make_daemon(catalog, backends)
         made = await self._ready_daemon(catalog, backends, descriptors, tokens)
-        self._make_doors(loop, backends)
+        self._make_doors(backends)
         self._grpc = self._make_grpc_server(tokens)
         self._listen(credentials, backends)
         await self._grpc.start()
@@ -202,20 +202,19 @@ class Server:
         metrics.device_faults.inc(self.lineage.device_faults)
         return made
 
-    def _make_doors(self, loop: asyncio.AbstractEventLoop, backends: Mapping[int, Backend]) -> None:
+    def _make_doors(self, backends: Mapping[int, Backend]) -> None:
         """The device-work threads and every door over the daemon, each made whole: the rings
         (their engine; their door and the shared memory beside the first Unix socket), the
         launch service, the KServe door, health."""
         config, daemon, metrics = self.config, self.daemon, self.metrics
-        self._executor = ThreadPoolExecutor(config.blocking_threads, "accyd-device")
-        self.calls = CallTracker(self._executor, tenant_of=self._tenant_of_client)
+        self.work = DeviceWork(config.blocking_threads, tenant_of=self._tenant_of_client)
+        self.calls = CallTracker(self.work)
         ring_counts = RingLaunchCounts(metrics, daemon.pipeline_of)
         if not config.no_rings:
             host = any(backend.kind.value == "host" for backend in backends.values())
             self.ring_doors = RingDoors(
                 daemon,
-                self.calls,
-                loop,
+                self.work,
                 kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
                 threads=config.engine_threads,
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
@@ -289,7 +288,7 @@ class Server:
         except BaseException:
             self._release_sockets()
             self.metrics.close()
-            self._executor.shutdown(wait=False)
+            self.work.close(wait=False)
             if self._pool is not None:
                 self._pool.close()
             elif self._backends is None:
@@ -538,11 +537,11 @@ class Server:
             await self._health_grpc.stop(0)
         await asyncio.to_thread(self._segments.close_all)
         if not abandon:
-            await self.calls.blocking(self.daemon.close)
+            await self.work.run(self.daemon.close)
         elif busy:
             log.warning("device still busy after the grace; dropping its work", grace=grace)
             self.exit_code = self.exit_code or EXIT_STOPPED_BUSY
-        self._executor.shutdown(wait=not abandon, cancel_futures=True)
+        self.work.close(wait=not abandon, drop_queued=True)
         if self._pool is not None:  # every worker process ends, spares too
             await asyncio.to_thread(self._pool.close)
         # The metrics server takes up to half a second to stop: not worth waiting for after

@@ -14,6 +14,7 @@ from accyd.catalog import load_catalog
 from accyd.core.daemon import Daemon
 from accyd.doors.ring import RingDoor
 from accyd.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 
 ENGINES: list[EngineKind] = ["native", "python"]
@@ -46,7 +47,8 @@ def door(tmp_path: Path, where: tuple[str, EngineKind]) -> Iterator[tuple[Daemon
     else:
         daemon, _ = host_daemon()
     engine = open_engine(daemon, kind=engine_kind)
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine)
+    work = DeviceWork(2)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine, work=work)
     daemon.extend(ring_door)
     engine.start()
     ring_door.start()
@@ -56,6 +58,7 @@ def door(tmp_path: Path, where: tuple[str, EngineKind]) -> Iterator[tuple[Daemon
         ring_door.close()
         engine.close()
         daemon.close()
+        work.close()
 
 
 @pytest.fixture

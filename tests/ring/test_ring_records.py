@@ -19,6 +19,7 @@ from accyd.doors.ring.door import RingDoor
 from accyd.doors.ring.memory import RingMemory
 from accyd.engine.auto import open_engine
 from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 
 SAXPY_SCALARS = struct.Struct("<I4xf4x48x")
@@ -137,7 +138,8 @@ def test_launches_complete_whether_the_loop_spins_or_naps(tmp_path: Path, spin: 
     daemon, _ = host_daemon()
     loop = PythonLoop(daemon, spin=spin)
     assert loop.flight_spin_seconds == (FLIGHT_SPIN_SECONDS if spin else 0.0)
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", loop)
+    work = DeviceWork(2)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", loop, work=work)
     loop.start()
     ring_door.start()
     try:
@@ -166,3 +168,4 @@ def test_launches_complete_whether_the_loop_spins_or_naps(tmp_path: Path, spin: 
         ring_door.close()
         loop.close()
         daemon.close()
+        work.close()

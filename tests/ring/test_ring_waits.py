@@ -16,6 +16,7 @@ from accyd.doors.ring import RingDoor
 from accyd.doors.ring.memory import RingMemory
 from accyd.doors.ring.waiting import FULL_SPIN_US, SHORT_SPIN_US, WaitBudget, spin_budget
 from accyd.engine.auto import open_engine
+from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 
 
@@ -130,7 +131,8 @@ def waiting_door(tmp_path: Path) -> Iterator[tuple[Daemon, RingDoor, WaitBudget]
     daemon, _ = host_daemon()
     engine = open_engine(daemon, kind="native")
     budget = WaitBudget(reserved=2, cpus=3)  # one spinner fits
-    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine, waits=budget)
+    work = DeviceWork(2)
+    ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine, work=work, waits=budget)
     daemon.extend(ring_door)
     engine.start()
     ring_door.start()
@@ -140,6 +142,7 @@ def waiting_door(tmp_path: Path) -> Iterator[tuple[Daemon, RingDoor, WaitBudget]
         ring_door.close()
         engine.close()
         daemon.close()
+        work.close()
 
 
 def test_the_door_tells_clients_how_to_wait_as_they_take_and_leave_rings(

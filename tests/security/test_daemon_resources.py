@@ -23,6 +23,7 @@ from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import RING_DESCRIPTORS, RingCharges
 from accyd.engine.auto import open_engine
 from accyd.errors import QuotaExceeded
+from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 from tests.service.harness import ServerThread, attach, details, make_config, rpc_error
 
@@ -69,7 +70,8 @@ def test_clients_per_tenant_are_bounded_and_given_back_at_detach() -> None:
 def shared(tmp_path: Path) -> Iterator[tuple[Daemon, Segments, RingDoor]]:
     daemon, _ = host_daemon()
     engine = open_engine(daemon, kind="python")
-    door = RingDoor(daemon, tmp_path / "accyd.sock", engine)
+    work = DeviceWork(2)
+    door = RingDoor(daemon, tmp_path / "accyd.sock", engine, work=work)
     door.charges = RingCharges(daemon)
     daemon.extend(door)
     segments = door.copier.copies = Segments(daemon, door.handoff)
@@ -83,6 +85,7 @@ def shared(tmp_path: Path) -> Iterator[tuple[Daemon, Segments, RingDoor]]:
         door.close()
         engine.close()
         daemon.close()
+        work.close()
 
 
 def test_segments_and_rings_charge_their_memory_and_descriptors(

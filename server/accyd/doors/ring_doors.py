@@ -4,20 +4,17 @@ shared ring door once a Unix socket listens (made, started and closed here, in t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 
-from accyd.core.interface import Core, LaunchTicket
-from accyd.doors.grpc.calls import CallTracker
+from accyd.core.interface import Core
 from accyd.doors.grpc.ring_stream import RingStreams
 from accyd.doors.hostmem import Segments
 from accyd.doors.ring import RingDoor
 from accyd.doors.ring.charges import RingCharges
 from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import Blocking
 from accyd.doors.ring.waiting import WaitBudget
 from accyd.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.scheduling import DeviceWork
 
 __all__ = ["RingDoors"]
 
@@ -28,14 +25,13 @@ class RingDoors:
     """Owns the engine and the shared ring door (the streams' rings end with their calls).
 
     A ring's launch that allocates scratch of its own runs on the device-work threads
-    within its client's share, as a gRPC call's would, never on the engine (``blocking``).
+    within its client's share, as a gRPC call's would, never on the engine (``work``).
     """
 
     def __init__(
         self,
         daemon: Core,
-        calls: CallTracker,
-        loop: asyncio.AbstractEventLoop,
+        work: DeviceWork,
         *,
         kind: EngineKind | None,
         threads: int,
@@ -45,11 +41,7 @@ class RingDoors:
     ) -> None:
         self._daemon = daemon
         self._observer = observer
-
-        def blocking(client_id: str, finish: Callable[[], LaunchTicket]) -> Future[LaunchTicket]:
-            return asyncio.run_coroutine_threadsafe(calls.blocking_for(client_id, finish), loop)
-
-        self._blocking: Blocking = blocking
+        self._work = work
         self.engine: RingEngine = open_engine(
             daemon,
             kind=kind,
@@ -60,9 +52,9 @@ class RingDoors:
         self.streams = RingStreams(
             daemon,
             self.engine,
+            work=work,
             spin_seconds=spin_seconds,
             observer=observer,
-            blocking=blocking,
         )
         self.door: RingDoor | None = None
         # The engine's threads, the thread that decides slow records and the event loop
@@ -78,8 +70,8 @@ class RingDoors:
             self._daemon,
             socket_path,
             self.engine,
+            work=self._work,
             observer=self._observer,
-            blocking=self._blocking,
             waits=self.waits,
         )
         door.charges = RingCharges(self._daemon)

@@ -1,8 +1,9 @@
-"""Per-call plumbing: request ids, log context, errors to status, blocking work off the loop.
+"""Per-call plumbing: request ids, log context, errors to status, calls in flight.
 
-Blocking work (compiles, allocations, copies) runs on the device-work threads,
-behind a per-client share so one client cannot hold them all: waits for the
-device never run there (the core awaits them on the event loop).
+A call's blocking work (compiles, allocations, copies) runs on the device-work
+threads (``accyd.scheduling.DeviceWork``, reached through ``CallTracker.work``),
+within its client's share; waits for the device never run there (the core awaits
+them on the event loop).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import contextvars
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import structlog
@@ -24,6 +24,7 @@ from accyd.core.ids import new_request_id
 from accyd.doors.grpc.status import refusal_fields, to_status
 from accyd.errors import AccyError, InvalidRequest
 from accyd.logs import LazyToken, bind_lazily, debug_enabled, unbind_lazily
+from accyd.scheduling import DeviceWork
 
 __all__ = [
     "CLIENT_ID_HEADER",
@@ -45,8 +46,6 @@ LONG_LIVED = frozenset({"Attach", "RingStream", "ModelStreamInfer"})
 requests are); the drain ends them (detaching their clients, ending the KServe streams)."""
 
 Context = grpc.aio.ServicerContext[Any, Any]
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
@@ -79,41 +78,12 @@ class Call:
         event.setdefault("client_id", self.client_id)
 
 
-class _Share:
-    """One owner's turns on the device-work threads."""
-
-    __slots__ = ("turns", "users")
-
-    def __init__(self, turns: int) -> None:
-        self.turns = asyncio.Semaphore(turns)
-        self.users = 0
-
-
 class CallTracker:
-    """Counts calls in flight (long-lived streams aside) and runs blocking work.
+    """Counts calls in flight (long-lived streams aside), for the drain, and holds the
+    device-work threads their blocking work runs on (``work``: ``accyd.scheduling``)."""
 
-    ``blocking_for(owner, ...)`` lets one owner (a client) hold at most
-    ``share`` of the device-work threads at once (a quarter of them by default),
-    and all the clients of one tenant (``tenant_of(owner)``) at most
-    ``tenant_share`` (half of them): its other calls queue behind its own, not in
-    front of everyone else's, and another tenant always finds threads free.
-    """
-
-    def __init__(
-        self,
-        executor: ThreadPoolExecutor,
-        *,
-        share: int | None = None,
-        tenant_share: int | None = None,
-        tenant_of: Callable[[str], str | None] | None = None,
-    ) -> None:
-        self.executor = executor
-        threads = executor._max_workers
-        self.share = share or max(1, threads // 4)
-        self.tenant_share = tenant_share or max(1, threads // 2)
-        self._tenant_of = tenant_of
-        self._shares: dict[str, _Share] = {}
-        self._tenant_shares: dict[str, _Share] = {}
+    def __init__(self, work: DeviceWork) -> None:
+        self.work = work
         self._active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -135,52 +105,6 @@ class CallTracker:
         except TimeoutError:
             return False
         return True
-
-    async def blocking(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run ``fn`` on the device-work threads, with this call's log context."""
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.executor, functools.partial(context.run, fn, *args, **kwargs)
-        )
-
-    async def blocking_for(
-        self, owner: str, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs
-    ) -> _T:
-        """``blocking``, within ``owner``'s share of the threads and its tenant's.
-
-        The shares are taken inline, not through an async context manager: that
-        cost every call that hops to the threads several µs.
-        """
-        share = _take(self._shares, owner, self.share)
-        tenant = self._tenant_of(owner) if self._tenant_of is not None else None
-        tenant_share = (
-            None if tenant is None else _take(self._tenant_shares, tenant, self.tenant_share)
-        )
-        try:
-            async with share.turns:
-                if tenant_share is None:
-                    return await self.blocking(fn, *args, **kwargs)
-                async with tenant_share.turns:
-                    return await self.blocking(fn, *args, **kwargs)
-        finally:
-            _give_back(self._shares, owner, share)
-            if tenant is not None and tenant_share is not None:
-                _give_back(self._tenant_shares, tenant, tenant_share)
-
-
-def _take(shares: dict[str, _Share], key: str, turns: int) -> _Share:
-    share = shares.get(key)
-    if share is None:
-        share = shares[key] = _Share(turns)
-    share.users += 1
-    return share
-
-
-def _give_back(shares: dict[str, _Share], key: str, share: _Share) -> None:
-    share.users -= 1
-    if not share.users:
-        del shares[key]
 
 
 def text_field(value: str, field: str, *, required: bool = True) -> str:

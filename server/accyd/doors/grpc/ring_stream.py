@@ -38,8 +38,9 @@ from accyd.doors.grpc.launches import until_stopped
 from accyd.doors.ring.door import RingTaker, ring_slots
 from accyd.doors.ring.memory import RingMemory
 from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import Blocking, ServerRing
+from accyd.doors.ring.ring import ServerRing
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
+from accyd.scheduling import DeviceWork
 
 __all__ = ["STREAMS_PER_CLIENT", "RingStreams"]
 
@@ -60,9 +61,9 @@ class RingStreams:
         daemon: Core,
         engine: RingTaker,
         *,
+        work: DeviceWork,
         spin_seconds: float = 0.0,
         observer: RingObserver | None = None,
-        blocking: Blocking | None = None,
     ) -> None:
         self.daemon = daemon
         self.engine = engine
@@ -70,7 +71,7 @@ class RingStreams:
         """How long a frame with a record its client waits for is spun on, on the loop (the
         service's launch spin): its answer then goes out without the engine's wake."""
         self.observer = observer
-        self.blocking = blocking
+        self.work = work
         self._open: dict[str, int] = {}
         """Open streams per client."""
 
@@ -142,8 +143,8 @@ class _StreamRing:
             client_id,
             self._memory,
             streams.daemon,
+            streams.work,
             observer=streams.observer,
-            blocking=streams.blocking,
         )
         self._engine = streams.engine
         self._context = context

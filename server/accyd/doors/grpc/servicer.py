@@ -106,7 +106,9 @@ class LaunchServicer:
         self._watching = TaskSet()
         self._serving = TaskSet()  # RingStreams served: cleaned up even if their call is cancelled
         self._stream_ends = StreamEnds()  # each client's RingStreams end at its detach
-        self._launcher = Launcher(daemon, calls, self.metrics, spin_seconds=launch_spin_seconds)
+        self._launcher = Launcher(
+            daemon, calls.work, self.metrics, spin_seconds=launch_spin_seconds
+        )
         # Counts the rings' launches (both kinds) in accy_launches.
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
         self._ring_streams = ring_streams
@@ -204,7 +206,7 @@ class LaunchServicer:
         client_id = call.need_client()
         target = text_field(request.target, "target")
         fmt = convert.format_from_proto(text_field(request.format, "format", required=False))
-        loaded = await self.calls.blocking_for(
+        loaded = await self.calls.work.run_for(
             client_id,
             self.daemon.load_pipeline,
             client_id,
@@ -231,7 +233,7 @@ class LaunchServicer:
         client_id = call.need_client()
         session_id = self._session_id(request.session_id)
         scalars = convert.scalars_from_proto(request.runtime_scalars)
-        size = await self.calls.blocking_for(
+        size = await self.calls.work.run_for(
             client_id, self.daemon.allocate_intermediates, client_id, session_id, scalars
         )
         return pb.AllocateIntermediatesResponse(byte_size=size)
@@ -271,7 +273,7 @@ class LaunchServicer:
     ) -> pb.AllocateBufferResponse:
         client_id = call.need_client()
         dtype = convert.dtype_from_proto(request.dtype, "dtype")
-        record = await self.calls.blocking_for(
+        record = await self.calls.work.run_for(
             client_id,
             self.daemon.allocate_buffer,
             client_id,
@@ -309,7 +311,7 @@ class LaunchServicer:
                 if chunk.data:
                     # Copied in on a device-work thread while the next chunk arrives.
                     writing = asyncio.ensure_future(
-                        self.calls.blocking_for(client_id, transfer.write, chunk.offset, chunk.data)
+                        self.calls.work.run_for(client_id, transfer.write, chunk.offset, chunk.data)
                     )
             if writing is not None:
                 await writing
@@ -356,7 +358,7 @@ class LaunchServicer:
             if at >= end:
                 return None
             return asyncio.ensure_future(
-                self.calls.blocking_for(client_id, copy_out, at, min(chunk_size, end - at))
+                self.calls.work.run_for(client_id, copy_out, at, min(chunk_size, end - at))
             )
 
         # One chunk ahead: the next copy runs while this one is on the wire.
@@ -387,7 +389,7 @@ class LaunchServicer:
         client_id = call.need_client()
         self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
         _need_local(call, "segment", "byte_size")
-        offer = await self.calls.blocking_for(
+        offer = await self.calls.work.run_for(
             client_id, self.segments.open, client_id, request.byte_size, request.device
         )
         bind(segment_id=offer.segment_id)
@@ -426,7 +428,7 @@ class LaunchServicer:
         except BaseException:
             copy.abandon()
             raise
-        copied = await self.calls.blocking_for(client_id, copy.run)
+        copied = await self.calls.work.run_for(client_id, copy.run)
         return pb.CopySegmentResponse(bytes_copied=copied)
 
     @unary
@@ -435,7 +437,7 @@ class LaunchServicer:
     ) -> pb.CloseSegmentResponse:
         client_id = call.need_client()
         segment_id = text_field(request.segment_id, "segment_id")
-        await self.calls.blocking_for(client_id, self.segments.close, client_id, segment_id)
+        await self.calls.work.run_for(client_id, self.segments.close, client_id, segment_id)
         return pb.CloseSegmentResponse()
 
     @unary
@@ -452,7 +454,7 @@ class LaunchServicer:
         except BaseException:
             transfer.finish()
             raise
-        offer = await self.calls.blocking_for(
+        offer = await self.calls.work.run_for(
             client_id, self.segments.export, client_id, buffer_id, transfer
         )
         exported = offer.exported

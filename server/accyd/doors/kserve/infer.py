@@ -3,10 +3,10 @@
 The session, scratch and a buffer set come from the client's ``ModelSessions``
 (kept between requests). Inputs are written into the set's operand buffers
 from the request or from shared-memory regions (``pread``), the pipeline is
-launched through the core with every check it makes, its end is polled for
-a moment on the event loop and then awaited (no thread waits on the device),
-and the results are read back into the answer or written into regions
-(``pwrite``). Small copies run inline; larger ones on the device-work threads,
+launched through the core with every check it makes, its end is polled for a
+moment on the event loop, then notified or awaited (``accyd.scheduling``: no
+thread waits on the device), and the results are read back into the answer or
+written into regions (``pwrite``). Small copies run inline; larger ones on the device-work threads,
 within the client's share. The answer has one ``raw_output_contents`` entry
 per output, always: an empty one for an output written to shared memory.
 """
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import time
 
-from accyd.core.interface import Core, WouldBlock
-from accyd.doors.grpc.calls import CallTracker
+from accyd.core.interface import Core
 from accyd.doors.kserve.cuda_regions import CudaRegion, CudaRegions
 from accyd.doors.kserve.models import datatype_of
 from accyd.doors.kserve.owners import Owner
@@ -25,6 +24,7 @@ from accyd.doors.kserve.sessions import BufferSet
 from accyd.doors.kserve.stats import Phases
 from accyd.doors.kserve.tensors import Checked, RegionSlice
 from accyd.errors import InvalidRequest
+from accyd.scheduling import DeviceWork, LaunchEnd, launched
 from accyd.telemetry.metrics import Metrics
 
 __all__ = ["INLINE_BYTES", "Inference"]
@@ -39,7 +39,7 @@ class Inference:
     def __init__(
         self,
         daemon: Core,
-        calls: CallTracker,
+        work: DeviceWork,
         metrics: Metrics,
         *,
         spin_seconds: float,
@@ -47,7 +47,7 @@ class Inference:
     ) -> None:
         self.daemon = daemon
         self.cuda = cuda
-        self.calls = calls
+        self.work = work
         self.metrics = metrics
         self.spin_seconds = spin_seconds
 
@@ -89,7 +89,7 @@ class Inference:
         if inline:
             self._write_inputs(owner, checked, buffers)
         else:
-            await self.calls.blocking_for(client_id, self._write_inputs, owner, checked, buffers)
+            await self.work.run_for(client_id, self._write_inputs, owner, checked, buffers)
         phases.written = time.perf_counter_ns()
         await self._launch(client_id, session_id, checked, buffers)
         phases.computed = time.perf_counter_ns()
@@ -97,9 +97,7 @@ class Inference:
         if outputs:
             raw = self._read_outputs(owner, checked, buffers)
         else:
-            raw = await self.calls.blocking_for(
-                client_id, self._read_outputs, owner, checked, buffers
-            )
+            raw = await self.work.run_for(client_id, self._read_outputs, owner, checked, buffers)
         response = pb.ModelInferResponse(
             outputs=[
                 pb.ModelInferResponse.InferOutputTensor(
@@ -172,32 +170,23 @@ class Inference:
     async def _launch(
         self, client_id: str, session_id: str, checked: Checked, buffers: BufferSet
     ) -> None:
-        """Launch and wait for the end: polled briefly, then awaited through the core."""
+        """Launch and wait for the end (``LaunchEnd``: polled briefly, notified, then
+        awaited through the core)."""
         started = time.perf_counter()
         pipeline = checked.model.pipeline.target
         try:
-            try:
-                ticket = self.daemon.launch(
-                    client_id,
-                    session_id,
-                    buffers.operands,
-                    buffers.results,
-                    checked.scalars,
-                    watch=True,
-                )
-            except WouldBlock as blocked:  # no scratch of its own: allocated off the loop
-                ticket = await self.calls.blocking_for(client_id, blocked.finish)
-            watch = ticket.watch
-            settled = False
-            if watch is not None:
-                try:
-                    settled = watch.settle(self.spin_seconds)
-                finally:
-                    watch.close()
-            if settled:  # over: returns at once, and reports the launch's error if any
-                self.daemon.wait_launch(client_id, session_id, ticket.launch_id)
-            else:
-                await self.daemon.wait_launch_async(client_id, session_id, ticket.launch_id)
+            ticket = await launched(
+                self.work,
+                client_id,
+                self.daemon.launch,
+                client_id,
+                session_id,
+                buffers.operands,
+                buffers.results,
+                checked.scalars,
+                watch=True,
+            )
+            await LaunchEnd(self.daemon, client_id, ticket, self.spin_seconds).wait()
         except Exception as error:
             self.metrics.observe_launch(pipeline, 0.0, waited=True, error=error)
             raise

@@ -11,12 +11,12 @@ unless the operator turned them on (``cuda_regions.py``).
 
 from __future__ import annotations
 
-from accyd.doors.grpc.calls import CallTracker
 from accyd.doors.kserve.cuda_regions import CudaRegions
 from accyd.doors.kserve.owners import Owner, Owners
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.regions import unknown_region
 from accyd.errors import FailedPrecondition, QuotaExceeded
+from accyd.scheduling import DeviceWork
 
 __all__ = ["MAX_TENANT_REGIONS", "SharedMemory"]
 
@@ -32,9 +32,9 @@ CUDA_OFF = (
 class SharedMemory:
     """Register, status and unregister of system and CUDA regions."""
 
-    def __init__(self, owners: Owners, calls: CallTracker, cuda: CudaRegions | None) -> None:
+    def __init__(self, owners: Owners, work: DeviceWork, cuda: CudaRegions | None) -> None:
         self.owners = owners
-        self.calls = calls
+        self.work = work
         self.cuda = cuda
 
     async def register(self, owner: Owner, request: pb.SystemSharedMemoryRegisterRequest) -> None:
@@ -46,7 +46,7 @@ class SharedMemory:
                 "unregister some first",
                 quota="shared_memory_regions",
             )
-        await self.calls.blocking_for(
+        await self.work.run_for(
             owner.client_id,
             owner.regions.register,
             request.name,
@@ -88,7 +88,7 @@ class SharedMemory:
     ) -> None:
         cuda = self._cuda()
         self.owners.caller_uid(owner)  # local callers only, as for system regions
-        await self.calls.blocking_for(
+        await self.work.run_for(
             owner.client_id,
             cuda.register,
             owner.client_id,
@@ -114,6 +114,4 @@ class SharedMemory:
 
     async def cuda_unregister(self, owner: Owner | None, name: str) -> None:
         if self.cuda is not None and owner is not None:
-            await self.calls.blocking_for(
-                owner.client_id, self.cuda.unregister, owner.client_id, name
-            )
+            await self.work.run_for(owner.client_id, self.cuda.unregister, owner.client_id, name)

@@ -110,12 +110,12 @@ class KServeServicer:
         cuda = None if cuda_gpus is None else CudaRegions(cuda_gpus)
         self.owners = Owners(
             daemon,
-            lambda client_id: ModelSessions(daemon, calls, client_id),
+            lambda client_id: ModelSessions(daemon, calls.work, client_id),
             liveness_seconds=liveness_seconds,
             cuda=cuda,
             unix_sockets=unix_sockets,
         )
-        self.memory = SharedMemory(self.owners, calls, cuda)
+        self.memory = SharedMemory(self.owners, calls.work, cuda)
         self.stats = Statistics(None if metrics is None else metrics.triton)
         self.streams = Streams(calls)
         self.turns = TenantTurns()
@@ -127,7 +127,7 @@ class KServeServicer:
         self._listings: dict[bool, pb.RepositoryIndexResponse] = {}
         """RepositoryIndex's answer, by its ``ready`` flag."""
         self._inference = Inference(
-            daemon, calls, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
+            daemon, calls.work, metrics or Metrics(), spin_seconds=launch_spin_seconds, cuda=cuda
         )
 
     def register(self, server: grpc.aio.Server) -> None:

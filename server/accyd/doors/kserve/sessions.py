@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.interface import Core
-from accyd.doors.grpc.calls import CallTracker
 from accyd.errors import AccyError
+from accyd.scheduling import DeviceWork
 
 __all__ = ["POOL_SETS", "BufferSet", "ModelSession", "ModelSessions"]
 
@@ -61,9 +61,9 @@ class ModelSession:
 class ModelSessions:
     """A client's sessions by (model, version)."""
 
-    def __init__(self, daemon: Core, calls: CallTracker, client_id: str) -> None:
+    def __init__(self, daemon: Core, work: DeviceWork, client_id: str) -> None:
         self.daemon = daemon
-        self.calls = calls
+        self.work = work
         self.client_id = client_id
         self._sessions: dict[tuple[str, int, int], ModelSession] = {}
         self._loading: dict[tuple[str, int, int], asyncio.Future[ModelSession]] = {}
@@ -88,7 +88,7 @@ class ModelSessions:
         future: asyncio.Future[ModelSession] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
-            loaded = await self.calls.blocking_for(
+            loaded = await self.work.run_for(
                 self.client_id,
                 functools.partial(self.daemon.load_pipeline, lowered=lowered),
                 self.client_id,
@@ -113,7 +113,7 @@ class ModelSessions:
         if not session.needs_scratch or args in session.scratch_for:
             return
         scalars = dict(zip(names, args, strict=True))
-        await self.calls.blocking_for(
+        await self.work.run_for(
             self.client_id,
             self.daemon.allocate_intermediates,
             self.client_id,
@@ -136,9 +136,7 @@ class ModelSessions:
             if found.sizes == sizes:
                 del session.idle[number]
                 return found
-        return await self.calls.blocking_for(
-            self.client_id, self._allocate, sizes, [*operands, *results]
-        )
+        return await self.work.run_for(self.client_id, self._allocate, sizes, [*operands, *results])
 
     def _allocate(self, sizes: Sizes, wanted: Sequence[tuple[int, DType]]) -> BufferSet:
         """*Blocking*: allocate a whole set, or none of it."""

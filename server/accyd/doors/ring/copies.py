@@ -22,7 +22,7 @@ from typing import Protocol
 
 from accy.protocol import ring as layout
 from accyd.errors import AccyError, FailedPrecondition, Unavailable
-from accyd.fairpool import FairPool, PoolClosed
+from accyd.scheduling.pool import FairPool, PoolClosed
 
 __all__ = ["COPY_THREADS", "PER_CLIENT", "PER_TENANT", "Copier", "CopyInFlight", "RingCopies"]
 

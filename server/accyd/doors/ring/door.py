@@ -24,9 +24,10 @@ from accyd.doors.ring.charges import RingCharges
 from accyd.doors.ring.copies import Copier
 from accyd.doors.ring.memory import RingMemory
 from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import Blocking, ServerRing
+from accyd.doors.ring.ring import ServerRing
 from accyd.doors.ring.waiting import WaitBudget
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
+from accyd.scheduling import DeviceWork
 
 __all__ = [
     "OFFER_SECONDS",
@@ -85,8 +86,8 @@ class RingDoor:
         socket_path: Path,
         engine: RingTaker,
         *,
+        work: DeviceWork,
         observer: RingObserver | None = None,
-        blocking: Blocking | None = None,
         waits: WaitBudget | None = None,
     ) -> None:
         self._core = core
@@ -94,7 +95,7 @@ class RingDoor:
         """Tells each ring's client how long it may spin (``accyd.doors.ring.waiting``)."""
         self._engine = engine
         self._observer = observer
-        self._blocking = blocking
+        self._work = work
         self.handoff = Handoff(socket_path)
         """Shared with other things handed to clients (memory segments)."""
         self.path = self.handoff.path
@@ -120,9 +121,9 @@ class RingDoor:
             client_id,
             memory,
             self._core,
+            self._work,
             self.copier,
             self._observer,
-            self._blocking,
         )
         with self._lock:
             held = self._by_client.setdefault(client_id, {})

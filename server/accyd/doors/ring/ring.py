@@ -26,7 +26,7 @@ from accyd.backends.base import Stream
 from accyd.catalog.dtypes import Scalar
 from accyd.catalog.model import ScalarSpec
 from accyd.core.interface import Core
-from accyd.core.launching import LaunchTicket, WouldBlock
+from accyd.core.launching import LaunchTicket
 from accyd.core.tickets import FastLaunch
 from accyd.doors.ring.copies import Copier
 from accyd.doors.ring.memory import RingMemory
@@ -41,18 +41,15 @@ from accyd.errors import (
     NotFound,
     QuotaExceeded,
 )
+from accyd.scheduling import DeviceWork, launch_or_defer
 
-__all__ = ["BOUND_HANDLES", "NOTHING", "Blocking", "Handled", "Pending", "ServerRing"]
+__all__ = ["BOUND_HANDLES", "NOTHING", "Handled", "Pending", "ServerRing"]
 
 log = structlog.get_logger("accyd.doors.ring")
 
 BOUND_HANDLES = 65536
 """Sessions and buffers bound on one ring at once, at most: a client that never unbinds
 cannot grow the daemon's tables without end (the client library unbinds what it frees)."""
-
-Blocking = Callable[[str, Callable[[], LaunchTicket]], "Future[LaunchTicket]"]
-"""Runs a launch's blocking remainder (``WouldBlock.finish``) for a client, off the engine,
-within the client's share of the device-work threads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +110,12 @@ class ServerRing:
         client_id: str,
         memory: RingMemory,
         core: Core,
+        work: DeviceWork,
         copier: Copier | None = None,
         observer: RingObserver | None = None,
-        blocking: Blocking | None = None,
     ) -> None:
+        """``work``: where a launch that needs scratch of its own finishes (the device-work
+        threads, within the client's share), never on the thread deciding records."""
         self.id = ring_id
         self.client_id = client_id
         self.memory = memory
@@ -127,7 +126,7 @@ class ServerRing:
         self._entries = threading.Lock()
         self._copier = copier
         self._observer = observer
-        self._blocking = blocking
+        self._work = work
         self.broken = False
         self.abandoned = False
         """Its client is gone (``abandon``): no record of it is decided any more."""
@@ -198,15 +197,19 @@ class ServerRing:
         operand_ids = [self._buffer(h, "operands", i) for i, h in enumerate(operands)]
         result_ids = [self._buffer(h, "results", i) for i, h in enumerate(results)]
         session_id = binding.session_id
-        try:
-            ticket = self._core.launch(
-                self.client_id, session_id, operand_ids, result_ids, scalars, ticket_for=self
-            )
-        except WouldBlock as blocked:
-            if self._blocking is None:
-                ticket = blocked.finish()
-                return Handled(session_id, ticket.device, ticket.stream, reap=True)
-            return self._later(seq, session_id, self._blocking(self.client_id, blocked.finish))
+        ticket = launch_or_defer(
+            self._work,
+            self.client_id,
+            self._core.launch,
+            self.client_id,
+            session_id,
+            operand_ids,
+            result_ids,
+            scalars,
+            ticket_for=self,
+        )
+        if isinstance(ticket, Future):  # on scratch of its own: the ring waits for it
+            return self._later(seq, session_id, ticket)
         return Handled(session_id, ticket.device, ticket.stream, ticket.fast)
 
     def _later(self, seq: int, session_id: str, launched: Future[LaunchTicket]) -> Pending:

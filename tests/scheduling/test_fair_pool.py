@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from accyd.fairpool import FairPool, PoolClosed
+from accyd.scheduling import FairPool, PoolClosed
 
 
 def test_a_tenant_of_many_clients_leaves_the_threads_past_its_share_to_others() -> None:
