@@ -7,8 +7,8 @@
 set -u
 source bench/device_env.sh || exit 1
 root=$OUT
-step pytest 300 $PY -m pytest -q -p no:cacheprovider -x tests/shm/test_exports_cuda.py \
-  tests/shm/test_shared_cuda.py tests/backends/test_cuda.py tests/workers/test_cuda_workers.py
+step pytest 300 $PY -m pytest -q -p no:cacheprovider -x tests/hostmem/test_exports_cuda.py \
+  tests/hostmem/test_shared_cuda.py tests/backends/test_cuda.py tests/worker_backend/test_cuda_workers.py
 step first_use 150 $PY bench/export_first_use.py --sizes 4M,64M,1G --repeat 7
 step first_use_workers 150 $PY bench/export_first_use.py --sizes 64M,1G --repeat 7 \
   --device-workers on

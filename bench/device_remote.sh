@@ -7,7 +7,7 @@ set -u
 source bench/device_env.sh || exit 1
 
 step tests 240 $PY -m pytest -q -p no:cacheprovider tests/ring/test_ring_stream.py \
-  tests/ring/test_ring_bound.py tests/shm/test_shared_cuda.py
+  tests/ring/test_ring_bound.py tests/hostmem/test_shared_cuda.py
 step rate_ring_stream 120 $PY bench/launch_rate.py --backend cuda --count 20000
 ACCY_RING=0 step rate_unary 120 $PY bench/launch_rate.py --backend cuda --count 20000
 step probe 120 $PY bench/remote_probe.py --backend cuda --iterations 3000

@@ -6,10 +6,10 @@
 set -u
 source bench/device_env.sh || exit 1
 root=$OUT
-tests="tests/workers/test_cuda_workers.py tests/shm/test_shared_cuda.py"
+tests="tests/worker_backend/test_cuda_workers.py tests/hostmem/test_shared_cuda.py"
 step pytest 150 $PY -m pytest -q -p no:cacheprovider $tests
 ACCYD_DEVICE_WORKERS=1 step pytest_workers 90 $PY -m pytest -q -p no:cacheprovider \
-  tests/shm/test_shared_cuda.py
+  tests/hostmem/test_shared_cuda.py
 step shm_off 90 $PY bench/shm_transfer.py --backend cuda --repeat 3 --device-workers off
 step shm_on 90 $PY bench/shm_transfer.py --backend cuda --repeat 3 --device-workers on
 step launch_rate 60 $PY bench/launch_rate.py --backend cuda --count 20000

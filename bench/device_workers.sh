@@ -11,7 +11,7 @@ root=$OUT
 
 nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv,noheader \
   > "$OUT/env.txt" 2>&1
-step pytest 240 $PY -m pytest -q -p no:cacheprovider tests/workers \
+step pytest 240 $PY -m pytest -q -p no:cacheprovider tests/worker_backend \
   tests/core/test_device_isolation.py tests/backends/test_cuda_pipelines.py ${PYTEST_ARGS:-}
 step overhead 120 $PY bench/worker_overhead.py --backend cuda --json
 step two_devices 240 $PY bench/two_devices.py --backend cuda --one-gpu \

@@ -13,7 +13,7 @@ from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.backends.host import DEFAULT_MEMORY_SHARE, HostBackend, physical_memory
 from accyd.errors import OutOfMemory
 from accyd.server import Server
-from tests.service.harness import make_config
+from tests.launch_service.harness import make_config
 
 
 def test_the_host_backend_refuses_more_than_its_default_share_before_touching_memory() -> None:

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
 from accyd.errors import Unavailable
-from tests.service.harness import ServerThread, attach, make_config
+from tests.launch_service.harness import ServerThread, attach, make_config
 
 SLOW = '''
 [[kernel]]

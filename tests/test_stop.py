@@ -19,7 +19,7 @@ import pytest
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.process.exits import EXIT_NEVER_READY, EXIT_STOPPED_BUSY
 from accyd.process.signals import capture_signals
-from tests.service.harness import attach, details
+from tests.launch_service.harness import attach, details
 
 NEVER_ENDS = '''
 [[kernel]]

@@ -14,8 +14,8 @@ import pytest
 
 from accy import Client, Monitor, cli, errors
 from tests.client.fake_daemon import FakeLaunchService
+from tests.launch_service.harness import ServerThread, make_config
 from tests.security.harness import TokenSpec, write_tokens
-from tests.service.harness import ServerThread, make_config
 
 
 def test_version_of_both_commands() -> None:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from accy import Client, references
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon, serving
-from tests.service.harness import attach, details
+from tests.launch_service.harness import attach, details
 
 MIN_REQUESTS = 10_000
 DEADLINE = 10.0

@@ -13,7 +13,7 @@ import numpy as np
 from accyd.catalog import load_catalog
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from tests.kserve.harness import Door, simple_request
-from tests.service.harness import ServerThread, details, make_config
+from tests.launch_service.harness import ServerThread, details, make_config
 
 SLOW_CATALOG = Path(__file__).parents[1] / "catalogs" / "slow"
 

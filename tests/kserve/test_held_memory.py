@@ -17,7 +17,7 @@ from accyd.doors.kserve.held import HeldBytes
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.errors import QuotaExceeded
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 from tests.waiting import eventually
 
 MiB = 1 << 20

@@ -21,7 +21,7 @@ from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.streams import STREAM_IN_FLIGHT, STREAM_UNSENT_BYTES
 from accyd.doors.kserve.tensors import MAX_DIMS
 from tests.kserve.harness import Door, simple_request
-from tests.service.harness import CATALOG, ServerThread, make_config
+from tests.launch_service.harness import CATALOG, ServerThread, make_config
 
 INTS = np.arange(16, dtype=np.int32)
 

@@ -17,7 +17,7 @@ from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.doors.kserve.turns import TENANT_IN_FLIGHT, TENANT_STREAMS, TenantTurns
 from accyd.errors import QuotaExceeded
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 from tests.waiting import eventually
 
 SLOW = load_catalog([Path(__file__).parents[1] / "catalogs" / "slow"])

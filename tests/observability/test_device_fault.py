@@ -12,9 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
 from accyd.server import EXIT_DEVICE_FAULT
+from tests.launch_service.harness import ServerThread, details, make_config
+from tests.launch_service.test_lifecycle import eventually
 from tests.security.harness import Caller
-from tests.service.harness import ServerThread, details, make_config
-from tests.service.test_lifecycle import eventually
 
 FAULTY = Path(__file__).parents[1] / "catalogs" / "faulty"
 

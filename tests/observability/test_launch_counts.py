@@ -15,8 +15,8 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from tests.kserve.harness import simple_request
+from tests.launch_service.harness import ServerThread, make_config
 from tests.observability.test_metrics_endpoint import scrape
-from tests.service.harness import ServerThread, make_config
 from tests.waiting import eventually
 
 SAXPY = "accy.kernel.saxpy"

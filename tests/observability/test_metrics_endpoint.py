@@ -18,8 +18,8 @@ from accy.testing import transport_of
 from accyd.core.tenants import Quotas
 from accyd.errors import LaunchArgumentMismatch, NotFound
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
+from tests.launch_service.harness import ServerThread, make_config
 from tests.security.harness import Caller
-from tests.service.harness import ServerThread, make_config
 from tests.waiting import eventually
 
 SCAN = "accy.kernel.device_scan"

@@ -20,8 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.tokens import hash_token, new_token
+from tests.launch_service.harness import chunks, details
 from tests.security.harness import Caller
-from tests.service.harness import chunks, details
 
 FAULTY = Path(__file__).parents[1] / "catalogs" / "faulty"
 SCAN = "accy.kernel.device_scan"

@@ -19,7 +19,7 @@ from accy._ring_path import RingLaunches
 from accy.errors import ClientClosed
 from accy.protocol import ring as layout
 from accy.testing import transport_of
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
 N = 64

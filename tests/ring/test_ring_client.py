@@ -14,7 +14,7 @@ from accy._ring_path import RingLaunches
 from accy.errors import AccyError, BufferLost, ClientClosed, InvalidArgument, Unavailable
 from accy.protocol.ring import RING_ENV
 from accy.testing import transport_of
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
 N = 64

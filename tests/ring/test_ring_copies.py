@@ -20,7 +20,7 @@ from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
 from accyd.doors.hostmem import Segments
 from accyd.doors.ring import RingDoor
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 18  # 1 MiB of f32: above the shared-memory threshold

@@ -12,7 +12,7 @@ import grpc
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.tokens import hash_token, new_token
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 
 @dataclass(frozen=True)

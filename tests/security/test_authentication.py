@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # type: ignore[import-untyped, unused-ignore]
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
+from tests.launch_service.harness import ServerThread, details, field_of, rpc_error
 from tests.security.harness import Caller, TokenSpec, serving_with_tokens, write_tokens
-from tests.service.harness import ServerThread, details, field_of, rpc_error
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"

@@ -17,7 +17,14 @@ from accyd.clipping import clip
 from accyd.doors.grpc.status import refusal_fields
 from accyd.errors import LaunchArgumentMismatch
 from accyd.logs import bound_values
-from tests.service.harness import Attached, ServerThread, attach, details, make_config, rpc_error
+from tests.launch_service.harness import (
+    Attached,
+    ServerThread,
+    attach,
+    details,
+    make_config,
+    rpc_error,
+)
 
 HUGE = 10_000_000
 CLIPPED = re.compile(r"\.\.\. \(1000000\d chars\)")  # the name, quoted or not

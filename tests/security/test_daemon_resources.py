@@ -25,7 +25,7 @@ from accyd.engine.auto import open_engine
 from accyd.errors import QuotaExceeded
 from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
-from tests.service.harness import ServerThread, attach, details, make_config, rpc_error
+from tests.launch_service.harness import ServerThread, attach, details, make_config, rpc_error
 
 
 def usage_of(daemon: Daemon, tenant: str = "local") -> Usage:

@@ -10,8 +10,8 @@ import pytest
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
+from tests.launch_service.harness import ServerThread, chunks, details, make_config, rpc_error
 from tests.security.harness import Caller, TokenSpec, write_tokens
-from tests.service.harness import ServerThread, chunks, details, make_config, rpc_error
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"

@@ -9,7 +9,7 @@ import pytest
 
 from accy import Client, cli, errors
 from accy.testing import Certificates, write_certificates
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 
 @pytest.fixture(scope="module")

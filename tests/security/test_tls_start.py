@@ -17,7 +17,7 @@ from accy import Client
 from accy.testing import write_certificates
 from accyd.doors.grpc.tls import check_validity, server_credentials
 from accyd.process.exits import EXIT_NEVER_READY
-from tests.service.harness import ServerThread, make_config
+from tests.launch_service.harness import ServerThread, make_config
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

@@ -16,8 +16,8 @@ from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.core.tenants import Quotas
 from accyd.errors import CatalogError
 from accyd.tokens import TokenTable, hash_token, new_token
+from tests.launch_service.harness import details, rpc_error
 from tests.security.harness import Caller, serving_with_tokens
-from tests.service.harness import details, rpc_error
 
 
 def token_lines(tenant: str, token: str, scopes: str = '"launch"', quotas: str = "") -> str:

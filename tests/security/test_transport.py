@@ -12,9 +12,9 @@ import pytest
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.settings.config import Config
+from tests.launch_service.harness import ServerThread, make_config
 from tests.security.certs import Authority, Issued
 from tests.security.harness import Caller, TokenSpec, write_tokens
-from tests.service.harness import ServerThread, make_config
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ import pytest
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.doors.ring.ring import ServerRing
-from tests.service.harness import Attached, ServerThread, attach, make_config, rpc_error
-from tests.service.test_rpcs import download, upload
+from tests.launch_service.harness import Attached, ServerThread, attach, make_config, rpc_error
+from tests.launch_service.test_rpcs import download, upload
 from tests.waiting import eventually
 
 N = 50000

@@ -11,7 +11,7 @@ import numpy as np
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import running_daemon
-from tests.service.harness import attach, chunks
+from tests.launch_service.harness import attach, chunks
 
 SLOW_CATALOG = Path(__file__).parents[1] / "catalogs" / "slow"
 SLOW = "accy.test.slow"

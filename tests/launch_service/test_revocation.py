@@ -19,8 +19,8 @@ from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.protocol import open_inference_pb2_grpc
 from accyd.tokens import hash_token
 from tests.kserve.harness import simple_request
+from tests.launch_service.harness import ServerThread, make_config
 from tests.security.harness import TokenSpec, write_tokens
-from tests.service.harness import ServerThread, make_config
 
 WITHIN = 2.0
 """How soon after the reload a removed token's streams and client end."""

@@ -19,7 +19,7 @@ from accy import Client, ExportedBuffer, _handoff
 from accy.errors import FailedPrecondition, InvalidArgument, NotFound
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, call, running_daemon
-from tests.shm.test_shared_buffers import daemon_fds, server_pid
+from tests.hostmem.test_shared_buffers import daemon_fds, server_pid
 
 SAXPY = "accy.kernel.saxpy"
 N = 1 << 16

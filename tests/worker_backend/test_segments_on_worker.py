@@ -1,4 +1,4 @@
-"""Host-shared segments on a daemon whose device is a worker: ``tests/shm``'s flows, zero-copy.
+"""Host-shared segments on a daemon whose device is a worker: ``tests/hostmem``'s flows, zero-copy.
 
 The core segment tests (quota, copies ordered with launches, a detached
 client's teardown, limits) run again with ``world`` built over a
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tests.shm.test_segments_core as core
-import tests.shm.test_shared_buffers as end_to_end
+import tests.hostmem.test_segments_core as core
+import tests.hostmem.test_shared_buffers as end_to_end
 from accy import Client
 from accy.testing import RunningDaemon, running_daemon
 from accyd.backends.worker.front.proxy import WorkerBackend
@@ -28,7 +28,7 @@ from accyd.core.daemon import Daemon
 from accyd.core.tenants import Quotas
 from accyd.doors.hostmem import Segments
 from accyd.doors.hostmem.handoff import Handoff
-from tests.workers.conftest import traffic
+from tests.worker_backend.conftest import traffic
 
 # The core's segment tests, collected here with this module's ``world``.
 test_segments_count_against_the_memory_quota = core.test_segments_count_against_the_memory_quota

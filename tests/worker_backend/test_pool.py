@@ -17,8 +17,8 @@ from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.catalog import ArtifactFormat, load_catalog
 from accyd.errors import DeviceFault, LaunchArgumentMismatch, Unavailable
 from tests.pipeline_harness import CASES, run_case
-from tests.workers.conftest import gone, worker_children
-from tests.workers.test_faults import eventually
+from tests.worker_backend.conftest import gone, worker_children
+from tests.worker_backend.test_faults import eventually
 
 CATALOG = load_catalog()
 

@@ -24,7 +24,7 @@ import pytest
 from accy import Client
 from accyd.backends.base import DeviceBuffer
 from accyd.backends.host import HostBackend
-from tests.service.harness import CATALOG, ServerThread, make_config
+from tests.launch_service.harness import CATALOG, ServerThread, make_config
 
 SCAN_N = 4096 * 64
 LAUNCHES = 100

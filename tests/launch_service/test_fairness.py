@@ -15,8 +15,8 @@ import pytest
 from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.catalog import load_catalog
+from tests.launch_service.harness import ServerThread, chunks, make_config
 from tests.security.harness import Caller, TokenSpec, write_tokens
-from tests.service.harness import ServerThread, chunks, make_config
 
 SLOW = "accy.test.slow"
 SAXPY = "accy.kernel.saxpy"

@@ -19,7 +19,7 @@ from accyd.backends.worker.front.pins import PinnedRange, address_of, file_ident
 from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.backends.worker.protocol import Op
 from accyd.errors import DeviceFault
-from tests.workers.conftest import Kernels, traffic
+from tests.worker_backend.conftest import Kernels, traffic
 
 SIZE = 4 << 20
 PART = 1 << 20

@@ -13,7 +13,7 @@ import pytest
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.protocol.launch.v1 import launch_pb2_grpc
 from accyd.core.tenants import Quotas
-from tests.service.harness import (
+from tests.launch_service.harness import (
     Attached,
     ServerThread,
     attach,

@@ -28,7 +28,7 @@ from accyd.core.prepared import prepare_pipeline
 from accyd.errors import DeviceFault
 from accyd.process.exits import EXIT_DEVICE_LOST
 from tests.pipeline_harness import CASES, download, run_case, upload
-from tests.workers.test_faults import eventually
+from tests.worker_backend.test_faults import eventually
 
 pytestmark = [
     pytest.mark.cuda,
@@ -145,8 +145,8 @@ def test_a_segment_pinned_through_a_cuda_worker_copies_with_no_bytes_on_the_chan
 ) -> None:
     from accyd.backends.worker.front.pins import PinnedRange
     from accyd.backends.worker.protocol import Op
-    from tests.workers.conftest import traffic
-    from tests.workers.test_shared_memory import Segment, mapped_in
+    from tests.worker_backend.conftest import traffic
+    from tests.worker_backend.test_shared_memory import Segment, mapped_in
 
     half = 32 << 20
     segment = Segment(2 * half)

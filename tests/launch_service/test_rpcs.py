@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha import (  # type: ignore[import-untyped, unused-ign
 )
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from tests.service.harness import Attached, ServerThread, chunks
+from tests.launch_service.harness import Attached, ServerThread, chunks
 
 N = 70000
 RNG = np.random.default_rng(7)

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.process.steps import within
-from tests.service.harness import ServerThread, attach, chunks, make_config
+from tests.launch_service.harness import ServerThread, attach, chunks, make_config
 
 SCAN = "accy.kernel.device_scan"
 

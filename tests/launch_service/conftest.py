@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.service.harness import Attached, ServerThread, attach, make_config
+from tests.launch_service.harness import Attached, ServerThread, attach, make_config
 
 
 @pytest.fixture(scope="module", params=["unix", "tcp"])

@@ -31,7 +31,7 @@ from accyd.errors import (
     UnsupportedOperation,
 )
 from tests.pipeline_harness import CASES, run_case
-from tests.workers.conftest import ONE, Kernels
+from tests.worker_backend.conftest import ONE, Kernels
 
 CATALOG = load_catalog()
 

@@ -16,7 +16,7 @@ from accyd.backends.select import cuda_present
 from accyd.backends.worker.front.proxy import WorkerBackend
 from accyd.errors import DeviceFault, Unavailable, UnsupportedOperation
 from accyd.process.exits import EXIT_DEVICE_LOST
-from tests.workers.conftest import Kernels, gone, worker_children
+from tests.worker_backend.conftest import Kernels, gone, worker_children
 
 
 def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
