@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from accy.testing import RunningDaemon, running_daemon
+from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from tests.kserve.harness import SHM
 
 NOBODY = 65534
@@ -30,24 +33,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROGRAM = r"""
-import json, os, site, sys
-site.addsitedir(os.environ["ACCY_TEST_SITE"])  # this checkout's environment, readable to all
-import grpc
-from accyd.doors.kserve.protocol import open_inference_pb2 as pb
-from accyd.doors.kserve.protocol import open_inference_pb2_grpc
+import json, os, sys
+import grpc  # alone: copied where the second user may read it
 
-unix, tcp, mine, roots = sys.argv[1:]
+unix, tcp, mine, requests = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 fd = os.open(f"/dev/shm/{mine}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 os.ftruncate(fd, 64)
 os.close(fd)
 out = {}
 for where, target in (("unix", unix), ("tcp", tcp)):
     with grpc.insecure_channel(target) as channel:
-        stub = open_inference_pb2_grpc.GRPCInferenceServiceStub(channel)
-        for whose, key in (("mine", mine), ("roots", roots)):
-            request = pb.SystemSharedMemoryRegisterRequest(name=whose, key=f"/{key}", byte_size=64)
+        register = channel.unary_unary(
+            "/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+        )  # bytes in, bytes out
+        for whose, request in requests.items():
             try:
-                stub.SystemSharedMemoryRegister(request, timeout=30)
+                register(bytes.fromhex(request), timeout=30)
                 out[f"{where}/{whose}"] = "OK"
             except grpc.RpcError as error:
                 out[f"{where}/{whose}"] = f"{error.code().name}: {error.details()}"
@@ -57,7 +58,7 @@ print(json.dumps(out))
 
 def _python_for_nobody() -> str | None:
     """A Python of this one's version that another user may run (this one may sit in root's
-    home): the system's, given this environment's packages."""
+    home): the system's, given a readable copy of this environment's grpc."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for folder in ("/usr/bin", "/usr/local/bin"):
         candidate = Path(folder, f"python{version}")
@@ -66,10 +67,25 @@ def _python_for_nobody() -> str | None:
     return None
 
 
-def _as_nobody(python: str, *args: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture
+def readable_grpc() -> Iterator[Path]:
+    """This environment's grpc, copied where any user may read it (the checkout may not be)."""
+    folder = Path(tempfile.mkdtemp(prefix="accy-grpc-"))
+    try:
+        site = Path(sysconfig.get_paths()["purelib"])
+        shutil.copytree(site / "grpc", folder / "grpc")
+        shutil.copy(site / "typing_extensions.py", folder)
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _as_nobody(python: str, site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [python, "-c", *args],
-        env={"ACCY_TEST_SITE": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
         user=NOBODY,
         group=NOBODY,
         extra_groups=[],
@@ -93,14 +109,11 @@ def shared() -> Iterator[RunningDaemon]:
 
 
 def test_another_users_caller_registers_only_its_own_objects_and_only_where_named(
-    shared: RunningDaemon,
+    shared: RunningDaemon, readable_grpc: Path
 ) -> None:
     python = _python_for_nobody()
     if python is None:
         pytest.skip(f"no Python {sys.version_info[:2]} that user {NOBODY} may run")
-    probe = _as_nobody(python, PROGRAM.split("import grpc")[0] + "import grpc, accyd")
-    if probe.returncode != 0:
-        pytest.skip(f"user {NOBODY} cannot run this checkout's Python: {probe.stderr[-300:]}")
     tag = f"kserve_2u_{os.getpid()}"
     mine, roots = f"{tag}_mine", f"{tag}_root"
     secret = b"root's alone".ljust(64, b"\0")
@@ -108,7 +121,21 @@ def test_another_users_caller_registers_only_its_own_objects_and_only_where_name
     os.chmod(SHM / roots, 0o600)
     try:
         assert shared.tcp_target is not None
-        done = _as_nobody(python, PROGRAM, shared.unix_target, shared.tcp_target, mine, roots)
+        requests = {
+            whose: pb.SystemSharedMemoryRegisterRequest(name=whose, key=f"/{key}", byte_size=64)
+            .SerializeToString()
+            .hex()
+            for whose, key in (("mine", mine), ("roots", roots))
+        }
+        done = _as_nobody(
+            python,
+            readable_grpc,
+            PROGRAM,
+            shared.unix_target,
+            shared.tcp_target,
+            mine,
+            json.dumps(requests),
+        )
         assert done.returncode == 0, done.stderr
         results = json.loads(done.stdout)
     finally:
