@@ -103,7 +103,7 @@ _frames: list[tuple[float, float, float]] = []
 
 
 def _stamp_daemon() -> None:
-    from accyd.doors.grpc import ring_stream
+    from accyd.ring import stream as ring_stream
 
     ring = ring_stream._StreamRing
     take, state = ring.take, ring._state

@@ -29,15 +29,15 @@ from accyd.doors.grpc.calls import MAX_ID_LENGTH, Call, CallTracker, streaming, 
 from accyd.doors.grpc.encoded import EncodedAnswers, encode_read_chunk
 from accyd.doors.grpc.ending import StreamEnds, until_ended
 from accyd.doors.grpc.launches import Launcher
-from accyd.doors.grpc.ring_stream import RingStreams
 from accyd.doors.grpc.tasks import TaskSet
 from accyd.doors.hostmem import Segments
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring.charges import stream_ring_usage
-from accyd.doors.ring.door import MAX_SLOTS
 from accyd.errors import FailedPrecondition, InvalidRequest
 from accyd.logs import bind
 from accyd.process.exits import Lineage
+from accyd.ring import RingDoor
+from accyd.ring.charges import stream_ring_usage
+from accyd.ring.door import MAX_SLOTS
+from accyd.ring.stream import RingStreams
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import Principal
 

@@ -35,16 +35,16 @@ from accyd.core.interface import Core
 from accyd.doors.grpc.calls import Context
 from accyd.doors.grpc.ending import until_ended
 from accyd.doors.grpc.launches import until_stopped
-from accyd.doors.ring.door import RingTaker, ring_slots
-from accyd.doors.ring.memory import RingMemory
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import ServerRing
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
+from accyd.ring.door import RingTaker, ring_slots
+from accyd.ring.memory import RingMemory
+from accyd.ring.observer import RingObserver
+from accyd.ring.ring import ServerRing
 from accyd.scheduling import DeviceWork
 
 __all__ = ["STREAMS_PER_CLIENT", "RingStreams"]
 
-log = structlog.get_logger("accyd.doors.ring")
+log = structlog.get_logger("accyd.ring")
 
 _FLAGS = 10
 """A record's flags' low byte."""
