@@ -12,7 +12,7 @@ from accyd.ring.charges import RingCharges
 from accyd.ring.door import RingDoor
 from accyd.ring.engine.auto import EngineKind, RingEngine, open_engine
 from accyd.ring.observer import RingObserver
-from accyd.ring.stream import RingStreams
+from accyd.ring.stream import StreamRings
 from accyd.ring.waiting import WaitBudget
 from accyd.scheduling import DeviceWork
 
@@ -49,7 +49,7 @@ class RingDoors:
             observer=observer,
             launches_per_client=daemon.launches_per_client,
         )
-        self.streams = RingStreams(
+        self.streams = StreamRings(
             daemon,
             self.engine,
             work=work,

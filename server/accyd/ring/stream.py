@@ -1,4 +1,4 @@
-"""RingStream: a client's ring whose records come as messages, taken by the ring engine.
+"""The ring side of a ``RingStream`` call: a client's ring whose records come as frames.
 
 A client that cannot map the daemon's memory (another host, a TCP target) sends the
 same-host ring's records in frames, and gets the ring's counters back as messages. The
@@ -10,7 +10,9 @@ copies its records in (at most a ring's worth, bounded) and kicks the engine.
 
 The engine writes the ring's ``complete`` eventfd whenever its tail or done moves (and
 the slow path, when it writes an entry); the loop reads it and sends the counters as
-they are then, so one message answers many records.
+they are then, so one message answers many records. The gRPC door
+(``accyd.doors.grpc.ring_stream``) wires the call to a ``StreamRing``: frames in, the
+``RingCounters`` it is handed out as messages.
 
 The ring lives as long as its stream: the stream's end removes it from the engine and
 closes it; a client that detached ends the stream at its next frame. A client that
@@ -23,26 +25,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import structlog
 
 from accy.protocol import ring as layout
-from accy.protocol.launch.v1 import launch_pb2 as pb
 from accyd.clipping import clip
 from accyd.core.ids import new_id
 from accyd.core.interface import Core
-from accyd.doors.grpc.calls import Context
-from accyd.doors.grpc.ending import until_ended
-from accyd.doors.grpc.launches import until_stopped
-from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
+from accyd.errors import InvalidRequest, QuotaExceeded
 from accyd.ring.door import RingTaker, ring_slots
 from accyd.ring.memory import RingMemory
 from accyd.ring.observer import RingObserver
 from accyd.ring.ring import ServerRing
 from accyd.scheduling import DeviceWork
 
-__all__ = ["STREAMS_PER_CLIENT", "RingStreams"]
+__all__ = ["STREAMS_PER_CLIENT", "RingCounters", "StreamRing", "StreamRings"]
 
 log = structlog.get_logger("accyd.ring")
 
@@ -53,8 +52,24 @@ STREAMS_PER_CLIENT = 8
 """Ring streams one client may hold open at once (each is up to a MiB of the daemon's memory)."""
 
 
-class RingStreams:
-    """Serves ``RingStream`` for the service: one ``_StreamRing`` per open stream."""
+@dataclass(frozen=True, slots=True)
+class RingCounters:
+    """What a stream's client is told: the ring's counters, and the error entries written
+    since it was last told (``entries`` from index ``first_error`` on; none: empty)."""
+
+    tail: int
+    done: int
+    errors: int
+    first_error: int = 0
+    entries: bytes = b""
+
+
+Send = Callable[[RingCounters], Awaitable[None]]
+"""Sends the counters to the stream's client (one at a time)."""
+
+
+class StreamRings:
+    """The rings over streams of one server: their engine, and how many each client holds."""
 
     def __init__(
         self,
@@ -75,27 +90,11 @@ class RingStreams:
         self._open: dict[str, int] = {}
         """Open streams per client."""
 
-    async def serve(
-        self,
-        client_id: str,
-        frames: AsyncIterator[pb.RingFrame],
-        context: Context,
-        gone: asyncio.Event,
-    ) -> None:
-        """Open the ring the first frame asks for, then take each frame's records until the
-        client stops sending and its records are done; or, once ``gone`` is set (the client
-        went), at once: the records not yet decided are dropped."""
-        frames = until_ended(until_stopped(frames, self.daemon), gone)
-        try:
-            hello = await anext(frames)
-        except StopAsyncIteration:
-            return
-        if hello.records:
-            raise InvalidRequest(
-                "the first frame opens the ring (slots) and carries no records", field="records"
-            )
+    def open(self, client_id: str, slots: int, send: Send) -> StreamRing:
+        """The ring a stream's first frame asks for (``slots``), answered through ``send``;
+        its ``close`` lets it go. Raises if the client is unknown or holds its most."""
         self.daemon.client(client_id)  # attached, or CLIENT_UNKNOWN
-        slots = ring_slots(hello.slots)
+        slots = ring_slots(slots)
         held = self._open.get(client_id, 0)
         if held >= STREAMS_PER_CLIENT:
             raise QuotaExceeded(
@@ -105,38 +104,25 @@ class RingStreams:
             )
         self._open[client_id] = held + 1
         try:
-            ring = _StreamRing(self, client_id, slots, context)
+            return StreamRing(self, client_id, slots, send)
         except BaseException:
-            self._release(client_id)
+            self.release(client_id)
             raise
-        leaving = asyncio.ensure_future(gone.wait())
-        leaving.add_done_callback(lambda _: ring.abandon())
-        try:
-            await context.write(pb.RingState(slots=slots))
-            async for frame in frames:
-                self.daemon.client(client_id)  # a detached client's stream ends here
-                if ring.take(frame) and self.spin_seconds:
-                    await ring.spin(self.spin_seconds)
-                if ring.broken:  # a fault that stops the daemon: say what the entries say
-                    await ring.flush()
-                    raise Unavailable("the daemon closed this ring: it is stopping")
-            await ring.drain()
-        finally:
-            leaving.cancel()
-            await ring.close()
-            self._release(client_id)
 
-    def _release(self, client_id: str) -> None:
+    def release(self, client_id: str) -> None:
+        """One of the client's streams ended (its ring's ``close``)."""
         left = self._open.pop(client_id) - 1
         if left:
             self._open[client_id] = left
 
 
-class _StreamRing:
+class StreamRing:
     """One stream's ring: its memory and ``ServerRing``, taken by the engine, answered from
     the event loop (the engine's wakes come back to it through ``complete``)."""
 
-    def __init__(self, streams: RingStreams, client_id: str, slots: int, context: Context) -> None:
+    def __init__(self, streams: StreamRings, client_id: str, slots: int, send: Send) -> None:
+        self._streams = streams
+        self._client_id = client_id
         self._memory = RingMemory(slots, shared=False)
         self._ring = ServerRing(
             new_id("ring"),
@@ -147,7 +133,7 @@ class _StreamRing:
             observer=streams.observer,
         )
         self._engine = streams.engine
-        self._context = context
+        self._send = send
         self._loop = asyncio.get_running_loop()
         self._head = 0
         self._sent = (0, 0, 0)
@@ -162,21 +148,24 @@ class _StreamRing:
         self._loop.add_reader(self._memory.complete_fd, self._on_moved)
 
     @property
+    def slots(self) -> int:
+        return self._memory.slot_count
+
+    @property
     def broken(self) -> bool:
         return self._ring.broken
 
-    def take(self, frame: pb.RingFrame) -> bool:
-        """Check the frame's framing, copy its records in, kick the engine; whether the client
-        waits for one of them (``NOTIFY``)."""
-        records = frame.records
+    def take(self, first: int, records: bytes) -> bool:
+        """Check a frame's framing (its records, from seq ``first`` on), copy its records in,
+        kick the engine; whether the client waits for one of them (``NOTIFY``)."""
         count, odd = divmod(len(records), layout.SLOT_SIZE)
         memory = self._memory
         room = memory.slot_count - (self._head - memory.u64(layout.TAIL))
-        if odd or frame.first != self._head or count > room:
+        if odd or first != self._head or count > room:
             raise InvalidRequest(
                 f"a frame carries whole records from seq {self._head} on, at most {room} of "
                 f"them now (its window: records not yet taken); {len(records)} bytes from "
-                f"seq {frame.first} is not that",
+                f"seq {first} is not that",
                 field="records",
             )
         if not count:
@@ -241,9 +230,9 @@ class _StreamRing:
         async with self._writing:
             state = self._state()
             if state is not None:
-                await self._context.write(state)
+                await self._send(state)
 
-    def _state(self) -> pb.RingState | None:
+    def _state(self) -> RingCounters | None:
         memory = self._memory
         now = (memory.u64(layout.TAIL), memory.u64(layout.DONE), memory.u64(layout.ERRORS))
         if now == self._sent:
@@ -251,20 +240,24 @@ class _StreamRing:
         told = self._sent[2]
         self._sent = now
         tail, done, errors = now
-        state = pb.RingState(tail=tail, done=done, errors=errors)
-        if errors != told:
-            state.first_error, state.entries = memory.entries(told, errors)
-        return state
+        if errors == told:
+            return RingCounters(tail, done, errors)
+        first_error, entries = memory.entries(told, errors)
+        return RingCounters(tail, done, errors, first_error, entries)
 
     async def close(self) -> None:
-        """Stop listening, have the engine let the ring go (it closes it); idempotent."""
+        """Stop listening, have the engine let the ring go (it closes it), and count the
+        client's stream as ended; idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._ring.abandon()  # at once, on the loop: the engine lets it go on a thread
-        self._moved.set()
-        with contextlib.suppress(ValueError, OSError):
-            self._loop.remove_reader(self._memory.complete_fd)
-        if self._flushing is not None:
-            self._flushing.cancel()
-        await asyncio.to_thread(self._engine.remove, self._ring)
+        try:
+            self._ring.abandon()  # at once, on the loop: the engine lets it go on a thread
+            self._moved.set()
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self._memory.complete_fd)
+            if self._flushing is not None:
+                self._flushing.cancel()
+            await asyncio.to_thread(self._engine.remove, self._ring)
+        finally:
+            self._streams.release(self._client_id)
