@@ -31,7 +31,7 @@ COPY client ./client
 # The native ring engine is built here (gcc, Python's headers) and must import: the image
 # never falls back to the Python loop silently.
 RUN /opt/accy/bin/pip install --no-cache-dir --no-deps --no-build-isolation ".[cuda]" \
-    && /opt/accy/bin/python -c "import accyd.engine._native" \
+    && /opt/accy/bin/python -c "import accyd.ring.engine._native" \
     && /opt/accy/bin/pip uninstall --yes setuptools wheel
 
 FROM ${CUDA_IMAGE}

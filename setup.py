@@ -19,8 +19,8 @@ if mode == "sanitize":
     link = sanitizers
 
 native = Extension(
-    "accyd.engine._native",
-    ["server/accyd/engine/_native.c"],
+    "accyd.ring.engine._native",
+    ["server/accyd/ring/engine/_native.c"],
     extra_compile_args=flags,
     extra_link_args=link,
     libraries=["dl", "pthread"],

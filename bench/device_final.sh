@@ -6,7 +6,7 @@
 set -u
 source bench/device_env.sh || exit 1
 
-step native 60 $PY -c "import accyd.engine._native as n; print('native engine built', n.LAYOUT['SLOT_SIZE'])"
+step native 60 $PY -c "import accyd.ring.engine._native as n; print('native engine built', n.LAYOUT['SLOT_SIZE'])"
 step tests ${TESTS_TIMEOUT:-150} $PY -m pytest -q -p no:cacheprovider tests/engine tests/ring \
   tests/core/test_tickets.py tests/backends/test_cuda_prepared.py tests/hostmem/test_shared_cuda.py \
   tests/kserve/test_simple_pipeline.py

@@ -10,7 +10,7 @@ source bench/device_env.sh || exit 1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY -c "import triton, cuda.bindings; print('triton', triton.__version__, 'cuda-bindings', cuda.bindings.__version__)"
   $PY -c "from accyd.backends.cuda.compile_cache import cuda_include_dirs as d; print('CUDA headers:', d())"
-  $PY -c "import accyd.engine._native" 2>&1 | tail -1 && echo "native engine: built"
+  $PY -c "import accyd.ring.engine._native" 2>&1 | tail -1 && echo "native engine: built"
 } > "$OUT/env.txt" 2>&1
 step user_kernels 240 $PY -m pytest -q -p no:cacheprovider -x tests/backends/test_user_kernels.py
 step launch_path 300 $PY -m pytest -q -p no:cacheprovider ${SUITES:-tests/backends/test_cuda.py tests/backends/test_cuda_kernels.py tests/backends/test_cuda_prepared.py tests/engine tests/ring tests/core}

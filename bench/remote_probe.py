@@ -10,7 +10,7 @@ process that uses the public client API, and times each waited launch of
 saxpy (n = 64) by stamping (``CLOCK_MONOTONIC``, the same clock in both
 processes): in the client, the call to ``Session.launch``, its frame handed to
 gRPC (the call's request iterator) and the daemon's answer read (the reader
-thread), and the return; in the daemon, ``_StreamRing.take`` entered, its
+thread), and the return; in the daemon, ``StreamRing.take`` entered, its
 answer built, and the answer written. A raw streaming gRPC echo of a frame's
 size, on its own server, is timed after (the floor). It prints p50 of each
 leg, in µs.
@@ -103,18 +103,19 @@ _frames: list[tuple[float, float, float]] = []
 
 
 def _stamp_daemon() -> None:
-    from accyd.doors.grpc import ring_stream
+    from accyd.ring.stream import StreamRing
 
-    ring = ring_stream._StreamRing
+    ring = StreamRing
     take, state = ring.take, ring._state
     built: list[float] = []
 
-    async def timed_take(self: Any, frame: Any) -> None:
+    def timed_take(self: Any, first: int, records: bytes) -> bool:
         entered = time.perf_counter()
         count = len(built)
-        await take(self, frame)
+        waits = take(self, first, records)
         written = time.perf_counter()
         _frames.append((entered, built[-1] if len(built) > count else written, written))
+        return waits
 
     def timed_state(self: Any) -> Any:
         answer = state(self)

@@ -28,7 +28,7 @@ from accyd.backends.select import make_backend
 from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
+from accyd.ring import RingDoor
 from accyd.scheduling import DeviceWork
 
 SAXPY = "accy.kernel.saxpy"

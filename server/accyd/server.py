@@ -43,8 +43,6 @@ from accyd.doors.grpc.tls import server_credentials
 from accyd.doors.hostmem import Segments
 from accyd.doors.kserve.servicer import SERVICE_NAME as KSERVE_SERVICE
 from accyd.doors.kserve.servicer import KServeServicer
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring_doors import RingDoors
 from accyd.errors import AccyError, DeviceFault, ShuttingDown, Unavailable
 from accyd.logs import flush_left_out
 from accyd.process.event_loop import set_loop_spin
@@ -53,6 +51,8 @@ from accyd.process.exits import EXIT_STOPPED_BUSY, Lineage
 from accyd.process.malloc import keep_freed_memory
 from accyd.process.socket_claim import SocketClaim, umask
 from accyd.process.steps import alive, on_loop, within
+from accyd.ring import RingDoor
+from accyd.ring.doors import RingDoors
 from accyd.scheduling import DeviceWork
 from accyd.settings.config import Config
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts

@@ -7,7 +7,7 @@ import ctypes
 import itertools
 import threading
 
-from accyd.engine.drivers import NOT_READY
+from accyd.ring.engine.drivers import NOT_READY
 
 __all__ = ["FakeDriver"]
 

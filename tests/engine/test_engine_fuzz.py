@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from accy._ring import Ring
 from accy.protocol import ring as layout
-from accyd.doors.ring.memory import RingMemory
+from accyd.ring.memory import RingMemory
 from tests.engine.fake_driver import FakeDriver
 from tests.waiting import eventually
 
-native = pytest.importorskip("accyd.engine._native", reason="the native engine is not built")
+native = pytest.importorskip("accyd.ring.engine._native", reason="the native engine is not built")
 
 SLOTS = 32
 SCALARS = struct.Struct("<I4xf4x48x")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
-import accyd.engine
-from accyd.engine.auto import open_engine
-from accyd.engine.pyloop import PythonLoop
+import accyd.ring.engine
+from accyd.ring.engine.auto import open_engine
+from accyd.ring.engine.pyloop import PythonLoop
 from tests.core.daemon_fixtures import host_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_without_the_extension_the_python_loop_serves_with_one_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "accyd.engine._native", None)  # as if never built
-    monkeypatch.delitem(sys.modules, "accyd.engine.native", raising=False)
-    monkeypatch.delattr(accyd.engine, "_native", raising=False)
+    monkeypatch.setitem(sys.modules, "accyd.ring.engine._native", None)  # as if never built
+    monkeypatch.delitem(sys.modules, "accyd.ring.engine.native", raising=False)
+    monkeypatch.delattr(accyd.ring.engine, "_native", raising=False)
     daemon, _ = host_daemon()
     try:
         with structlog.testing.capture_logs() as logs:
@@ -66,5 +66,5 @@ def test_a_machine_without_a_compiler_still_builds_accy(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (wheel,) = tmp_path.glob("accy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "accyd/engine/native.py" in names
+    assert "accyd/ring/engine/native.py" in names
     assert not [n for n in names if n.endswith(".so")]

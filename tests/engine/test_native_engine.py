@@ -17,11 +17,11 @@ import pytest
 
 from accy._ring import Ring
 from accy.protocol import ring as layout
-from accyd.doors.ring.memory import RingMemory
+from accyd.ring.memory import RingMemory
 from tests.engine.fake_driver import FakeDriver
 from tests.waiting import eventually
 
-native = pytest.importorskip("accyd.engine._native", reason="the native engine is not built")
+native = pytest.importorskip("accyd.ring.engine._native", reason="the native engine is not built")
 
 SCALARS = struct.Struct("<I4xf4x48x")
 STREAM, EXEC, TOKEN = 0x5000, 0x7000, 3

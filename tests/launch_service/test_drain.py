@@ -17,7 +17,7 @@ import pytest
 from accy import Client
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import transport_of
-from accyd.engine import pyloop
+from accyd.ring.engine import pyloop
 from tests.launch_service.harness import ServerThread, attach, make_config
 
 GRACE = 8.0

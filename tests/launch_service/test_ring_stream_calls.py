@@ -22,7 +22,7 @@ import pytest
 
 from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
-from accyd.doors.ring.ring import ServerRing
+from accyd.ring.ring import ServerRing
 from tests.launch_service.harness import Attached, ServerThread, attach, make_config, rpc_error
 from tests.launch_service.test_rpcs import download, upload
 from tests.waiting import eventually
@@ -198,7 +198,7 @@ def test_a_departed_clients_records_are_dropped_not_decided(
     """16 clients each sent a ring of refused records and left: the daemon went on refusing
     all 65,536 of them one by one for seconds, their rings held meanwhile."""
     if engine == "native":
-        pytest.importorskip("accyd.engine._native")
+        pytest.importorskip("accyd.ring.engine._native")
     refused = 0
     refuse = ServerRing.refuse
 

@@ -12,8 +12,8 @@ import pytest
 from accyd.backends.cuda import cuda_available
 from accyd.catalog import load_catalog
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
-from accyd.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.ring import RingDoor
+from accyd.ring.engine.auto import EngineKind, RingEngine, open_engine
 from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 

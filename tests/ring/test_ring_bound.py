@@ -10,8 +10,8 @@ import numpy as np
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
-from accyd.engine.auto import RingEngine
+from accyd.ring import RingDoor
+from accyd.ring.engine.auto import RingEngine
 from tests.ring.test_ring_core import open_ring, read, write
 from tests.waiting import eventually
 

@@ -19,7 +19,7 @@ from accy.testing import transport_of
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
 from accyd.doors.hostmem import Segments
-from accyd.doors.ring import RingDoor
+from accyd.ring import RingDoor
 from tests.launch_service.harness import ServerThread, make_config
 
 SAXPY = "accy.kernel.saxpy"

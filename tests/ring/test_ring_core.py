@@ -12,10 +12,10 @@ from accy._ring import Ring, RingClosed
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType, Scalar
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring import ring as ring_module
-from accyd.doors.ring.door import RINGS_PER_CLIENT
 from accyd.errors import QuotaExceeded
+from accyd.ring import RingDoor
+from accyd.ring import ring as ring_module
+from accyd.ring.door import RINGS_PER_CLIENT
 
 SCAN = "accy.kernel.device_scan"
 SAXPY = "accy.kernel.saxpy"

@@ -10,8 +10,8 @@ import pytest
 from accy._ring import Ring
 from accy.protocol import ring as layout
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
 from accyd.logs import flush_left_out
+from accyd.ring import RingDoor
 
 
 def test_a_flood_of_refused_ring_records_writes_a_bounded_log_and_a_summary(

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from accyd.doors.ring.memory import RingMemory
+from accyd.ring.memory import RingMemory
 
 
 @pytest.mark.parametrize("shared", [True, False])

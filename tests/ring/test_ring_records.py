@@ -15,10 +15,10 @@ from accy.errors import InvalidArgument
 from accy.protocol import ring as layout
 from accyd.backends.base import BackendKind
 from accyd.catalog.dtypes import DType
-from accyd.doors.ring.door import RingDoor
-from accyd.doors.ring.memory import RingMemory
-from accyd.engine.auto import open_engine
-from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.ring.door import RingDoor
+from accyd.ring.engine.auto import open_engine
+from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop
+from accyd.ring.memory import RingMemory
 from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 

@@ -20,7 +20,7 @@ from accy.protocol import ring as layout
 from accy.protocol.launch.v1 import launch_pb2 as pb
 from accy.testing import RunningDaemon, running_daemon, transport_of
 from accyd.backends.cuda import cuda_available
-from accyd.doors.grpc.ring_stream import STREAMS_PER_CLIENT
+from accyd.ring.stream import STREAMS_PER_CLIENT
 
 SAXPY = "accy.kernel.saxpy"
 

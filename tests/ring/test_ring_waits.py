@@ -12,10 +12,10 @@ import pytest
 from accy._ring import Ring, wait_spin_seconds
 from accy.protocol import ring as layout
 from accyd.core.daemon import Daemon
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring.memory import RingMemory
-from accyd.doors.ring.waiting import FULL_SPIN_US, SHORT_SPIN_US, WaitBudget, spin_budget
-from accyd.engine.auto import open_engine
+from accyd.ring import RingDoor
+from accyd.ring.engine.auto import open_engine
+from accyd.ring.memory import RingMemory
+from accyd.ring.waiting import FULL_SPIN_US, SHORT_SPIN_US, WaitBudget, spin_budget
 from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 

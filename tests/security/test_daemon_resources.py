@@ -19,10 +19,10 @@ from accyd.core.tenants import Quotas, Usage
 from accyd.doors.hostmem import Segments
 from accyd.doors.hostmem import handoff as handoff_module
 from accyd.doors.hostmem.segments import SEGMENT_DESCRIPTORS
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring.charges import RING_DESCRIPTORS, RingCharges
-from accyd.engine.auto import open_engine
 from accyd.errors import QuotaExceeded
+from accyd.ring import RingDoor
+from accyd.ring.charges import RING_DESCRIPTORS, RingCharges
+from accyd.ring.engine.auto import open_engine
 from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
 from tests.launch_service.harness import ServerThread, attach, details, make_config, rpc_error

@@ -2,7 +2,7 @@
 
 Eight client processes, each waiting for every launch of a small saxpy, share two CPUs with
 a daemon on the host backend whose rings the native engine takes. The daemon tells them to
-sleep at once (``accyd.doors.ring.waiting``): spinning clients would take the CPUs its
+sleep at once (``accyd.ring.waiting``): spinning clients would take the CPUs its
 engine and its kernels need to finish the launches they wait for.
 """
 

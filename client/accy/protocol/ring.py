@@ -123,7 +123,7 @@ CLIENT_WAITS_HALF, DAEMON_WAITS_HALF, CLOSED_HALF = (
 """The u32 flags' indexes in the ring's memory seen as 4-byte words."""
 WAIT_SPIN = CLOSED + 4
 """On the line of ``closed``, which a waiting client reads anyway; the daemon writes both
-seldom (``accyd.doors.ring.waiting``)."""
+seldom (``accyd.ring.waiting``)."""
 WAIT_SPIN_HALF = WAIT_SPIN >> 2
 SPIN_SET = 1 << 31
 """Or'ed into ``wait_spin`` by a daemon that publishes it; the low bits are microseconds."""

@@ -1,6 +1,6 @@
 """Tickets: what the core asks of a launch engine that replays checked launches by itself.
 
-A ring door's engine (``accyd.engine``) may launch a record without Python when it
+A ring door's engine (``accyd.ring.engine``) may launch a record without Python when it
 matches a *ticket*: a launch the core checked in full once, whose prepared launch
 (the one cache of "the same launch again", ``core/prepared.py``) it installed. The
 core stays the only authority on what may run, through three things:

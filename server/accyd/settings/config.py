@@ -202,7 +202,7 @@ class Config:
         "(up to 1 ms), even with more waiting clients than CPUs", bool_text,
         flag="--no-wait-budget", switch=True, switch_value=False, group="tuning",
     )  # fmt: skip
-    """Publish each ring client's spin budget (``accyd.doors.ring.waiting``)."""
+    """Publish each ring client's spin budget (``accyd.ring.waiting``)."""
     cuda_max_connections: int = setting(
         32, "hardware work queues per CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, 1-32; an "
         "operator's own CUDA_DEVICE_MAX_CONNECTIONS wins): more sessions' streams run side "

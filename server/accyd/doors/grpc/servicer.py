@@ -32,12 +32,13 @@ from accyd.doors.grpc.launches import Launcher
 from accyd.doors.grpc.ring_stream import RingStreams
 from accyd.doors.grpc.tasks import TaskSet
 from accyd.doors.hostmem import Segments
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring.charges import stream_ring_usage
-from accyd.doors.ring.door import MAX_SLOTS
 from accyd.errors import FailedPrecondition, InvalidRequest
 from accyd.logs import bind
 from accyd.process.exits import Lineage
+from accyd.ring import RingDoor
+from accyd.ring.charges import stream_ring_usage
+from accyd.ring.door import MAX_SLOTS
+from accyd.ring.stream import StreamRings
 from accyd.telemetry.metrics import Metrics, RingLaunchCounts
 from accyd.tokens import Principal
 
@@ -85,7 +86,7 @@ class LaunchServicer:
         metrics: Metrics | None = None,
         lineage: Lineage | None = None,
         rings: RingDoor | None = None,
-        ring_streams: RingStreams | None = None,
+        ring_streams: StreamRings | None = None,
         ring_counts: RingLaunchCounts | None = None,
     ) -> None:
         """``segments``: the shared memory it offers (none without a Unix socket); ``rings``:
@@ -111,7 +112,7 @@ class LaunchServicer:
         )
         # Counts the rings' launches (both kinds) in accy_launches.
         self.ring_counts = ring_counts or RingLaunchCounts(self.metrics, daemon.pipeline_of)
-        self._ring_streams = ring_streams
+        self._ring_streams = None if ring_streams is None else RingStreams(ring_streams)
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the service's handlers to ``server`` (its interceptor admits their callers first)."""

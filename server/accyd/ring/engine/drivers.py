@@ -25,7 +25,7 @@ from accyd.errors import AccyError, LaunchFailed
 
 __all__ = ["CudaDriver", "Driver", "PythonDriver", "driver_for"]
 
-log = structlog.get_logger("accyd.engine")
+log = structlog.get_logger("accyd.ring.engine")
 
 NOT_READY = 600
 """What ``event_query`` answers for work not over yet (CUDA_ERROR_NOT_READY)."""

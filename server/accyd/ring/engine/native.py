@@ -26,16 +26,16 @@ from accyd.core.clients import Client
 from accyd.core.device import DeviceHealth
 from accyd.core.interface import UNKNOWN_PIPELINE, Core
 from accyd.core.tenants import Tenant
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.records import KEY, KEY_END
-from accyd.doors.ring.ring import Handled, Pending, ServerRing
-from accyd.engine import _native
-from accyd.engine.drivers import Driver, driver_for
 from accyd.errors import AccyError, DeviceFault, LaunchFailed
+from accyd.ring.engine import _native
+from accyd.ring.engine.drivers import Driver, driver_for
+from accyd.ring.observer import RingObserver
+from accyd.ring.records import KEY, KEY_END
+from accyd.ring.ring import Handled, Pending, ServerRing
 
 __all__ = ["HOUSEKEEPING_SECONDS", "NativeEngine"]
 
-log = structlog.get_logger("accyd.engine")
+log = structlog.get_logger("accyd.ring.engine")
 
 HOUSEKEEPING_SECONDS = 0.05
 """How often the slow thread tells the core which clients' rings moved (liveness), counts
@@ -57,7 +57,7 @@ class _Ring:
 
 
 class NativeEngine:
-    """The C engine and its Python side; made by ``accyd.engine.open_engine``."""
+    """The C engine and its Python side; made by ``accyd.ring.engine.open_engine``."""
 
     kind = "native"
 

@@ -20,13 +20,13 @@ from accyd.backends.base import Backend
 from accyd.core.ids import new_id
 from accyd.core.interface import Core
 from accyd.doors.hostmem.handoff import OFFER_SECONDS, Handoff, Offered
-from accyd.doors.ring.charges import RingCharges
-from accyd.doors.ring.copies import Copier
-from accyd.doors.ring.memory import RingMemory
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import ServerRing
-from accyd.doors.ring.waiting import WaitBudget
 from accyd.errors import InvalidRequest, QuotaExceeded, Unavailable
+from accyd.ring.charges import RingCharges
+from accyd.ring.copies import Copier
+from accyd.ring.memory import RingMemory
+from accyd.ring.observer import RingObserver
+from accyd.ring.ring import ServerRing
+from accyd.ring.waiting import WaitBudget
 from accyd.scheduling import DeviceWork
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "ring_slots",
 ]
 
-log = structlog.get_logger("accyd.doors.ring")
+log = structlog.get_logger("accyd.ring")
 
 MAX_SLOTS = 4096
 DEFAULT_SLOTS = 1024
@@ -59,7 +59,7 @@ def ring_slots(asked: int) -> int:
 
 
 class RingTaker(Protocol):
-    """Who takes a ring's records once its client has it (``accyd.engine``'s engines)."""
+    """Who takes a ring's records once its client has it (``accyd.ring.engine``'s engines)."""
 
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
 
@@ -92,7 +92,7 @@ class RingDoor:
     ) -> None:
         self._core = core
         self.waits = waits
-        """Tells each ring's client how long it may spin (``accyd.doors.ring.waiting``)."""
+        """Tells each ring's client how long it may spin (``accyd.ring.waiting``)."""
         self._engine = engine
         self._observer = observer
         self._work = work
@@ -104,7 +104,7 @@ class RingDoor:
         self._by_client: dict[str, dict[str, ServerRing]] = {}
         self._lock = threading.Lock()
         self.charges: RingCharges | None = None
-        """Charges each ring to its tenant (``accyd.doors.ring.charges``), once the server
+        """Charges each ring to its tenant (``accyd.ring.charges``), once the server
         sets it."""
 
     def start(self, mode: int = 0o660) -> None:

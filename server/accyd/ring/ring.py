@@ -1,6 +1,6 @@
 """One client's ring on the daemon's side: what each record an engine hands to Python means.
 
-A ring's records are taken by an engine (``accyd.engine``): the native one launches
+A ring's records are taken by an engine (``accyd.ring.engine``): the native one launches
 those matching a ticket by itself and hands every other to Python; the Python loop
 hands all of them. ``ServerRing.handle`` decides one record: it is copied out of
 shared memory before it is looked at, checked field by field (a hostile or torn
@@ -28,10 +28,6 @@ from accyd.catalog.model import ScalarSpec
 from accyd.core.interface import Core
 from accyd.core.launching import LaunchTicket
 from accyd.core.tickets import FastLaunch
-from accyd.doors.ring.copies import Copier
-from accyd.doors.ring.memory import RingMemory
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.records import id_of, scalar_struct
 from accyd.errors import (
     AccyError,
     DeviceFault,
@@ -41,11 +37,15 @@ from accyd.errors import (
     NotFound,
     QuotaExceeded,
 )
+from accyd.ring.copies import Copier
+from accyd.ring.memory import RingMemory
+from accyd.ring.observer import RingObserver
+from accyd.ring.records import id_of, scalar_struct
 from accyd.scheduling import DeviceWork, launch_or_defer
 
 __all__ = ["BOUND_HANDLES", "NOTHING", "Handled", "Pending", "ServerRing"]
 
-log = structlog.get_logger("accyd.doors.ring")
+log = structlog.get_logger("accyd.ring")
 
 BOUND_HANDLES = 65536
 """Sessions and buffers bound on one ring at once, at most: a client that never unbinds

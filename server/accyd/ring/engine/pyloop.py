@@ -31,13 +31,13 @@ from accy.protocol import ring as layout
 from accyd.backends.base import Backend
 from accyd.core.interface import Core
 from accyd.core.marks import Mark
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import Handled, Pending, ServerRing
 from accyd.errors import AccyError, DeviceFault
+from accyd.ring.observer import RingObserver
+from accyd.ring.ring import Handled, Pending, ServerRing
 
 __all__ = ["FLIGHT_SPIN_SECONDS", "SPIN_CPUS", "PythonLoop", "may_spin"]
 
-log = structlog.get_logger("accyd.engine")
+log = structlog.get_logger("accyd.ring.engine")
 
 SPIN_CPUS = 8
 """From how many usable CPUs the loop spins between rounds (see above)."""

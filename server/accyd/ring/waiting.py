@@ -22,11 +22,11 @@ import threading
 import structlog
 
 from accy.protocol import ring as layout
-from accyd.doors.ring.memory import RingMemory
+from accyd.ring.memory import RingMemory
 
 __all__ = ["FULL_SPIN_US", "SHORT_SPIN_US", "WaitBudget", "spin_budget"]
 
-log = structlog.get_logger("accyd.doors.ring")
+log = structlog.get_logger("accyd.ring")
 
 FULL_SPIN_US = 1000
 """The spin where CPUs are plenty (8 or more), as a client's own default."""

@@ -7,13 +7,13 @@ import asyncio
 from pathlib import Path
 
 from accyd.core.interface import Core
-from accyd.doors.grpc.ring_stream import RingStreams
 from accyd.doors.hostmem import Segments
-from accyd.doors.ring import RingDoor
-from accyd.doors.ring.charges import RingCharges
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.waiting import WaitBudget
-from accyd.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.ring.charges import RingCharges
+from accyd.ring.door import RingDoor
+from accyd.ring.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.ring.observer import RingObserver
+from accyd.ring.stream import StreamRings
+from accyd.ring.waiting import WaitBudget
 from accyd.scheduling import DeviceWork
 
 __all__ = ["RingDoors"]
@@ -49,7 +49,7 @@ class RingDoors:
             observer=observer,
             launches_per_client=daemon.launches_per_client,
         )
-        self.streams = RingStreams(
+        self.streams = StreamRings(
             daemon,
             self.engine,
             work=work,

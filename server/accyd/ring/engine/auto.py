@@ -9,13 +9,13 @@ import structlog
 
 from accyd.backends.base import Backend, BackendKind
 from accyd.core.interface import Core
-from accyd.doors.ring.observer import RingObserver
-from accyd.doors.ring.ring import ServerRing
-from accyd.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
+from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
+from accyd.ring.observer import RingObserver
+from accyd.ring.ring import ServerRing
 
 __all__ = ["ENGINE_ENV", "EngineKind", "RingEngine", "open_engine"]
 
-log = structlog.get_logger("accyd.engine")
+log = structlog.get_logger("accyd.ring.engine")
 
 ENGINE_ENV = "ACCYD_ENGINE"
 """``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
@@ -83,7 +83,7 @@ def open_engine(
         threads = 1 if host or not may_spin() else 4 if cpus >= 16 else 2
     if wanted != "python":
         try:
-            from accyd.engine.native import NativeEngine
+            from accyd.ring.engine.native import NativeEngine
         except ImportError as error:
             if wanted == "native":
                 raise
