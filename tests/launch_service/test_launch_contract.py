@@ -28,12 +28,13 @@ from tests.launch_service.harness import CATALOG, ServerThread, make_config
 
 SCAN_N = 4096 * 64
 LAUNCHES = 100
-FLOOR_S = 0.05
-"""A p99 below this counts as this: a loaded 2-core machine's scheduling noise (the server
-shares this process's GIL with both clients and the heavy client's host scan; 14 ms and,
-on CI, 69 ms were seen). The bound, twice this, is half the 200 ms that a launch held up
-behind A's allocation waits at most: held up, nearly every launch waits on one, so the p99
-would come near 200 ms."""
+HELD_S = 0.1
+"""Half the 200 ms a launch held up behind A's allocation waits at most. Held up, each
+launch would wait for the allocation under way: about half of them longer than this."""
+MOST_HELD = LAUNCHES // 20
+"""Launches past ``HELD_S`` allowed: a loaded 2-core machine's scheduling noise (the server
+shares this process's GIL with both clients and the heavy client's host scan) once put a
+p99 at 69 ms and, another time, one launch at 131 ms; held up, about 50 would be."""
 
 
 class SlowAllocations(HostBackend):
@@ -93,7 +94,7 @@ def test_a_launch_on_scratch_of_its_own_does_not_hold_up_another_client(
             return times
 
         victim()  # warm: the ring opened, the launch prepared
-        quiet = _p99(victim())
+        quiet = victim()
         backend.slow = True
         stop = threading.Event()
         heavy_launches = []
@@ -107,12 +108,12 @@ def test_a_launch_on_scratch_of_its_own_does_not_hold_up_another_client(
         worker.start()
         time.sleep(0.1)  # its first allocation under way
         try:
-            loaded = _p99(victim())
+            loaded = victim()
         finally:
             stop.set()
             worker.join(10)
             backend.slow = False
         assert heavy_launches, "the heavy client launched nothing"
-        bound = 2 * max(quiet, FLOOR_S)
-        assert loaded <= bound, (name, quiet, loaded)
+        held = sorted(round(t, 3) for t in loaded if t > HELD_S)
+        assert len(held) <= MOST_HELD, (name, f"quiet p99 {_p99(quiet):.4f} s", held)
         np.testing.assert_array_equal(y.read(), np.full(64, next(step) - 1, np.float32))
