@@ -142,7 +142,7 @@ def _value_text(name: str, value: Any) -> str:
     """One status value for people: sizes also in binary units, unset as ``-``."""
     if value is None:
         return "-"
-    if isinstance(value, list):  # (a device's partitions): one item after another
+    if isinstance(value, list | tuple):  # (a device's partitions): one item after another
         return (
             "; ".join(
                 " ".join(f"{k}={v}" for k, v in item.items())
