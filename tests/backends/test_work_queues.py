@@ -8,7 +8,7 @@ import pytest
 
 from accyd import devices
 from accyd.backends.base import Backend
-from accyd.backends.queues import MAX_CONNECTIONS_ENV, set_work_queues
+from accyd.backends.queues import DEFAULT_QUEUES, MAX_CONNECTIONS_ENV, set_work_queues
 from accyd.backends.worker.child import main as worker_main
 from accyd.settings.config import Config
 from accyd.testing import RecordingBackend
@@ -38,7 +38,7 @@ def test_the_daemon_sets_the_queues_before_it_makes_a_backend(
         Config(devices=(0, 1), device_workers=False), lambda *_: None
     )
     assert pool is None and len(backends) == 2
-    assert seen == ["32", "32"]  # in the environment while each backend was made
+    assert seen == [str(DEFAULT_QUEUES)] * 2  # in the environment while each backend was made
 
 
 def test_the_flag_sets_another_count(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +89,7 @@ def test_a_device_worker_sets_them_before_its_backend(monkeypatch: pytest.Monkey
             worker_main.main(["--backend", "host", "--fd", str(theirs.detach())])
     finally:
         ours.close()
-    assert seen == ["32"]
+    assert seen == [str(DEFAULT_QUEUES)]
 
 
 @pytest.mark.parametrize("count", [0, 33])

@@ -11,6 +11,7 @@ from typing import Any
 
 from accy.protocol import default_socket_path
 from accyd.backends.host import DEFAULT_MEMORY_SHARE, physical_memory
+from accyd.backends.queues import DEFAULT_QUEUES
 from accyd.backends.select import BACKEND_CHOICES
 from accyd.backends.worker.front.liveness import MIN_HANG_SECONDS
 from accyd.core.tenants import DEFAULT_TENANT, Quotas
@@ -204,9 +205,9 @@ class Config:
     )  # fmt: skip
     """Publish each ring client's spin budget (``accyd.ring.waiting``)."""
     cuda_max_connections: int = setting(
-        32, "hardware work queues per CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, 1-32; an "
-        "operator's own CUDA_DEVICE_MAX_CONNECTIONS wins): more sessions' streams run side "
-        "by side instead of aliasing onto CUDA's default 8", int_text, metavar="N",
+        DEFAULT_QUEUES, "hardware work queues per CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, "
+        "1-32; an operator's own CUDA_DEVICE_MAX_CONNECTIONS wins): more sessions' streams "
+        "run side by side instead of aliasing onto CUDA's default 8", int_text, metavar="N",
         group="tuning",
     )  # fmt: skip
     unix_trusted: bool = setting(
