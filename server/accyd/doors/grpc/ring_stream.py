@@ -60,7 +60,9 @@ class RingStreams:
 
         ring = self.rings.open(client_id, hello.slots, send)
         leaving = asyncio.ensure_future(gone.wait())
-        leaving.add_done_callback(lambda _: ring.abandon())
+        # The client went: its records not yet decided are dropped at once. Cancelled (the
+        # stream's own end, below): nothing to abandon, its records were drained.
+        leaving.add_done_callback(lambda went: None if went.cancelled() else ring.abandon())
         try:
             await context.write(pb.RingState(slots=ring.slots))
             async for frame in frames:
