@@ -54,13 +54,18 @@ log = structlog.get_logger("accyd.doors.grpc")
 
 @dataclass(slots=True)
 class Call:
-    """What one call knows about itself: its request id, its client, its context."""
+    """What one call knows about itself: its request id, its client, its context, its peer."""
 
     method: str
     request_id: str
     client_id: str | None
     context: Context
     started: float = field(default_factory=time.perf_counter)
+    peer: str = ""
+    """gRPC's text for the caller (``unix:...``, ``ipv4:...``), read as the call began: never
+    ask the context later. gRPC's core keeps the peer in the connection's transport, and a
+    call outliving its connection (a stream's request answered after the caller went) read
+    freed memory there: the daemon died of SIGSEGV under tests/survival/test_cross_tenant.py."""
 
     def need_client(self) -> str:
         if not self.client_id:
@@ -158,7 +163,7 @@ def _client_id(context: Context) -> str | None:
 
 
 def _begin(servicer: _Servicer, method: str, context: Context) -> tuple[Call, LazyToken]:
-    call = Call(method, new_request_id(), None, context)
+    call = Call(method, new_request_id(), None, context, peer=context.peer() or "")
     token = bind_lazily(call)
     servicer.calls.enter(method)
     return call, token

@@ -59,7 +59,7 @@ def _need_local(call: Call, what: str, field: str) -> None:
     """Refuse to share memory with a caller that cannot take it: the descriptors go over the
     Unix socket's handoff, so a call that came over TCP never could (it would only hold the
     daemon's memory and descriptors until the offer expired)."""
-    peer = call.context.peer() or ""
+    peer = call.peer
     if not peer.startswith("unix:"):
         raise FailedPrecondition(
             f"this call came over TCP ({peer or 'an unknown peer'}): the daemon shares a {what} "

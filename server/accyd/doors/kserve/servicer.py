@@ -162,7 +162,7 @@ class KServeServicer:
         """Run ``work`` as the caller's client; one detached under it is made again, once.
         ``fresh``: the caller touches shared memory, so who it is is read anew."""
         for attempt in (1, 2):
-            peer = parse_peer(call.context.peer())
+            peer = parse_peer(call.peer)
             owner = await self.owners.enter(self._principal(), peer, fresh=fresh)
             try:
                 return await work(owner)
@@ -175,7 +175,7 @@ class KServeServicer:
         raise AssertionError("unreachable")
 
     async def _found(self, call: Call) -> Owner | None:
-        return await self.owners.find(self._principal(), parse_peer(call.context.peer()))
+        return await self.owners.find(self._principal(), parse_peer(call.peer))
 
     def _index(self) -> Models:
         """The catalog's models, indexed once per catalog (a reload replaces it: what was
