@@ -80,14 +80,12 @@ def open_engine(
         raise ValueError(f"{ENGINE_ENV} is native, python or auto, not {wanted!r}")
     host = all(b.kind is not BackendKind.CUDA for b in core.backends.values())
     # A device runs launches without this process: spinning on them finds their ends at
-    # once; the host backend runs them on Python threads, which need the GIL back.
+    # once. The host backend runs them on this process's threads, which need the CPU and
+    # the GIL: the engine's threads spin neither on launches in flight nor between records
+    # (on two CPUs an idle spin of 200 µs made a waited launch 1.5x slower: 370 against
+    # 240 µs p50, bench/ring_cost.py --backend host).
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
-    # Those threads need the CPU too: where the host backend serves, the engine's threads
-    # do not spin between records either (on two CPUs an idle spin of 200 µs made a waited
-    # launch 1.5x slower: 370 against 240 µs p50, bench/ring_cost.py --backend host). The
-    # test double, which launches on the engine's own thread, keeps the spin.
-    threads_run_launches = any(b.kind is BackendKind.HOST for b in core.backends.values())
-    idle_spin = 0.0 if threads_run_launches else IDLE_SPIN_SECONDS
+    idle_spin = 0.0 if host else IDLE_SPIN_SECONDS
     if threads == 0:
         cpus = len(os.sched_getaffinity(0))
         threads = 1 if host or not may_spin() else 4 if cpus >= 16 else 2
