@@ -67,7 +67,7 @@ class NativeEngine:
         *,
         threads: int = 1,
         batch: int = 64,
-        spin_seconds: float = 200e-6,  # auto.IDLE_SPIN_SECONDS
+        spin_seconds: float = 200e-6,
         flight_spin_seconds: float = 2e-3,
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
