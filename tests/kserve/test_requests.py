@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import socket
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import accyd.doors.kserve.owners as owners_module
 from accyd.catalog import load_catalog
 from accyd.core.tenants import Quotas
 from accyd.doors.kserve.models import Model, find_model, parse_version
@@ -306,3 +308,23 @@ def test_a_priority_that_is_no_level_is_refused() -> None:
     scan.parameters["priority"].string_param = "high"
     with pytest.raises(InvalidRequest, match="priority"):
         check_request(model("accy.kernel.device_scan"), scan, LIMIT)
+
+
+def test_a_loopback_caller_missed_by_one_reading_of_the_tcp_table_is_looked_up_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel lists its TCP tables in chunks while connections come and go, and a live
+    connection can fall between two: one miss must not make the caller a stranger to its
+    own regions (perf_analyzer's inferences were refused the region its other connection
+    registered)."""
+    readings: list[int | None] = [None, 42]
+
+    class Flaky:
+        def owner(self, peer: Peer) -> int | None:
+            return readings.pop(0)
+
+    monkeypatch.setattr(owners_module, "TcpTable", Flaky)
+    owners = Owners(None, None)  # type: ignore[arg-type]
+    peer = parse_peer("ipv4:127.0.0.1:40000")
+    assert asyncio.run(owners._who(peer, fresh=True)) == ("uid:42", 42)
+    assert not readings

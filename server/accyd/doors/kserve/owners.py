@@ -184,6 +184,13 @@ class Owners:
         uid = None if fresh else self._uids.get(peer.text)
         if uid is None:  # the table takes milliseconds to read on some kernels
             uid = (await asyncio.to_thread(TcpTable)).owner(peer)
+            if uid is None:
+                # The kernel lists its tables in chunks while connections open and close,
+                # and a live one can fall between two chunks: look once more before calling
+                # the caller a stranger (under a full test run's churn perf_analyzer's
+                # inferences were refused their own region, "no shared-memory region of
+                # yours", once in a run).
+                uid = (await asyncio.to_thread(TcpTable)).owner(peer)
             if uid is None:  # not in this host's table (another network namespace)
                 return peer.text, None
             if len(self._uids) >= MAX_CONNECTIONS * 4:
