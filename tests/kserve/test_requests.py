@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import os
 import socket
@@ -11,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import accyd.doors.kserve.owners as owners_module
 from accyd.catalog import load_catalog
 from accyd.core.tenants import Quotas
 from accyd.doors.kserve.models import Model, find_model, parse_version
 from accyd.doors.kserve.owners import Owner, Owners
-from accyd.doors.kserve.peers import Peer, TcpTable, parse_peer
+from accyd.doors.kserve.peers import Peer, TcpTable, loopback_owner, parse_peer
 from accyd.doors.kserve.protocol import open_inference_pb2 as pb
 from accyd.doors.kserve.tensors import check_request
 from accyd.errors import (
@@ -310,21 +308,34 @@ def test_a_priority_that_is_no_level_is_refused() -> None:
         check_request(model("accy.kernel.device_scan"), scan, LIMIT)
 
 
-def test_a_loopback_caller_missed_by_one_reading_of_the_tcp_table_is_looked_up_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The kernel lists its TCP tables in chunks while connections come and go, and a live
-    connection can fall between two: one miss must not make the caller a stranger to its
-    own regions (perf_analyzer's inferences were refused the region its other connection
-    registered)."""
-    readings: list[int | None] = [None, 42]
+class _ChangingTable:
+    """A socket table whose readings differ, as /proc/net/tcp's do when a live connection
+    falls between two chunks of one reading."""
 
-    class Flaky:
-        def owner(self, peer: Peer) -> int | None:
-            return readings.pop(0)
+    def __init__(self, *readings: bytes) -> None:
+        self.readings = list(readings)
 
-    monkeypatch.setattr(owners_module, "TcpTable", Flaky)
-    owners = Owners(None, None)  # type: ignore[arg-type]
+    def read_bytes(self) -> bytes:
+        return self.readings.pop(0)
+
+
+_HEADER = b"  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+_ROW = b"   1: 0100007F:9C40 0100007F:1F90 01 00000000:00000000 00:00000000 00000000    42  0 1 1\n"
+
+
+def test_a_loopback_caller_missed_by_one_reading_of_the_tcp_table_is_looked_up_again() -> None:
+    """One miss must not make the caller a stranger to its own regions (perf_analyzer's
+    inferences were refused the region its other connection registered)."""
+    table = _ChangingTable(_HEADER, _HEADER + _ROW)
     peer = parse_peer("ipv4:127.0.0.1:40000")
-    assert asyncio.run(owners._who(peer, fresh=True)) == ("uid:42", 42)
-    assert not readings
+    assert loopback_owner(peer, [table]) == 42  # type: ignore[list-item]
+    assert not table.readings
+
+
+def test_a_sweep_reading_sees_a_connection_either_of_its_readings_lists() -> None:
+    """The sweep drops a client whose connections are all closed: a live one missed by one
+    reading must still count as open."""
+    table = _ChangingTable(_HEADER + _ROW, _HEADER)
+    read = TcpTable([table], readings=2)  # type: ignore[list-item]
+    assert read.owner(parse_peer("ipv4:127.0.0.1:40000")) == 42
+    assert TcpTable([_ChangingTable(_HEADER)]).owner(parse_peer("ipv4:127.0.0.1:40000")) is None  # type: ignore[list-item]

@@ -29,7 +29,13 @@ import structlog
 
 from accyd.core.interface import Core
 from accyd.doors.kserve.cuda_regions import CudaRegions
-from accyd.doors.kserve.peers import Peer, TcpTable, others_may_connect, parse_peer
+from accyd.doors.kserve.peers import (
+    Peer,
+    TcpTable,
+    loopback_owner,
+    others_may_connect,
+    parse_peer,
+)
 from accyd.doors.kserve.regions import Regions
 from accyd.doors.kserve.sessions import ModelSessions
 from accyd.errors import PermissionDenied, QuotaExceeded
@@ -182,15 +188,8 @@ class Owners:
         if not peer.local:
             return peer.text, None
         uid = None if fresh else self._uids.get(peer.text)
-        if uid is None:  # the table takes milliseconds to read on some kernels
-            uid = (await asyncio.to_thread(TcpTable)).owner(peer)
-            if uid is None:
-                # The kernel lists its tables in chunks while connections open and close,
-                # and a live one can fall between two chunks: look once more before calling
-                # the caller a stranger (under a full test run's churn perf_analyzer's
-                # inferences were refused their own region, "no shared-memory region of
-                # yours", once in a run).
-                uid = (await asyncio.to_thread(TcpTable)).owner(peer)
+        if uid is None:
+            uid = await asyncio.to_thread(loopback_owner, peer)
             if uid is None:  # not in this host's table (another network namespace)
                 return peer.text, None
             if len(self._uids) >= MAX_CONNECTIONS * 4:
@@ -212,7 +211,9 @@ class Owners:
         while self._owners:
             await asyncio.sleep(SWEEP_SECONDS)
             wanted = self._uids or any(o.uid is not None for o in self._owners.values())
-            self.sweep_once(await asyncio.to_thread(TcpTable) if wanted else None)
+            # Two readings: an open connection one reading missed would drop its client.
+            table = await asyncio.to_thread(TcpTable, readings=2) if wanted else None
+            self.sweep_once(table)
 
     def sweep_once(self, table: TcpTable | None) -> None:
         """Forget closed connections (``table``: the socket table read now, if any loopback

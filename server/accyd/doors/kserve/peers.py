@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Peer", "TcpTable", "others_may_connect", "parse_peer"]
+__all__ = ["Peer", "TcpTable", "loopback_owner", "others_may_connect", "parse_peer"]
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _ESTABLISHED = "01"
@@ -87,13 +87,18 @@ class TcpTable:
     that a per-line parse under the GIL at every new loopback caller and every sweep.
     """
 
-    def __init__(self, tables: Iterable[Path] = _TABLES) -> None:
+    def __init__(self, tables: Iterable[Path] = _TABLES, *, readings: int = 1) -> None:
+        """Each table read ``readings`` times; an end found in any reading is open. The
+        kernel lists a table in chunks while connections open and close, and a live one can
+        fall between two chunks of one reading: whoever would act on an end's absence (call
+        a caller a stranger, drop a client) asks a second reading first."""
         self._texts: list[bytes] = []
         for table in tables:
-            try:
-                self._texts.append(table.read_bytes())
-            except OSError:
-                continue
+            for _ in range(readings):
+                try:
+                    self._texts.append(table.read_bytes())
+                except OSError:
+                    break
 
     def owner(self, peer: Peer) -> int | None:
         """The user owning ``peer``'s end of its connection; ``None``: not open (or not here)."""
@@ -110,6 +115,15 @@ class TcpTable:
                         return int(fields[6])
                     at = text.find(key, at + 1)
         return None
+
+
+def loopback_owner(peer: Peer, tables: Iterable[Path] = _TABLES) -> int | None:
+    """*Blocking* (a reading takes milliseconds on some kernels). The user owning a loopback
+    ``peer``'s end, from one reading of the tables, or a second where the first missed it
+    (``TcpTable``); ``None``: not open here (another network namespace)."""
+    tables = tuple(tables)
+    found = TcpTable(tables).owner(peer)
+    return found if found is not None else TcpTable(tables).owner(peer)
 
 
 def others_may_connect(socket_path: Path) -> bool:
