@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from accy._table import markdown
 
 Path = tuple[str, ...]
+
+
+def crowd_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """K client processes' results as one: kernels/s together, the slowest client over the
+    mean, each client's rate; where they timed waited launches, the median client's p50 and
+    the worst client's p99 (bench/contention.py, bench/scale.py)."""
+    rates = [r["per_second"] for r in results]
+    found: dict[str, Any] = {
+        "per_second": sum(rates),
+        "slowest_over_mean": min(rates) / statistics.mean(rates),
+        "per_process": rates,
+    }
+    latencies = [r["latency"] for r in results if "latency" in r]
+    if latencies:
+        found["p50_us"] = statistics.median(x["p50_us"] for x in latencies)
+        found["p99_us"] = max(x["p99_us"] for x in latencies)
+    return found
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _sharing_report import crowd_summary
 from _sharing_workers import Spec, run_workers
 from bench_sharing import CATALOG, Plan
 
@@ -42,18 +42,6 @@ from accyd.tokens import hash_token, new_token
 
 ITERS = {"cuda": {"short": 3500, "fill": 60000}, "host": {"short": 8, "fill": 16}}
 """Short: about 8 µs on an H200; fill: a start for the calibration to ``--aggressor-ms``."""
-
-
-def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    rates = [r["per_second"] for r in results]
-    p99s = [r["latency"]["p99_us"] for r in results]
-    return {
-        "per_second": sum(rates),
-        "slowest_over_mean": min(rates) / statistics.mean(rates),
-        "p50_us": statistics.median(r["latency"]["p50_us"] for r in results),
-        "p99_us": max(p99s),
-        "per_process": rates,
-    }
 
 
 def crowd(plan: Plan, args: argparse.Namespace, iters: int) -> dict[str, Any]:
@@ -75,7 +63,7 @@ def crowd(plan: Plan, args: argparse.Namespace, iters: int) -> dict[str, Any]:
                         }
                         for i in range(count)
                     ]
-                    return _summary(run_workers(specs, run_timeout=args.seconds * 4 + 60))
+                    return crowd_summary(run_workers(specs, run_timeout=args.seconds * 4 + 60))
 
             found[f"crowd_{count}_{name}"] = plan.step(
                 f"{count} clients waiting on the short kernel, {name.replace('_', ' ')}", series

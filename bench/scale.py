@@ -31,7 +31,6 @@ import functools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _sharing_kernel import SYNC_EVERY
+from _sharing_report import crowd_summary
 from _sharing_workers import Spec, run_workers
 from bench_sharing import CATALOG, TARGETS_US, Plan
 
@@ -50,20 +50,6 @@ WAYS = {"waited": 1, "every16": SYNC_EVERY}
 """How often each client waits: after every launch, or every 16."""
 MPS_SPLITS = (4, 2)
 """Processes of the several-ceilings series (32 threads split over them)."""
-
-
-def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    rates = [r["per_second"] for r in results]
-    found: dict[str, Any] = {
-        "per_second": sum(rates),
-        "slowest_over_mean": min(rates) / statistics.mean(rates),
-        "per_process": rates,
-    }
-    latencies = [r["latency"] for r in results if "latency" in r]
-    if latencies:
-        found["p50_us"] = statistics.median(x["p50_us"] for x in latencies)
-        found["p99_us"] = max(x["p99_us"] for x in latencies)
-    return found
 
 
 def calibrate(plan: Plan, args: argparse.Namespace, image: Path) -> dict[str, Any]:
@@ -100,7 +86,7 @@ def mps(plan: Plan, args: argparse.Namespace, image: Path, kernels: dict[str, An
             }
             for i in range(count)
         ]
-        return _summary(run_workers(specs, env=env, run_timeout=timeout))
+        return crowd_summary(run_workers(specs, env=env, run_timeout=timeout))
 
     try:
         with mps_server() as variables:
@@ -141,7 +127,7 @@ def accy(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[
                 }
                 for i in range(count)
             ]
-            return _summary(run_workers(specs, run_timeout=timeout))
+            return crowd_summary(run_workers(specs, run_timeout=timeout))
 
         for count in args.clients:
             for name in TARGETS_US:
