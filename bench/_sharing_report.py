@@ -137,6 +137,11 @@ def _unit(path: Path | None) -> str:
     return " µs" if path[-1].endswith("_us") else "/s" if path[-1] == "per_second" else ""
 
 
+def cell(value: float | None, digits: int = 1) -> str:
+    """A table cell: ``value`` with thousands separators and ``digits`` decimals, or ``-``."""
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
 def _number(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _sharing_report import crowd_summary
+from _sharing_report import cell, crowd_summary
 from _sharing_workers import Spec, run_workers
 from bench_sharing import CATALOG, Plan
 
@@ -134,10 +134,6 @@ def noisy(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     return found
 
 
-def _cell(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _work(aggressor: dict[str, Any]) -> float:
     """The aggressor's iterations per second: its kernels/s alone compare kernels that each
     variant's calibration made of different lengths."""
@@ -154,8 +150,8 @@ def table(report: dict[str, Any]) -> str:
             rows.append(f"| {key} | {found['error'][:60]} | | | |")
             continue
         rows.append(
-            f"| {key} | {_cell(found['per_second'], 0)} | {_cell(found['slowest_over_mean'], 2)} "
-            f"| {_cell(found['p50_us'])} | {_cell(found['p99_us'])} |"
+            f"| {key} | {cell(found['per_second'], 0)} | {cell(found['slowest_over_mean'], 2)} "
+            f"| {cell(found['p50_us'])} | {cell(found['p99_us'])} |"
         )
     noisy_found = report.get("noisy", {})
     shown = []
@@ -172,8 +168,8 @@ def table(report: dict[str, Any]) -> str:
     for name, hurt, loud in shown:
         rate = ""
         if loud is not None:
-            rate = f"aggressor {_cell(loud['per_second'], 0)} x {loud['iters']:,} iters"
-        rows.append(f"| {name} | {rate} | | {_cell(hurt['p50_us'])} | {_cell(hurt['p99_us'])} |")
+            rate = f"aggressor {cell(loud['per_second'], 0)} x {loud['iters']:,} iters"
+        rows.append(f"| {name} | {rate} | | {cell(hurt['p50_us'])} | {cell(hurt['p99_us'])} |")
     try:
         alone = noisy_found["unconfined"]["alone"]["p99_us"]
         free = _work(noisy_found["unconfined"]["aggressor"])

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from _sharing_kernel import SYNC_EVERY
-from _sharing_report import crowd_summary
+from _sharing_report import cell, crowd_summary, lookup
 from _sharing_workers import Spec, run_workers
 from bench_sharing import CATALOG, TARGETS_US, Plan
 
@@ -204,19 +204,6 @@ def several_ceilings(args: argparse.Namespace, image: Path, env: dict[str, str])
 # -- the report -------------------------------------------------------------------------------
 
 
-def _get(found: dict[str, Any], *keys: str) -> float | None:
-    value: Any = found
-    for key in keys:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _n(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _ratio(top: float | None, bottom: float | None) -> float | None:
     return None if top is None or not bottom else top / bottom
 
@@ -229,23 +216,23 @@ def tables(report: dict[str, Any], counts: list[int]) -> str:
             for way in WAYS:
                 key = f"{count}_{name}_{way}"
                 mine = accy_found.get(key, {})
-                theirs = _get(mps_found, key, "per_second")
-                c = _get(ceil, f"{count}_{name}", "kernels_per_s") if way == "waited" else None
-                p50, p99 = _get(mine, "p50_us"), _get(mine, "p99_us")
+                theirs = lookup(mps_found, (key, "per_second"))
+                c = lookup(ceil, (f"{count}_{name}", "kernels_per_s")) if way == "waited" else None
+                p50, p99 = lookup(mine, ("p50_us",)), lookup(mine, ("p99_us",))
                 rows.append(
                     [
                         str(count),
                         name,
                         way,
-                        _n(_get(mine, "per_second")),
-                        _n(_get(mine, "slowest_over_mean"), 2),
-                        _n(p50, 1),
-                        _n(p99, 1),
-                        _n(_ratio(p99, p50), 1),
-                        _n(theirs),
-                        _n(_ratio(_get(mine, "per_second"), theirs), 2),
-                        _n(c),
-                        _n(_ratio(_get(mine, "per_second"), c), 2),
+                        cell(lookup(mine, ("per_second",)), 0),
+                        cell(lookup(mine, ("slowest_over_mean",)), 2),
+                        cell(p50, 1),
+                        cell(p99, 1),
+                        cell(_ratio(p99, p50), 1),
+                        cell(theirs, 0),
+                        cell(_ratio(lookup(mine, ("per_second",)), theirs), 2),
+                        cell(c, 0),
+                        cell(_ratio(lookup(mine, ("per_second",)), c), 2),
                     ]
                 )
     head = [
@@ -266,7 +253,7 @@ def tables(report: dict[str, Any], counts: list[int]) -> str:
     several = mps_found.get("ceilings", {})
     if isinstance(several, dict) and "error" not in several:
         text += "\n\nSeveral ceilings under MPS, short kernel waited (processes x threads): "
-        text += ", ".join(f"{k}: {_n(v['per_second'])}/s" for k, v in several.items())
+        text += ", ".join(f"{k}: {cell(v['per_second'], 0)}/s" for k, v in several.items())
     return text + "\n\n" + goals(report, counts)
 
 
@@ -279,10 +266,14 @@ def goals(report: dict[str, Any], counts: list[int]) -> str:
         met = None if value is None else (value >= bound if at_least else value <= bound)
         checks.append((what, value, (">= " if at_least else "<= ") + f"{bound:g}", met))
 
-    rate = functools.partial(_get, a)
+    def rate(*keys: str) -> float | None:
+        return lookup(a, keys)
+
     add(
         f"{top} waited short / ceiling",
-        _ratio(rate(f"{top}_short_waited", "per_second"), _get(c, f"{top}_short", "kernels_per_s")),
+        _ratio(
+            rate(f"{top}_short_waited", "per_second"), lookup(c, (f"{top}_short", "kernels_per_s"))
+        ),
         0.9,
     )
     if 8 in counts:
@@ -299,7 +290,7 @@ def goals(report: dict[str, Any], counts: list[int]) -> str:
         key = f"{top}_{name}_{way}"
         add(
             f"{top} {way} {name} / MPS",
-            _ratio(rate(key, "per_second"), _get(m, key, "per_second")),
+            _ratio(rate(key, "per_second"), lookup(m, (key, "per_second"))),
             bound,
         )
     for count in counts:
@@ -320,12 +311,13 @@ def goals(report: dict[str, Any], counts: list[int]) -> str:
     add(
         f"moonshot: {top} waited short / MPS",
         _ratio(
-            rate(f"{top}_short_waited", "per_second"), _get(m, f"{top}_short_waited", "per_second")
+            rate(f"{top}_short_waited", "per_second"),
+            lookup(m, (f"{top}_short_waited", "per_second")),
         ),
         1.0,
     )
     rows = [
-        [what, _n(value, 2), bound, "-" if met is None else ("yes" if met else "no")]
+        [what, cell(value, 2), bound, "-" if met is None else ("yes" if met else "no")]
         for what, value, bound, met in checks
     ]
     return markdown(["goal", "value", "bound", "met"], rows)
