@@ -221,6 +221,7 @@ class Server:
                 spin_seconds=0.0 if host else config.launch_spin_seconds,
                 observer=ring_counts,
                 wait_budget=config.wait_budget,
+                engine_timings=config.engine_timings,
             )
         socket = _first_unix_socket(config.listen_addresses)
         if self.ring_doors is not None and socket is not None:

@@ -31,10 +31,23 @@ NONE = 0xFFFFFFFF
 class Harness:
     """One engine, one fake driver (slot 0), one ring and a client mapping it."""
 
-    def __init__(self, slots: int = 64, threads: int = 1, *, notify_always: bool = False) -> None:
+    def __init__(
+        self,
+        slots: int = 64,
+        threads: int = 1,
+        *,
+        notify_always: bool = False,
+        timings: bool = False,
+    ) -> None:
         self.driver = FakeDriver()
         self.engine = native.Engine(
-            threads=threads, epochs=64, counters=8, tokens=8, spin_ns=20_000, flight_spin_ns=0
+            threads=threads,
+            epochs=64,
+            counters=8,
+            tokens=8,
+            spin_ns=20_000,
+            flight_spin_ns=0,
+            timings=timings,
         )
         self.engine.set_driver(0, "table", **self.driver.table())
         self.memory = RingMemory(slots)
@@ -304,6 +317,57 @@ def test_several_threads_share_the_rings() -> None:
             client.close()
             memory.close()
     assert driver.live_events == set()  # every pooled event destroyed
+
+
+@pytest.mark.parametrize("timings", [False, True])
+def test_the_engine_counts_its_driver_calls_and_times_them_when_asked(timings: bool) -> None:
+    h = Harness(timings=timings)
+    try:
+        first_sight(h)
+        run = [h.publish() for _ in range(5)]
+        assert eventually(lambda: len(h.driver.launches) == 5)
+        h.finish(run[-1])
+        assert eventually(lambda: h.client.done == run[-1] + 1)
+        stats = h.engine.stats()
+        calls, took = stats["calls"], stats["call_ns"]
+        assert calls["launch"] == 5 and calls["record"] >= 1 and calls["query_ready"] >= 1
+        assert set(calls) == set(took) == {"launch", "record", "query", "query_ready", "wake"}
+        assert (took["launch"] > 0 and took["query_ready"] > 0) is timings
+        assert timings or not any(took.values())
+    finally:
+        h.close()
+
+
+def test_new_rings_go_to_the_least_loaded_of_the_first_lanes() -> None:
+    engine = native.Engine(threads=3, spin_ns=20_000, flight_spin_ns=0)
+    rings = [RingMemory(16) for _ in range(6)]
+
+    def add(index: int) -> None:
+        memory = rings[index - 1]
+        engine.add_ring(index, memory.map, 16, memory.submit_fd, memory.complete_fd, (NONE, NONE))
+
+    engine.start()
+    try:
+        assert engine.lanes == 3  # every thread unless told
+        engine.lanes = 1
+        for index in (1, 2, 3):
+            add(index)
+        assert engine.stats()["rings_per_thread"] == [3, 0, 0]
+        engine.lanes = 3  # a crowd: the others take the next rings, the first keeps its own
+        for index in (4, 5, 6):
+            add(index)
+        assert engine.stats()["rings_per_thread"] == [3, 2, 1]
+        engine.remove_ring(1)
+        assert engine.stats()["rings_per_thread"] == [2, 2, 1]
+        for bad in (0, 4):
+            with pytest.raises(ValueError, match="lanes must be 1..3"):
+                engine.lanes = bad
+    finally:
+        for index in range(2, 7):
+            engine.remove_ring(index)
+        engine.stop()
+        for memory in rings:
+            memory.close()
 
 
 def test_a_removed_ring_is_let_go_and_its_memory_closes() -> None:

@@ -68,6 +68,26 @@ def test_the_budget_is_published_into_every_ring_as_rings_come_and_go() -> None:
             memory.close()
 
 
+def test_the_engine_hears_when_the_waiting_clients_become_a_crowd_and_stop_being_one() -> None:
+    heard: list[bool] = []
+    budget = WaitBudget(reserved=3, cpus=5, on_crowded=heard.append)  # room for 2 spinners
+    rings = [RingMemory(64) for _ in range(4)]
+    try:
+        budget.attach(rings[0])
+        budget.attach(rings[1])
+        assert heard == [] and not budget.crowded
+        budget.attach(rings[2])
+        budget.attach(rings[3])
+        assert heard == [True] and budget.crowded  # told once, as the crowd formed
+        budget.detach(rings[3])
+        assert heard == [True]
+        budget.detach(rings[2])
+        assert heard == [True, False] and not budget.crowded
+    finally:
+        for memory in rings:
+            memory.close()
+
+
 def test_switched_off_it_publishes_nothing() -> None:
     budget = WaitBudget(reserved=2, cpus=2, enabled=False)
     memory = RingMemory(64)

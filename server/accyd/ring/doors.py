@@ -38,6 +38,7 @@ class RingDoors:
         spin_seconds: float,
         observer: RingObserver,
         wait_budget: bool = True,
+        engine_timings: bool = False,
     ) -> None:
         self._daemon = daemon
         self._observer = observer
@@ -46,6 +47,7 @@ class RingDoors:
             daemon,
             kind=kind,
             threads=threads,
+            timings=engine_timings,
             observer=observer,
             launches_per_client=daemon.launches_per_client,
         )
@@ -59,7 +61,11 @@ class RingDoors:
         self.door: RingDoor | None = None
         # The engine's threads, the thread that decides slow records and the event loop
         # (which polls a while after each call) keep their CPUs.
-        self.waits = WaitBudget(self.engine.threads + 2, enabled=wait_budget)
+        self.waits = WaitBudget(
+            self.engine.threads + 2,
+            enabled=wait_budget,
+            on_crowded=self.engine.crowded,
+        )
 
     def open_door(self, socket_path: Path) -> tuple[RingDoor, Segments]:
         """The shared ring door beside ``socket_path`` (its mode: who may call may take a

@@ -10,7 +10,11 @@ how many CPUs it may run on, tells each client how long it may spin (``spin_budg
 all may spin while they fit on the CPUs the engine leaves over, none once they do not.
 The budget is the same for every client (spinning is a latency edge: one client's is
 another's), and a client takes the lesser of it and its own default
-(``accy._ring.Ring.wait_spin``).
+(``accy._ring.Ring.wait_spin``). Told instead to spin giving the CPU away every turn
+(``sched_yield``, CUDA's yield policy), 32 clients on an H100 with 16 CPUs got 0.88x the
+launches and a p99 of 1.9 ms, the slowest client 0.56 of the mean: the scheduler shares a
+CPU between yielders, not with the engine thread beside them. Once the clients are a
+crowd the engine also spreads new rings over more threads (``on_crowded``).
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 
 import structlog
 
 from accy.protocol import ring as layout
 from accyd.ring.memory import RingMemory
 
-__all__ = ["FULL_SPIN_US", "SHORT_SPIN_US", "WaitBudget", "spin_budget"]
+__all__ = ["FULL_SPIN_US", "SHORT_SPIN_US", "WaitBudget", "crowd", "spin_budget"]
 
 log = structlog.get_logger("accyd.ring")
 
@@ -41,10 +46,15 @@ def spin_budget(waiters: int, cpus: int, reserved: int) -> int:
     event loop):
     the full spin while the spinners fit on what is left (at least one CPU), else 0 (sleep
     on the eventfd at once)."""
-    spare = max(cpus - reserved, 1)
-    if waiters > spare:
+    if crowd(waiters, cpus, reserved):
         return 0
     return FULL_SPIN_US if cpus >= PLENTY_CPUS else SHORT_SPIN_US
+
+
+def crowd(waiters: int, cpus: int, reserved: int) -> bool:
+    """Whether ``waiters`` spinning clients would not fit on the CPUs ``reserved`` threads
+    leave (at least one)."""
+    return waiters > max(cpus - reserved, 1)
 
 
 class WaitBudget:
@@ -52,10 +62,21 @@ class WaitBudget:
     attached or let go. ``enabled=False`` publishes nothing (each client spins as its own
     CPU count says: ``--wait-budget off``)."""
 
-    def __init__(self, reserved: int, *, cpus: int | None = None, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        reserved: int,
+        *,
+        cpus: int | None = None,
+        enabled: bool = True,
+        on_crowded: Callable[[bool], None] | None = None,
+    ) -> None:
         self.cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
         self.reserved = reserved
         self.enabled = enabled
+        self.on_crowded = on_crowded
+        """Told (under the budget's lock) each time the crowd forms or goes: the engine then
+        spreads new rings over more threads."""
+        self.crowded = False
         self._rings: set[RingMemory] = set()
         self._lock = threading.Lock()
         self.budget_us = spin_budget(0, self.cpus, reserved)
@@ -79,6 +100,11 @@ class WaitBudget:
             self._publish()
 
     def _publish(self) -> None:
+        crowded = crowd(len(self._rings), self.cpus, self.reserved)
+        if crowded != self.crowded:
+            self.crowded = crowded
+            if self.on_crowded is not None:
+                self.on_crowded(crowded)
         budget = spin_budget(len(self._rings), self.cpus, self.reserved)
         changed = budget != self.budget_us
         self.budget_us = budget

@@ -204,6 +204,10 @@ class Config:
         flag="--no-wait-budget", switch=True, switch_value=False, group="tuning",
     )  # fmt: skip
     """Publish each ring client's spin budget (``accyd.ring.waiting``)."""
+    engine_timings: bool = setting(
+        False, "time the native engine's driver calls and client wakes (two clock reads "
+        "each), logged with its counts when it stops", bool_text, switch=True, group="tuning",
+    )  # fmt: skip
     cuda_max_connections: int = setting(
         DEFAULT_QUEUES, "hardware work queues per CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, "
         "1-32; an operator's own CUDA_DEVICE_MAX_CONNECTIONS wins): more sessions' streams "

@@ -167,6 +167,11 @@ typedef struct {
 typedef struct engine engine_t;
 typedef struct worker worker_t;
 
+/* What a worker counts (and with ``timings`` times): its driver calls and client wakes. */
+enum { CALL_LAUNCH, CALL_RECORD, CALL_QUERY, CALL_QUERY_READY, CALL_WAKE, CALL_KINDS };
+static const char *const CALL_NAMES[CALL_KINDS] = {"launch", "record", "query", "query_ready",
+                                                   "wake"};
+
 typedef struct ring {
     int64_t id;
     uint8_t *mem;
@@ -225,6 +230,7 @@ struct worker {
     command_t *commands, *commands_last;
     ring_t **rings;
     int nrings, cap_rings;
+    int assigned; /* rings given to this worker and not removed (under the engine's rings_lock) */
     ring_t *active;
     int nactive;
     uint64_t *pool[MAX_DRIVERS]; /* pooled events, per driver */
@@ -233,10 +239,12 @@ struct worker {
     atomic_uint_fast64_t round;
     /* stats */
     atomic_uint_fast64_t fast, slow, launches, rounds, sleeps;
+    atomic_uint_fast64_t calls[CALL_KINDS], call_ns[CALL_KINDS]; /* ns: with ``timings`` */
 };
 
 struct engine {
     PyObject_HEAD
+    int timings; /* time every driver call and wake (two clock reads each) */
     driver_t drivers[MAX_DRIVERS];
     int nworkers;
     worker_t workers[MAX_THREADS];
@@ -258,7 +266,7 @@ struct engine {
     pthread_mutex_t rings_lock; /* guards rings_by_id */
     ring_t **rings_by_id;
     int nrings_by_id, cap_rings_by_id;
-    int next_worker;
+    atomic_int lanes; /* new rings go to the least loaded of the first ``lanes`` workers */
     int started;
 };
 
@@ -266,6 +274,13 @@ static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A call of some CALL_ kind begins (0 unless the engine times its calls) and ends. */
+static inline uint64_t call_began(const worker_t *w) { return w->engine->timings ? now_ns() : 0; }
+static inline void call_ended(worker_t *w, int kind, uint64_t began) {
+    atomic_fetch_add_explicit(&w->calls[kind], 1, memory_order_relaxed);
+    if (began) atomic_fetch_add_explicit(&w->call_ns[kind], now_ns() - began, memory_order_relaxed);
 }
 
 /* Counters in the ring's memory: aligned words, one load or store each. */
@@ -439,7 +454,11 @@ static int flight_record(worker_t *w, flight_t *f, int *failed_at) {
         int driver = f->ev[i].driver;
         int err = make_current(w, driver);
         if (err == 0) err = event_take(w, driver, &f->ev[i].event);
-        if (err == 0) err = w->engine->drivers[driver].event_record(f->ev[i].event, f->ev[i].stream);
+        if (err == 0) {
+            uint64_t began = call_began(w);
+            err = w->engine->drivers[driver].event_record(f->ev[i].event, f->ev[i].stream);
+            call_ended(w, CALL_RECORD, began);
+        }
         if (err != 0) {
             *failed_at = i;
             return err;
@@ -541,7 +560,9 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
         uint32_t launched = 0;
         fail_token = t->token;
         while (err == 0 && launched < run) {
+            uint64_t began = call_began(w);
             err = e->drivers[t->driver].launch(t->exec, t->stream);
+            call_ended(w, CALL_LAUNCH, began);
             if (err == 0) launched++;
         }
         counter_add(e, r->counters[0], launched);
@@ -606,7 +627,11 @@ static int ring_settle(worker_t *w, ring_t *r) {
         while (f->polled < f->events) {
             flight_event_t *ev = &f->ev[f->polled];
             int err = make_current(w, ev->driver);
-            if (err == 0) err = e->drivers[ev->driver].event_query(ev->event);
+            if (err == 0) {
+                uint64_t began = call_began(w);
+                err = e->drivers[ev->driver].event_query(ev->event);
+                call_ended(w, err == 0 ? CALL_QUERY_READY : CALL_QUERY, began);
+            }
             if (err == ERR_NOT_READY) goto out;
             if (err != 0) {
                 r->fault_pending = 1;
@@ -627,7 +652,11 @@ static int ring_settle(worker_t *w, ring_t *r) {
 out:
     if (moved) {
         ring_store64(r, DONE_OFF, r->done);
-        if (r->notify_always || ring_load32(r, CLIENT_WAITS_OFF)) wake_fd(r->complete_fd);
+        if (r->notify_always || ring_load32(r, CLIENT_WAITS_OFF)) {
+            uint64_t began = call_began(w);
+            wake_fd(r->complete_fd);
+            call_ended(w, CALL_WAKE, began);
+        }
     }
     return moved;
 }
@@ -782,6 +811,7 @@ static void *worker_main(void *arg) {
     /* Its short sleeps end when asked: Linux lets a thread's timers run 50 us late by
      * default, which a client waiting on a kernel's end would wait too. */
     prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0);
+    prctl(PR_SET_NAME, "accy-engine", 0, 0, 0); /* what top -H and /proc show for it */
     uint64_t last_busy = now_ns(), last_scan = last_busy;
     uint64_t idle_poll = e->idle_poll_ns;
     unsigned spins = 0;
@@ -901,12 +931,12 @@ static void engine_dealloc(engine_t *e);
 
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"threads", "batch", "epochs", "counters", "tokens", "spin_ns",
-                         "flight_spin_ns", "idle_poll_ns", NULL};
-    int threads = 1, batch = 64;
+                         "flight_spin_ns", "idle_poll_ns", "timings", NULL};
+    int threads = 1, batch = 64, timings = 0;
     unsigned int nepochs = 1 << 18, ncounters = 1 << 16, ntokens = 1 << 16;
     unsigned long long spin = 200000, flight_spin = 2000000, idle_poll = 50000;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKK", kw, &threads, &batch, &nepochs,
-                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKKp", kw, &threads, &batch, &nepochs,
+                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll, &timings))
         return NULL;
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "threads must be 1..%d", MAX_THREADS);
@@ -928,6 +958,8 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     e->spin_ns = spin;
     e->flight_spin_ns = flight_spin;
     e->idle_poll_ns = idle_poll ? idle_poll : 1000;
+    atomic_store(&e->lanes, threads);
+    e->timings = timings;
     e->nepochs = nepochs;
     e->ncounters = ncounters;
     e->ntokens = ntokens;
@@ -1102,8 +1134,12 @@ static PyObject *engine_add_ring(engine_t *e, PyObject *args, PyObject *kwds) {
         free(r);
         return PyErr_NoMemory();
     }
-    /* Rings go to the workers in turn. */
-    int best = e->next_worker++ % e->nworkers;
+    /* A ring goes to the worker holding the fewest of the first ``lanes``. */
+    int lanes = atomic_load(&e->lanes), best = 0;
+    if (lanes < 1 || lanes > e->nworkers) lanes = e->nworkers;
+    for (int k = 1; k < lanes; k++)
+        if (e->workers[k].assigned < e->workers[best].assigned) best = k;
+    e->workers[best].assigned++;
     r->owner = &e->workers[best];
     e->rings_by_id[e->nrings_by_id++] = r;
     pthread_mutex_unlock(&e->rings_lock);
@@ -1124,7 +1160,10 @@ static PyObject *engine_remove_ring(engine_t *e, PyObject *args) {
     int index;
     pthread_mutex_lock(&e->rings_lock);
     ring_t *r = ring_lookup(e, id, &index);
-    if (r) e->rings_by_id[index] = e->rings_by_id[--e->nrings_by_id];
+    if (r) {
+        e->rings_by_id[index] = e->rings_by_id[--e->nrings_by_id];
+        r->owner->assigned--;
+    }
     pthread_mutex_unlock(&e->rings_lock);
     if (r == NULL) Py_RETURN_NONE;
     atomic_int done = 0;
@@ -1489,12 +1528,42 @@ static PyObject *engine_stats(engine_t *e, PyObject *unused) {
         rounds += atomic_load(&e->workers[k].rounds);
         sleeps += atomic_load(&e->workers[k].sleeps);
     }
+    PyObject *per_thread = PyList_New(e->nworkers);
+    if (per_thread == NULL) return NULL;
     pthread_mutex_lock(&e->rings_lock);
     int rings = e->nrings_by_id;
+    for (int k = 0; k < e->nworkers; k++)
+        PyList_SET_ITEM(per_thread, k, PyLong_FromLong(e->workers[k].assigned));
     pthread_mutex_unlock(&e->rings_lock);
-    return Py_BuildValue("{sKsKsKsKsKsisi}", "fast_records", fast, "slow_records", slow,
+    for (int k = 0; k < e->nworkers; k++)
+        if (PyList_GET_ITEM(per_thread, k) == NULL) {
+            Py_DECREF(per_thread);
+            return NULL;
+        }
+    PyObject *calls = PyDict_New(), *call_ns = PyDict_New();
+    for (int kind = 0; calls && call_ns && kind < CALL_KINDS; kind++) {
+        unsigned long long n = 0, ns = 0;
+        for (int k = 0; k < e->nworkers; k++) {
+            n += atomic_load(&e->workers[k].calls[kind]);
+            ns += atomic_load(&e->workers[k].call_ns[kind]);
+        }
+        PyObject *a = PyLong_FromUnsignedLongLong(n), *b = PyLong_FromUnsignedLongLong(ns);
+        int bad = !a || !b || PyDict_SetItemString(calls, CALL_NAMES[kind], a) < 0 ||
+                  PyDict_SetItemString(call_ns, CALL_NAMES[kind], b) < 0;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        if (bad) Py_CLEAR(calls);
+    }
+    if (!calls || !call_ns) {
+        Py_XDECREF(calls);
+        Py_XDECREF(call_ns);
+        Py_DECREF(per_thread);
+        return NULL;
+    }
+    return Py_BuildValue("{sKsKsKsKsKsisisNsNsN}", "fast_records", fast, "slow_records", slow,
                          "launches", launches, "rounds", rounds, "sleeps", sleeps, "rings", rings,
-                         "threads", e->nworkers);
+                         "threads", e->nworkers, "calls", calls, "call_ns", call_ns,
+                         "rings_per_thread", per_thread);
 }
 
 static void engine_stop_threads(engine_t *e) {
@@ -1580,8 +1649,28 @@ static PyObject *engine_slow_fd(engine_t *e, void *closure) {
     return PyLong_FromLong(e->slow_fd);
 }
 
+static PyObject *engine_get_lanes(engine_t *e, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(atomic_load(&e->lanes));
+}
+
+static int engine_set_lanes(engine_t *e, PyObject *value, void *closure) {
+    (void)closure;
+    long lanes = value ? PyLong_AsLong(value) : -1;
+    if (lanes == -1 && PyErr_Occurred()) return -1;
+    if (lanes < 1 || lanes > e->nworkers) {
+        PyErr_Format(PyExc_ValueError, "lanes must be 1..%d", e->nworkers);
+        return -1;
+    }
+    atomic_store(&e->lanes, (int)lanes);
+    return 0;
+}
+
 static PyGetSetDef engine_getset[] = {
     {"slow_fd", (getter)engine_slow_fd, NULL, "An eventfd readable while slow items wait.", NULL},
+    {"lanes", (getter)engine_get_lanes, (setter)engine_set_lanes,
+     "New rings go to the least loaded of the first LANES threads (rings stay where they are).",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

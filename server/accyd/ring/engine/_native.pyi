@@ -1,6 +1,7 @@
 """Types of the native launch engine (``_native.c``)."""
 
 from collections.abc import Sequence
+from typing import Any
 
 LAYOUT: dict[str, int]
 SLOW_RECORD: int
@@ -22,6 +23,8 @@ SlowItem = tuple[int, int, int, int, int]
 
 class Engine:
     slow_fd: int
+    lanes: int
+    """New rings go to the least loaded of the first ``lanes`` threads."""
     def __init__(
         self,
         threads: int = 1,
@@ -32,6 +35,7 @@ class Engine:
         spin_ns: int = 200000,
         flight_spin_ns: int = 2000000,
         idle_poll_ns: int = 50000,
+        timings: bool = False,
     ) -> None: ...
     def set_driver(
         self,
@@ -78,4 +82,4 @@ class Engine:
     def set_device_ok(self, driver: int, ok: bool, /) -> None: ...
     def launched(self) -> list[tuple[int, int]]: ...
     def touched(self) -> list[int]: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, Any]: ...

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -21,6 +21,8 @@ ENGINE_ENV = "ACCYD_ENGINE"
 """``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
 
 EngineKind = Literal["auto", "native", "python"]
+CROWDED_THREADS = 2
+"""How many times the native engine's automatic thread count take the rings of a crowd."""
 
 
 class RingEngine(Protocol):
@@ -30,8 +32,16 @@ class RingEngine(Protocol):
 
     kind: str
     threads: int
+    """The threads that take the rings while their clients fit on the CPUs left (spinning)."""
+    max_threads: int
+    """The threads that take them once more clients wait than that (``crowded``)."""
 
     def start(self) -> None: ...
+
+    def crowded(self, crowded: bool) -> None:
+        """Whether more ring clients wait than fit on the CPUs left: new rings then go to
+        every one of ``max_threads`` (rings already taken stay on their threads)."""
+        ...
 
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
 
@@ -43,7 +53,7 @@ class RingEngine(Protocol):
 
     def device_replaced(self, device: int, backend: Backend) -> None: ...
 
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> dict[str, Any]: ...
 
     def settled(self) -> bool:
         """Whether every ring it holds has finished or refused each record published on it
@@ -58,6 +68,7 @@ def open_engine(
     *,
     kind: EngineKind | None = None,
     threads: int = 0,
+    timings: bool = False,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
 ) -> RingEngine:
@@ -66,7 +77,10 @@ def open_engine(
     ``threads`` 0: on a device, four native threads where this process may use 16 CPUs or
     more, two where it may use ``SPIN_CPUS``, else one (measured on an H200 with 16 CPUs, 8
     clients each waiting for every short launch: 204k/s on one thread, 241-258k on two,
-    277-295k on four); on the host backend one.
+    277-295k on four), and twice as many once more clients wait than fit on the CPUs left
+    (``RingEngine.crowded``: 32 such clients on an H100 took 1.25x the launches on eight
+    threads as on four, in two runs; 8 clients took 0.8x, told to sleep); on the host
+    backend one. ``threads`` N: N always.
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
@@ -78,9 +92,11 @@ def open_engine(
     # A device runs launches without this process: spinning on them finds their ends at
     # once; the host backend runs them on Python threads, which need the GIL back.
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
+    most = threads
     if threads == 0:
         cpus = len(os.sched_getaffinity(0))
         threads = 1 if host or not may_spin() else 4 if cpus >= 16 else 2
+        most = threads if host or not may_spin() else threads * CROWDED_THREADS
     if wanted != "python":
         try:
             from accyd.ring.engine.native import NativeEngine
@@ -95,6 +111,8 @@ def open_engine(
             return NativeEngine(
                 core,
                 threads=threads,
+                max_threads=most,
+                timings=timings,
                 flight_spin_seconds=flight_spin,
                 observer=observer,
                 launches_per_client=launches_per_client,

@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -66,25 +67,30 @@ class NativeEngine:
         core: Core,
         *,
         threads: int = 1,
+        max_threads: int | None = None,
         batch: int = 64,
         spin_seconds: float = 200e-6,
         flight_spin_seconds: float = 2e-3,
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
+        timings: bool = False,
     ) -> None:
         self._core = core
         self._observer = observer
         self._launches_per_client = launches_per_client
+        self.max_threads = max(threads, max_threads or threads)
         self._engine = _native.Engine(
-            threads=threads,
+            threads=self.max_threads,
             batch=batch,
             epochs=EPOCHS,
             counters=COUNTERS,
             tokens=TOKENS,
             spin_ns=int(spin_seconds * 1e9),
             flight_spin_ns=int(flight_spin_seconds * 1e9),
+            timings=timings,
         )
         self.threads = threads
+        self._engine.lanes = threads
         self._drivers: dict[int, Driver] = {}
         for device, backend in core.backends.items():
             driver = driver_for(backend)
@@ -115,6 +121,11 @@ class NativeEngine:
         self._engine.start()
         self._thread.start()
 
+    def crowded(self, crowded: bool) -> None:
+        """New rings go to the least loaded of every thread while crowded, else of the first
+        ``threads`` (a thread holding no ring sleeps)."""
+        self._engine.lanes = self.max_threads if crowded else self.threads
+
     def close(self) -> None:
         """Stop the threads and close every ring still held; idempotent."""
         if self._stopping:
@@ -123,12 +134,13 @@ class NativeEngine:
         if self._thread.is_alive():
             self._thread.join(5.0)
         self._engine.stop()
+        log.info("ring engine stopped", **self._engine.stats())
         with self._lock:
             rings, self._rings = list(self._rings.values()), {}
         for entry in rings:
             entry.ring.close()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return self._engine.stats()
 
     def settled(self) -> bool:
@@ -229,7 +241,7 @@ class NativeEngine:
             engine.set_limit(tenant.counter, -1 if quota is None else quota)
 
     def launched(self) -> int:
-        return self._engine.stats()["launches"]
+        return int(self._engine.stats()["launches"])
 
     def _counter_of(self, client: Client) -> int:
         if client.counter < 0:

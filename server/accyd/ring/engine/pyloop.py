@@ -79,6 +79,7 @@ class PythonLoop:
 
     kind = "python"
     threads = 1
+    max_threads = 1
 
     def __init__(
         self,
@@ -108,6 +109,9 @@ class PythonLoop:
 
     def start(self) -> None:
         self._thread.start()
+
+    def crowded(self, crowded: bool) -> None:
+        """Nothing: one thread takes every ring."""
 
     def stats(self) -> dict[str, int]:
         return {"slow_records": self.taken, "rings": len(self._rings), "threads": 1}
