@@ -22,11 +22,20 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 SCRIPT = Path(__file__).with_name("bench_sharing.py")
 PREFIX = "@sharing "
 """Lines of the protocol start with this; anything else a worker prints is ignored."""
+
+
+class Window(Protocol):
+    """Something measured while the workers run (``bench/_cpu_use.py``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
 
 Spec = dict[str, Any]
 Result = dict[str, Any]
@@ -128,8 +137,10 @@ def run_workers(
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 90.0,
     run_timeout: float = 120.0,
+    window: Window | None = None,
 ) -> list[Result]:
-    """Start one worker per spec, release them together once all are ready, return results."""
+    """Start one worker per spec, release them together once all are ready, return results;
+    ``window`` is started as they are released and stopped when the first result comes."""
     with tempfile.TemporaryDirectory(prefix="accy-sharing-") as folder:
         logs = [open(Path(folder) / f"w{i}.log", "w+") for i in range(len(specs))]  # noqa: SIM115
         workers: list[_Worker] = []
@@ -140,10 +151,15 @@ def run_workers(
             deadline = time.monotonic() + ready_timeout
             for worker in workers:
                 worker.expect("ready", deadline)
+            if window is not None:
+                window.start()
             for worker in workers:
                 worker.release("go")
             deadline = time.monotonic() + run_timeout
-            results = [worker.expect("result", deadline) for worker in workers]
+            results = [workers[0].expect("result", deadline)]
+            if window is not None:
+                window.stop()
+            results += [worker.expect("result", deadline) for worker in workers[1:]]
             grace = 15.0
             return results
         finally:

@@ -109,10 +109,25 @@ def mps(plan: Plan, args: argparse.Namespace, image: Path, kernels: dict[str, An
     return found
 
 
-def accy(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[str, Any]:
+def accy(
+    plan: Plan,
+    args: argparse.Namespace,
+    kernels: dict[str, Any],
+    *,
+    flags: str = "",
+    counts: list[int] | None = None,
+    cases: list[tuple[str, str]] | None = None,
+    label: str = "accy",
+) -> dict[str, Any]:
+    """Every count and case through one daemon started with ``--daemon-args`` and ``flags``;
+    each series with the CPUs it used (``bench/_cpu_use.py``)."""
+    from _cpu_use import CpuUse
+
     found: dict[str, Any] = {}
     timeout = args.seconds * 4 + 90
-    extra = ["--catalog", str(CATALOG), *args.daemon_args.split()]
+    extra = ["--catalog", str(CATALOG), "--log-format", "json", "--engine-timings"]
+    extra += [*args.daemon_args.split(), *flags.split()]
+    every_case = [(name, way) for name in TARGETS_US for way in WAYS]
     with running_daemon(backend="cuda", tcp=False, extra=extra) as daemon:
 
         def series(count: int, name: str, way: str) -> dict[str, Any]:
@@ -127,15 +142,44 @@ def accy(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[
                 }
                 for i in range(count)
             ]
-            return crowd_summary(run_workers(specs, run_timeout=timeout))
+            perf = None
+            if args.perf_dir is not None and count == max(args.clients) and way == "waited":
+                perf = args.perf_dir / f"{label}_{count}_{name}.perf"
+            use = CpuUse(daemon.process.pid, perf_to=perf, perf_seconds=args.seconds * 0.6)
+            summary = crowd_summary(run_workers(specs, run_timeout=timeout, window=use))
+            return summary | {"cpu": use.found}
 
-        for count in args.clients:
-            for name in TARGETS_US:
-                for way in WAYS:
-                    found[f"{count}_{name}_{way}"] = plan.step(
-                        f"accy {count} clients, {name}, {way}",
-                        functools.partial(series, count, name, way),
-                    )
+        for count in counts or args.clients:
+            for name, way in cases or every_case:
+                found[f"{count}_{name}_{way}"] = plan.step(
+                    f"{label} {count} clients, {name}, {way}",
+                    functools.partial(series, count, name, way),
+                )
+        daemon.stop()
+        found["engine"] = engine_stats(daemon.log.read_text(errors="replace"))
+    return found
+
+
+def engine_stats(log: str) -> dict[str, Any]:
+    """The native engine's counts and call times over the daemon's life, from its last line."""
+    for line in reversed(log.splitlines()):
+        if '"ring engine stopped"' in line:
+            return dict(json.loads(line))
+    return {}
+
+
+def variants(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[str, Any]:
+    """The waited series at the smallest and largest count of 8 or more, on daemons started
+    with each variant's flags (``--variants 'name=flags;...'``)."""
+    counts = sorted({c for c in args.clients if c >= 8})
+    counts = [counts[0], counts[-1]] if len(counts) > 1 else counts
+    cases = [(name, "waited") for name in TARGETS_US]
+    found: dict[str, Any] = {}
+    for entry in filter(None, (e.strip() for e in args.variants.split(";"))):
+        name, _, flags = entry.partition("=")
+        found[name] = {"flags": flags} | accy(
+            plan, args, kernels, flags=flags, counts=counts, cases=cases, label=name
+        )
     return found
 
 
@@ -254,7 +298,58 @@ def tables(report: dict[str, Any], counts: list[int]) -> str:
     if isinstance(several, dict) and "error" not in several:
         text += "\n\nSeveral ceilings under MPS, short kernel waited (processes x threads): "
         text += ", ".join(f"{k}: {cell(v['per_second'], 0)}/s" for k, v in several.items())
-    return text + "\n\n" + goals(report, counts)
+    return text + "\n\n" + goals(report, counts) + "\n\n" + cpu_table(report)
+
+
+def cpu_table(report: dict[str, Any]) -> str:
+    """Every accy series' CPU use: CPUs busy on average, and CPU-µs per launch."""
+    rows = []
+    sets = {"default": report["accy"]} | report.get("variants", {})
+    for variant, found in sets.items():
+        for key, series in found.items():
+            if not isinstance(series, dict) or "cpu" not in series or not series["cpu"]:
+                continue
+            cpu, rate = series["cpu"], series["per_second"]
+            engine = cpu["threads_cpus"].get("accy-engine", 0.0)
+            others = cpu["process_cpus"] - engine
+            clients = cpu["machine_cpus"] - cpu["process_cpus"]
+            rows.append(
+                [
+                    variant,
+                    key,
+                    cell(rate, 0),
+                    cell(lookup(series, ("p50_us",)), 1),
+                    cell(lookup(series, ("p99_us",)), 1),
+                    cell(series["slowest_over_mean"], 2),
+                    cell(cpu["machine_cpus"], 1),
+                    cell(engine, 2),
+                    cell(others, 2),
+                    cell(engine / rate * 1e6, 1),
+                    cell(clients / rate * 1e6, 1),
+                ]
+            )
+    head = ["variant", "series", "k/s", "p50 µs", "p99 µs", "slowest/mean", "busy CPUs"]
+    head += ["engine CPUs", "daemon's other CPUs", "engine µs/launch", "clients' µs/launch"]
+    return markdown(head, rows) + "\n\n" + engine_table(sets)
+
+
+def engine_table(sets: dict[str, dict[str, Any]]) -> str:
+    """Each daemon's engine over its life: calls per launch and µs per call."""
+    kinds = ("launch", "record", "query", "query_ready", "wake")
+    rows = []
+    for variant, found in sets.items():
+        stats = found.get("engine") or {}
+        launches = stats.get("launches") or 0
+        if not launches:
+            continue
+        calls, ns = stats["calls"], stats["call_ns"]
+        row = [variant, cell(launches, 0), cell(stats["rounds"] / launches, 2)]
+        row += [cell(calls[k] / launches, 2) for k in kinds]
+        row += [cell(ns[k] / calls[k] / 1e3 if calls[k] else None, 2) for k in kinds]
+        rows.append(row)
+    head = ["variant", "launches", "rounds/launch"]
+    head += [f"{k}/launch" for k in kinds] + [f"µs/{k}" for k in kinds]
+    return markdown(head, rows)
 
 
 def goals(report: dict[str, Any], counts: list[int]) -> str:
@@ -331,6 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=420.0, help="skip series after this (s)")
     parser.add_argument("--daemon-args", default="", help="more flags for accyd serve")
     parser.add_argument("--skip", default="", help="accy, mps and/or ceiling, comma-separated")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="'name=flags;...': the waited series again on daemons started with these flags",
+    )
+    parser.add_argument(
+        "--perf-dir", type=Path, help="perf record the daemon in the largest waited series here"
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.clients.split(",")]
     args.clients = counts
@@ -345,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             {} if args.ceiling is None else plan.step("ceiling", lambda: ceiling(args, image))
         )
         report["accy"] = {} if "accy" in skip else accy(plan, args, kernels)
+        report["variants"] = variants(plan, args, kernels)
         report["mps"] = {} if "mps" in skip else mps(plan, args, image, kernels)
     report["elapsed_s"] = time.monotonic() - plan.started
     if args.out is not None:
