@@ -217,6 +217,7 @@ class Server:
                 self.work,
                 kind=None if config.engine == "auto" else config.engine,  # type: ignore[arg-type]
                 threads=config.engine_threads,
+                crowd_threads=config.crowd_engine_threads,
                 # Spinning takes the GIL the host backend's kernels need: on a device only.
                 spin_seconds=0.0 if host else config.launch_spin_seconds,
                 observer=ring_counts,

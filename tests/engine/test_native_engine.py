@@ -360,7 +360,7 @@ def test_new_rings_go_to_the_least_loaded_of_the_first_lanes() -> None:
         engine.remove_ring(1)
         assert engine.stats()["rings_per_thread"] == [2, 2, 1]
         for bad in (0, 4):
-            with pytest.raises(ValueError, match="lanes must be 1..3"):
+            with pytest.raises(ValueError, match=r"lanes must be 1\.\.3"):
                 engine.lanes = bad
     finally:
         for index in range(2, 7):
@@ -457,3 +457,31 @@ def test_a_record_whose_end_cannot_be_recorded_holds_done_for_pythons_word(
     h.engine.resume(1, seq + 1)  # Python wrote it
     assert eventually(lambda: h.client.done == seq + 1)
     assert item[2] == seq
+
+
+def test_a_crowd_spreads_new_rings_over_the_crowd_threads_only_when_asked() -> None:
+    from accyd.ring.engine.auto import open_engine
+    from accyd.ring.engine.native import NativeEngine
+    from tests.core.daemon_fixtures import host_daemon
+
+    daemon, _ = host_daemon()
+    engines = []
+    try:
+        spread = open_engine(daemon, kind="native", threads=2, crowd_threads=4)
+        engines.append(spread)
+        assert isinstance(spread, NativeEngine)
+        assert (spread.threads, spread.max_threads) == (2, 4)
+        assert spread.stats()["threads"] == 4
+        spread.crowded(True)
+        assert spread._engine.lanes == 4
+        spread.crowded(False)
+        assert spread._engine.lanes == 2
+        spread.close()
+        plain = open_engine(daemon, kind="native", threads=2)  # the default: no spreading
+        engines.append(plain)
+        plain.crowded(True)
+        assert plain.max_threads == 2 and plain.stats()["threads"] == 2
+    finally:
+        for engine in engines:
+            engine.close()
+        daemon.close()

@@ -21,8 +21,6 @@ ENGINE_ENV = "ACCYD_ENGINE"
 """``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
 
 EngineKind = Literal["auto", "native", "python"]
-CROWDED_THREADS = 2
-"""How many times the native engine's automatic thread count take the rings of a crowd."""
 
 
 class RingEngine(Protocol):
@@ -68,6 +66,7 @@ def open_engine(
     *,
     kind: EngineKind | None = None,
     threads: int = 0,
+    crowd_threads: int = 0,
     timings: bool = False,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
@@ -77,10 +76,9 @@ def open_engine(
     ``threads`` 0: on a device, four native threads where this process may use 16 CPUs or
     more, two where it may use ``SPIN_CPUS``, else one (measured on an H200 with 16 CPUs, 8
     clients each waiting for every short launch: 204k/s on one thread, 241-258k on two,
-    277-295k on four), and twice as many once more clients wait than fit on the CPUs left
-    (``RingEngine.crowded``: 32 such clients on an H100 took 1.25x the launches on eight
-    threads as on four, in two runs; 8 clients took 0.8x, told to sleep); on the host
-    backend one. ``threads`` N: N always.
+    277-295k on four); on the host backend one. ``crowd_threads`` more than that: new rings
+    spread over that many once more clients wait than fit on the CPUs left
+    (``RingEngine.crowded``; off by default: see ``Config.crowd_engine_threads``).
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
@@ -92,11 +90,9 @@ def open_engine(
     # A device runs launches without this process: spinning on them finds their ends at
     # once; the host backend runs them on Python threads, which need the GIL back.
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
-    most = threads
     if threads == 0:
         cpus = len(os.sched_getaffinity(0))
         threads = 1 if host or not may_spin() else 4 if cpus >= 16 else 2
-        most = threads if host or not may_spin() else threads * CROWDED_THREADS
     if wanted != "python":
         try:
             from accyd.ring.engine.native import NativeEngine
@@ -111,7 +107,7 @@ def open_engine(
             return NativeEngine(
                 core,
                 threads=threads,
-                max_threads=most,
+                max_threads=max(threads, crowd_threads),
                 timings=timings,
                 flight_spin_seconds=flight_spin,
                 observer=observer,
