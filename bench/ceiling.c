@@ -7,47 +7,17 @@
  *   cc -O2 -pthread -o ceiling bench/ceiling.c -ldl
  *   ./ceiling fma.cubin TARGET_US SECONDS THREADS...   (prints one JSON line per count)
  *
- * The kernel's length is calibrated to TARGET_US with CUDA events. libcuda.so.1 is loaded at
- * run time, its few prototypes declared here, so no CUDA header is needed. */
-#include <dlfcn.h>
+ * The kernel's length is calibrated to TARGET_US with CUDA events (libcuda.so.1 loaded at run
+ * time: bench/fma_kernel.h). */
 #include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <time.h>
 
-typedef int CUresult;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent;
-typedef unsigned long long CUdeviceptr;
+#include "fma_kernel.h"
 
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(int *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, int);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuModuleLoadData)(CUmodule *, const void *);
-static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamSynchronize)(CUstream);
-static CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                  unsigned, unsigned, CUstream, void **, void **);
-static CUresult (*cuEventCreate)(CUevent *, unsigned);
-static CUresult (*cuEventRecord)(CUevent, CUstream);
 static CUresult (*cuEventSynchronize)(CUevent);
 static CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
 
-#define CHECK(call)                                                        \
-    do {                                                                   \
-        CUresult r_ = (call);                                              \
-        if (r_) {                                                          \
-            fprintf(stderr, "%s failed: %d (line %d)\n", #call, r_, __LINE__); \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
-
-static CUcontext ctx;
-static CUfunction fn;
-static CUdeviceptr x, y;
 static unsigned iters;
 static double seconds;
 
@@ -93,44 +63,15 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* The _v2 entry points first: the plain names of some are the old 32-bit ABI. */
-#define LOAD(name)                                                            \
-    do {                                                                      \
-        *(void **)&name = dlsym(lib, #name "_v2");                            \
-        if (!name) *(void **)&name = dlsym(lib, #name);                       \
-        if (!name) { fprintf(stderr, "libcuda has no %s\n", #name); return 1; } \
-    } while (0)
-
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s fma.cubin TARGET_US SECONDS THREADS...\n", argv[0]);
         return 2;
     }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!lib) { fprintf(stderr, "no libcuda.so.1\n"); return 1; }
-    LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuDevicePrimaryCtxRetain); LOAD(cuCtxSetCurrent);
-    LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuMemAlloc); LOAD(cuStreamCreate);
-    LOAD(cuStreamSynchronize); LOAD(cuLaunchKernel); LOAD(cuEventCreate); LOAD(cuEventRecord);
-    LOAD(cuEventSynchronize); LOAD(cuEventElapsedTime);
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) { perror(argv[1]); return 1; }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *image = malloc(size);
-    if (!image || fread(image, 1, size, f) != (size_t)size) { fprintf(stderr, "read failed\n"); return 1; }
-    fclose(f);
-    int dev;
-    CUmodule mod;
+    if (open_fma(argv[1])) return 1;
+    LOAD(cuEventSynchronize);
+    LOAD(cuEventElapsedTime);
     CUstream s;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, image));
-    CHECK(cuModuleGetFunction(&fn, mod, "accy_bench_fma"));
-    CHECK(cuMemAlloc(&x, 4096));
-    CHECK(cuMemAlloc(&y, 4096));
     CHECK(cuStreamCreate(&s, 1));
     double target = atof(argv[2]);
     seconds = atof(argv[3]);

@@ -12,54 +12,26 @@
  *   cc -O2 -pthread -o launch_cost bench/launch_cost.c -ldl
  *   ./launch_cost fma.cubin SECONDS MODE THREADS...   (one JSON line per count)
  *
- * libcuda.so.1 is loaded at run time, its few prototypes declared here. */
-#include <dlfcn.h>
+ * libcuda.so.1 is loaded at run time (bench/fma_kernel.h). */
 #include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-typedef int CUresult;
-typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUevent, *CUgraph, *CUgraphExec;
-typedef unsigned long long CUdeviceptr;
+#include "fma_kernel.h"
 
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGet)(int *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, int);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuModuleLoadData)(CUmodule *, const void *);
-static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+typedef void *CUgraph, *CUgraphExec;
 static CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
 static CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned);
-static CUresult (*cuStreamSynchronize)(CUstream);
 static CUresult (*cuStreamBeginCapture)(CUstream, int);
 static CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
 static CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
 static CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
 static CUresult (*cuStreamWriteValue32)(CUstream, CUdeviceptr, unsigned, unsigned);
-static CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                  unsigned, unsigned, CUstream, void **, void **);
-static CUresult (*cuEventCreate)(CUevent *, unsigned);
-static CUresult (*cuEventRecord)(CUevent, CUstream);
 static CUresult (*cuEventQuery)(CUevent);
 
-#define CHECK(call)                                                            \
-    do {                                                                       \
-        CUresult r_ = (call);                                                  \
-        if (r_) {                                                              \
-            fprintf(stderr, "%s failed: %d (line %d)\n", #call, r_, __LINE__); \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
 #define NOT_READY 600
 
-static CUcontext ctx;
-static CUfunction fn;
-static CUdeviceptr x, y;
 static unsigned iters = 1;
 static double seconds;
 static const char *mode;
@@ -140,44 +112,15 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-#define LOAD(name)                                                              \
-    do {                                                                        \
-        *(void **)&name = dlsym(lib, #name "_v2");                              \
-        if (!name) *(void **)&name = dlsym(lib, #name);                         \
-        if (!name) { fprintf(stderr, "libcuda has no %s\n", #name); return 1; } \
-    } while (0)
-
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s fma.cubin SECONDS kernel|graph|write THREADS...\n", argv[0]);
         return 2;
     }
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!lib) { fprintf(stderr, "no libcuda.so.1\n"); return 1; }
-    LOAD(cuInit); LOAD(cuDeviceGet); LOAD(cuDevicePrimaryCtxRetain); LOAD(cuCtxSetCurrent);
-    LOAD(cuModuleLoadData); LOAD(cuModuleGetFunction); LOAD(cuMemAlloc); LOAD(cuStreamCreate);
-    LOAD(cuMemHostAlloc); LOAD(cuMemHostGetDevicePointer); LOAD(cuStreamSynchronize);
-    LOAD(cuStreamBeginCapture); LOAD(cuStreamEndCapture); LOAD(cuGraphInstantiateWithFlags);
-    LOAD(cuGraphLaunch); LOAD(cuStreamWriteValue32); LOAD(cuLaunchKernel); LOAD(cuEventCreate);
-    LOAD(cuEventRecord); LOAD(cuEventQuery);
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) { perror(argv[1]); return 1; }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *image = malloc(size);
-    if (!image || fread(image, 1, size, f) != (size_t)size) { fprintf(stderr, "read failed\n"); return 1; }
-    fclose(f);
-    int dev;
-    CUmodule mod;
-    CHECK(cuInit(0));
-    CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CHECK(cuCtxSetCurrent(ctx));
-    CHECK(cuModuleLoadData(&mod, image));
-    CHECK(cuModuleGetFunction(&fn, mod, "accy_bench_fma"));
-    CHECK(cuMemAlloc(&x, 4096));
-    CHECK(cuMemAlloc(&y, 4096));
+    if (open_fma(argv[1])) return 1;
+    LOAD(cuMemHostAlloc); LOAD(cuMemHostGetDevicePointer); LOAD(cuStreamBeginCapture);
+    LOAD(cuStreamEndCapture); LOAD(cuGraphInstantiateWithFlags); LOAD(cuGraphLaunch);
+    LOAD(cuStreamWriteValue32); LOAD(cuEventQuery);
     seconds = atof(argv[2]);
     mode = argv[3];
     for (int a = 4; a < argc; a++) {
