@@ -2,8 +2,9 @@
 
 Where it cannot be built (no compiler, no Python headers) the build goes on without it
 and the daemon's Python ring loop serves. ``ACCYD_NATIVE=0`` skips it;
-``ACCYD_NATIVE=sanitize`` builds it with AddressSanitizer and UndefinedBehaviorSanitizer
-(run such a build with the sanitizer's runtime preloaded: ``scripts/sanitize_engine.sh``).
+``ACCYD_NATIVE=sanitize`` builds it with AddressSanitizer and UndefinedBehaviorSanitizer,
+``ACCYD_NATIVE=thread`` with ThreadSanitizer (run such a build with the sanitizer's runtime
+preloaded: ``scripts/sanitize_engine.sh``).
 """
 
 import os
@@ -17,6 +18,9 @@ if mode == "sanitize":
     sanitizers = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     flags = ["-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", *sanitizers]
     link = sanitizers
+elif mode == "thread":
+    flags = ["-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-fsanitize=thread"]
+    link = ["-fsanitize=thread"]
 
 native = Extension(
     "accyd.ring.engine._native",
@@ -24,7 +28,7 @@ native = Extension(
     extra_compile_args=flags,
     extra_link_args=link,
     libraries=["dl", "pthread"],
-    optional=mode != "sanitize",  # a sanitizer build that fails must say so
+    optional=mode not in ("sanitize", "thread"),  # a sanitizer build that fails must say so
 )
 
 setup(ext_modules=[] if mode == "0" else [native])

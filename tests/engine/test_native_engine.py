@@ -338,36 +338,55 @@ def test_the_engine_counts_its_driver_calls_and_times_them_when_asked(timings: b
         h.close()
 
 
-def test_new_rings_go_to_the_least_loaded_of_the_first_lanes() -> None:
-    engine = native.Engine(threads=3, spin_ns=20_000, flight_spin_ns=0)
-    rings = [RingMemory(16) for _ in range(6)]
-
-    def add(index: int) -> None:
-        memory = rings[index - 1]
-        engine.add_ring(index, memory.map, 16, memory.submit_fd, memory.complete_fd, (NONE, NONE))
-
+def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
+    """Three lanes, one thread always running: it serves all three until the engine is told
+    of a crowd, then each lane's own thread serves it; launches go on through every flip."""
+    driver = FakeDriver()
+    engine = native.Engine(threads=3, base=1, spin_ns=20_000, flight_spin_ns=0)
+    engine.set_driver(0, "table", **driver.table())
+    rings = [RingMemory(64) for _ in range(6)]
+    clients = [Ring(*[os.dup(fd) for fd in m.fds()]) for m in rings]
+    for index, memory in enumerate(rings, 1):
+        engine.add_ring(index, memory.map, 64, memory.submit_fd, memory.complete_fd, (NONE, NONE))
+    assert engine.stats()["rings_per_lane"] == [2, 2, 2] and not engine.crowded
     engine.start()
+    fixed = Ring.fixed_part(1, [2], [3], 2)
     try:
-        assert engine.lanes == 3  # every thread unless told
-        engine.lanes = 1
-        for index in (1, 2, 3):
-            add(index)
-        assert engine.stats()["rings_per_thread"] == [3, 0, 0]
-        engine.lanes = 3  # a crowd: the others take the next rings, the first keeps its own
-        for index in (4, 5, 6):
-            add(index)
-        assert engine.stats()["rings_per_thread"] == [3, 2, 1]
-        engine.remove_ring(1)
-        assert engine.stats()["rings_per_thread"] == [2, 2, 1]
-        for bad in (0, 4):
-            with pytest.raises(ValueError, match=r"lanes must be 1\.\.3"):
-                engine.lanes = bad
+        for index, client in enumerate(clients, 1):  # decided once each: tickets from then on
+            seq = client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+            items: list[tuple[int, int, int, int, int]] = []
+            while not items:
+                items = engine.take_slow(1.0)
+            key = bytes(rings[index - 1].record(seq)[12:148])
+            stream = STREAM + index
+            engine.resume(index, 1, [(0, stream, index)], [(key, 0, EXEC, stream, index, 0, 0)])
+        launched = 0
+        for flip in range(8):
+            engine.crowded = flip % 2 == 1
+            for client in clients:
+                client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+                launched += 1
+            assert eventually(lambda: len(driver.launches) == launched, 30.0)  # noqa: B023
+            driver.finish_all()
+            want = 1 + launched // len(clients)
+            # Generous: under a sanitizer on a busy 2-CPU machine a round can take long.
+            assert eventually(lambda: all(c.done == want for c in clients), 30.0), (  # noqa: B023
+                flip,
+                [c.done for c in clients],
+            )
+        assert engine.crowded  # the last flip
+        engine.quiesce()  # a barrier on every lane, whoever serves it
     finally:
-        for index in range(2, 7):
+        for index in range(1, 7):
             engine.remove_ring(index)
+        assert engine.stats()["rings_per_lane"] == [0, 0, 0]
         engine.stop()
-        for memory in rings:
+        for client, memory in zip(clients, rings, strict=True):
+            client.close()
             memory.close()
+    assert driver.live_events == set()
+    with pytest.raises(ValueError, match="base must be"):
+        native.Engine(threads=2, base=3)
 
 
 def test_a_removed_ring_is_let_go_and_its_memory_closes() -> None:
@@ -473,9 +492,9 @@ def test_a_crowd_spreads_new_rings_over_the_crowd_threads_only_when_asked() -> N
         assert (spread.threads, spread.max_threads) == (2, 4)
         assert spread.stats()["threads"] == 4
         spread.crowded(True)
-        assert spread._engine.lanes == 4
+        assert spread._engine.crowded
         spread.crowded(False)
-        assert spread._engine.lanes == 2
+        assert not spread._engine.crowded
         spread.close()
         plain = open_engine(daemon, kind="native", threads=2)  # the default: no spreading
         engines.append(plain)

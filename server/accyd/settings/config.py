@@ -206,10 +206,9 @@ class Config:
     """Publish each ring client's spin budget (``accyd.ring.waiting``)."""
     crowd_engine_threads: int = setting(
         0, "native engine threads once more ring clients wait than fit on the CPUs left "
-        "(they then sleep): new rings spread over this many (0: no more than "
-        "--engine-threads). 32 waiting clients got 1.23x the launches with 8 threads than "
-        "with 4 on an H100, but 16 got unequal shares: rings taken before the crowd stay put",
-        int_text, metavar="N", group="tuning",
+        "(they then sleep), each serving its share of the rings; the --engine-threads "
+        "serve them all otherwise (0: twice the automatic --engine-threads on a GPU, else "
+        "--engine-threads)", int_text, metavar="N", group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
     engine_timings: bool = setting(
         False, "time the native engine's driver calls and client wakes (two clock reads "
@@ -367,7 +366,7 @@ class Config:
         if not 0 <= self.engine_threads <= 16:
             raise ValueError("engine_threads is 0 (auto) to 16")
         if not 0 <= self.crowd_engine_threads <= 16:
-            raise ValueError("crowd_engine_threads is 0 (off) to 16")
+            raise ValueError("crowd_engine_threads is 0 (auto) to 16")
         if self.device_gpus and not self.uses_device_workers:
             raise ValueError("--device-gpu needs device workers (--device-workers)")
         unknown = sorted({index for index, _ in self.device_gpus} - set(self.devices))

@@ -235,7 +235,8 @@ struct worker {
     int nactive;
     uint64_t *pool[MAX_DRIVERS]; /* pooled events, per driver */
     int pooled[MAX_DRIVERS], pool_cap[MAX_DRIVERS];
-    uint64_t current_context;
+    pthread_mutex_t serving; /* held by the thread running this lane's round (see lanes_of) */
+    uint64_t last_scan;      /* when its inactive rings' heads were last looked at */
     atomic_uint_fast64_t round;
     /* stats */
     atomic_uint_fast64_t fast, slow, launches, rounds, sleeps;
@@ -266,7 +267,10 @@ struct engine {
     pthread_mutex_t rings_lock; /* guards rings_by_id */
     ring_t **rings_by_id;
     int nrings_by_id, cap_rings_by_id;
-    atomic_int lanes; /* new rings go to the least loaded of the first ``lanes`` workers */
+    int base;                 /* the threads that always run (see lanes_of) */
+    atomic_int crowded;       /* the others run their own lanes too */
+    pthread_mutex_t crowd_lock;
+    pthread_cond_t crowd_cond; /* signalled as ``crowded`` changes and at stop */
     int started;
 };
 
@@ -407,11 +411,14 @@ static void event_give(worker_t *w, int driver, uint64_t event) {
     w->pool[driver][w->pooled[driver]++] = event;
 }
 
+/* The context current on this thread: a thread may serve several lanes. */
+static _Thread_local uint64_t current_context;
+
 static int make_current(worker_t *w, int driver) {
     driver_t *d = &w->engine->drivers[driver];
-    if (d->set_current == NULL || w->current_context == d->context) return 0;
+    if (d->set_current == NULL || current_context == d->context) return 0;
     int err = d->set_current(d->context);
-    if (err == 0) w->current_context = d->context;
+    if (err == 0) current_context = d->context;
     return err;
 }
 
@@ -776,7 +783,11 @@ static void take_kicks(worker_t *w) {
     struct epoll_event events[64];
     int n = epoll_wait(w->epoll_fd, events, 64, 0);
     for (int k = 0; k < n; k++) {
-        if (events[k].data.ptr == NULL) {
+        void *tag = events[k].data.ptr;
+        worker_t *lanes = w->engine->workers;
+        if (tag >= (void *)lanes && tag < (void *)(lanes + MAX_THREADS)) {
+            continue; /* a lane this thread serves too: its own kicks are taken in its round */
+        } else if (tag == NULL) {
             drain_fd(w->wake_fd);
         } else {
             ring_t *r = events[k].data.ptr;
@@ -793,66 +804,144 @@ static void scan_inactive(worker_t *w) {
         if (!w->rings[k]->active && ring_has_work(w->rings[k])) activate(w, w->rings[k]);
 }
 
-static void sleep_for(worker_t *w, uint64_t ns) {
-    struct pollfd pfd = {.fd = w->epoll_fd, .events = POLLIN};
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
-    atomic_fetch_add_explicit(&w->sleeps, 1, memory_order_relaxed);
-    if (ppoll(&pfd, 1, &ts, NULL) > 0) take_kicks(w);
-}
-
 #define FLIGHT_POLL_MAX_NS 50000
 #define TIMER_SLACK_NS 1000UL
 
-static void *worker_main(void *arg) {
-    worker_t *w = arg;
+/* ---- lanes and the threads that serve them -------------------------------------------------
+ * A worker_t is a lane: rings, commands, event pools, an epoll set. Each lane has a thread
+ * of its own; the first ``base`` threads always run, and while the engine is not crowded
+ * thread k (k < base) also serves the lanes base + k, 2 base + k, ..., whose own threads
+ * wait for a crowd. A lane's round runs under its ``serving`` lock: one thread at a time,
+ * so a lane's state stays one thread's, as if it had only its own. Rings go to the lane
+ * holding the fewest, so a crowd's rings are spread over every thread without moving. */
+
+/* The lanes thread ``k`` serves now, into ``out``; how many. */
+static int lanes_of(engine_t *e, int k, int crowded, worker_t **out) {
+    int n = 0;
+    if (k >= e->base) {
+        if (crowded) out[n++] = &e->workers[k];
+        return n;
+    }
+    out[n++] = &e->workers[k];
+    if (!crowded)
+        for (int j = e->base + k; j < e->nworkers; j += e->base) out[n++] = &e->workers[j];
+    return n;
+}
+
+/* One round of lane ``w``: Python's commands, then each active ring once. */
+static void lane_round(worker_t *w, uint8_t *copy, uint64_t now, int *busy, int *in_flight) {
     engine_t *e = w->engine;
+    apply_commands(w);
+    atomic_fetch_add_explicit(&w->round, 1, memory_order_seq_cst); /* odd: in a round */
+    ring_t **link = &w->active;
+    while (*link) {
+        ring_t *r = *link;
+        if (ring_take(w, r, copy)) *busy = 1;
+        if (ring_settle(w, r)) *busy = 1;
+        if (r->fcount > 0) *in_flight = 1;
+        if (ring_has_work(r) || r->fault_pending || r->held) {
+            r->idle_since = 0;
+        } else if (r->idle_since == 0) {
+            r->idle_since = now;
+        } else if (now - r->idle_since > e->spin_ns) {
+            /* Off the active list: the client kicks submit_fd once it sees this flag. */
+            ring_store32(r, DAEMON_WAITS_OFF, 1);
+            if (ring_load64(r, HEAD_OFF) == r->tail) {
+                r->active = 0;
+                w->nactive--;
+                *link = r->next_active;
+                continue;
+            }
+            ring_store32(r, DAEMON_WAITS_OFF, 0);
+        }
+        link = &r->next_active;
+    }
+    atomic_fetch_add_explicit(&w->round, 1, memory_order_seq_cst); /* even: between */
+    atomic_fetch_add_explicit(&w->rounds, 1, memory_order_relaxed);
+    /* While busy with some rings, the others' kicks are taken every round and their
+     * heads looked at every millisecond: one busy client never starves another. */
+    if (w->nactive < w->nrings) {
+        take_kicks(w);
+        if (now - w->last_scan > 1000000) {
+            w->last_scan = now;
+            scan_inactive(w);
+        }
+    }
+}
+
+/* Sleep on the thread's own lane's epoll set (the lanes it serves too are nested in it)
+ * for at most ``ns``; then take the kicks of every lane it serves. */
+static void sleep_for(worker_t *own, worker_t **lanes, int n, uint64_t ns) {
+    struct pollfd pfd = {.fd = own->epoll_fd, .events = POLLIN};
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    atomic_fetch_add_explicit(&own->sleeps, 1, memory_order_relaxed);
+    if (ppoll(&pfd, 1, &ts, NULL) <= 0) return;
+    for (int i = 0; i < n; i++) {
+        if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
+        take_kicks(lanes[i]);
+        pthread_mutex_unlock(&lanes[i]->serving);
+    }
+}
+
+/* Nest (or take out) the epoll sets of the lanes thread ``k`` helps, as the crowd says. */
+static void nest_lanes(engine_t *e, worker_t *own, int crowded, int *nested) {
+    for (int j = e->base + own->index; j < e->nworkers; j += e->base) {
+        if (nested[j] == !crowded) continue;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &e->workers[j]};
+        epoll_ctl(own->epoll_fd, crowded ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, e->workers[j].epoll_fd, &ev);
+        nested[j] = !crowded;
+    }
+}
+
+/* A thread past ``base`` while no crowd needs it: wait until one does (or the engine stops). */
+static void await_crowd(engine_t *e) {
+    pthread_mutex_lock(&e->crowd_lock);
+    while (!atomic_load(&e->crowded) && !atomic_load(&e->stopping)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec += 1;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->crowd_cond, &e->crowd_lock, &until);
+    }
+    pthread_mutex_unlock(&e->crowd_lock);
+}
+
+static void *worker_main(void *arg) {
+    worker_t *own = arg;
+    engine_t *e = own->engine;
     uint8_t *copy = malloc((size_t)MAX_BATCH * SLOT_SIZE);
     if (copy == NULL) return NULL;
     /* Its short sleeps end when asked: Linux lets a thread's timers run 50 us late by
      * default, which a client waiting on a kernel's end would wait too. */
     prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0);
     prctl(PR_SET_NAME, "accy-engine", 0, 0, 0); /* what top -H and /proc show for it */
-    uint64_t last_busy = now_ns(), last_scan = last_busy;
+    uint64_t last_busy = now_ns();
     uint64_t idle_poll = e->idle_poll_ns;
     unsigned spins = 0;
+    int nested[MAX_THREADS] = {0};
+    worker_t *lanes[MAX_THREADS];
     while (!atomic_load_explicit(&e->stopping, memory_order_acquire)) {
-        apply_commands(w);
-        atomic_fetch_add_explicit(&w->round, 1, memory_order_seq_cst); /* odd: in a round */
-        int busy = 0, in_flight = 0;
-        uint64_t now = now_ns();
-        ring_t **link = &w->active;
-        while (*link) {
-            ring_t *r = *link;
-            if (ring_take(w, r, copy)) busy = 1;
-            if (ring_settle(w, r)) busy = 1;
-            if (r->fcount > 0) in_flight = 1;
-            if (ring_has_work(r) || r->fault_pending || r->held) {
-                r->idle_since = 0;
-            } else if (r->idle_since == 0) {
-                r->idle_since = now;
-            } else if (now - r->idle_since > e->spin_ns) {
-                /* Off the active list: the client kicks submit_fd once it sees this flag. */
-                ring_store32(r, DAEMON_WAITS_OFF, 1);
-                if (ring_load64(r, HEAD_OFF) == r->tail) {
-                    r->active = 0;
-                    w->nactive--;
-                    *link = r->next_active;
-                    continue;
-                }
-                ring_store32(r, DAEMON_WAITS_OFF, 0);
-            }
-            link = &r->next_active;
+        int crowded = atomic_load(&e->crowded);
+        if (own->index < e->base) nest_lanes(e, own, crowded, nested);
+        int n = lanes_of(e, own->index, crowded, lanes);
+        if (n == 0) {
+            await_crowd(e);
+            last_busy = now_ns();
+            continue;
         }
-        atomic_fetch_add_explicit(&w->round, 1, memory_order_seq_cst); /* even: between */
-        atomic_fetch_add_explicit(&w->rounds, 1, memory_order_relaxed);
-        /* While busy with some rings, the others' kicks are taken every round and their
-         * heads looked at every millisecond: one busy client never starves another. */
-        if (w->nactive < w->nrings) {
-            take_kicks(w);
-            if (now - last_scan > 1000000) {
-                last_scan = now;
-                scan_inactive(w);
-            }
+        int busy = 0, in_flight = 0, active = 0;
+        uint64_t now = now_ns();
+        for (int i = 0; i < n; i++) {
+            /* Its own lane it waits for (a helper may be ending a round of it); a lane it
+             * helps with it skips while that lane's own thread ends one. */
+            if (lanes[i] == own) pthread_mutex_lock(&own->serving);
+            else if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
+            lane_round(lanes[i], copy, now, &busy, &in_flight);
+            if (lanes[i]->active) active = 1;
+            pthread_mutex_unlock(&lanes[i]->serving);
         }
         if (busy) {
             last_busy = now;
@@ -868,22 +957,29 @@ static void *worker_main(void *arg) {
         if (in_flight) {
             /* A long kernel: look less often, but at least every FLIGHT_POLL_MAX_NS, since
              * its client waits for what we see: 1 ms steps added 0.34 ms to a 2.7 ms one. */
-            sleep_for(w, idle_poll);
+            sleep_for(own, lanes, n, idle_poll);
             if (idle_poll < FLIGHT_POLL_MAX_NS) idle_poll *= 2;
             continue;
         }
-        if (w->active) {
-            sleep_for(w, idle_poll); /* quiet rings on the active list: up to 1 ms */
+        if (active) {
+            sleep_for(own, lanes, n, idle_poll); /* quiet rings on the active list: up to 1 ms */
             if (idle_poll < 1000000) idle_poll *= 2;
             continue;
         }
         /* Idle: sleep until a client or Python kicks us; look every 20 ms anyway, for a
          * record published just as its ring went off the active list. */
-        sleep_for(w, 20000000);
-        scan_inactive(w);
+        sleep_for(own, lanes, n, 20000000);
+        for (int i = 0; i < n; i++) {
+            if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
+            scan_inactive(lanes[i]);
+            pthread_mutex_unlock(&lanes[i]->serving);
+        }
         last_busy = now_ns();
     }
-    apply_commands(w);
+    if (own->index < e->base) nest_lanes(e, own, 1, nested);
+    pthread_mutex_lock(&own->serving); /* its own lane's last commands: a helper's are done */
+    apply_commands(own);
+    pthread_mutex_unlock(&own->serving);
     free(copy);
     return NULL;
 }
@@ -931,15 +1027,20 @@ static void engine_dealloc(engine_t *e);
 
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"threads", "batch", "epochs", "counters", "tokens", "spin_ns",
-                         "flight_spin_ns", "idle_poll_ns", "timings", NULL};
-    int threads = 1, batch = 64, timings = 0;
+                         "flight_spin_ns", "idle_poll_ns", "timings", "base", NULL};
+    int threads = 1, batch = 64, timings = 0, base = 0;
     unsigned int nepochs = 1 << 18, ncounters = 1 << 16, ntokens = 1 << 16;
     unsigned long long spin = 200000, flight_spin = 2000000, idle_poll = 50000;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKKp", kw, &threads, &batch, &nepochs,
-                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll, &timings))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKKpi", kw, &threads, &batch, &nepochs,
+                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll, &timings, &base))
         return NULL;
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "threads must be 1..%d", MAX_THREADS);
+        return NULL;
+    }
+    if (base == 0) base = threads;
+    if (base < 1 || base > threads) {
+        PyErr_SetString(PyExc_ValueError, "base must be 1..threads (0: threads)");
         return NULL;
     }
     if (batch < 1 || batch > MAX_BATCH) {
@@ -958,7 +1059,10 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     e->spin_ns = spin;
     e->flight_spin_ns = flight_spin;
     e->idle_poll_ns = idle_poll ? idle_poll : 1000;
-    atomic_store(&e->lanes, threads);
+    e->base = base;
+    atomic_store(&e->crowded, 0);
+    pthread_mutex_init(&e->crowd_lock, NULL);
+    pthread_cond_init(&e->crowd_cond, NULL);
     e->timings = timings;
     e->nepochs = nepochs;
     e->ncounters = ncounters;
@@ -979,6 +1083,7 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
         w->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
         w->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         pthread_mutex_init(&w->lock, NULL);
+        pthread_mutex_init(&w->serving, NULL);
         if (w->epoll_fd >= 0 && w->wake_fd >= 0) {
             struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
             epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->wake_fd, &ev);
@@ -1134,10 +1239,9 @@ static PyObject *engine_add_ring(engine_t *e, PyObject *args, PyObject *kwds) {
         free(r);
         return PyErr_NoMemory();
     }
-    /* A ring goes to the worker holding the fewest of the first ``lanes``. */
-    int lanes = atomic_load(&e->lanes), best = 0;
-    if (lanes < 1 || lanes > e->nworkers) lanes = e->nworkers;
-    for (int k = 1; k < lanes; k++)
+    /* A ring goes to the lane holding the fewest (lanes_of says which thread serves it). */
+    int best = 0;
+    for (int k = 1; k < e->nworkers; k++)
         if (e->workers[k].assigned < e->workers[best].assigned) best = k;
     e->workers[best].assigned++;
     r->owner = &e->workers[best];
@@ -1563,13 +1667,16 @@ static PyObject *engine_stats(engine_t *e, PyObject *unused) {
     return Py_BuildValue("{sKsKsKsKsKsisisNsNsN}", "fast_records", fast, "slow_records", slow,
                          "launches", launches, "rounds", rounds, "sleeps", sleeps, "rings", rings,
                          "threads", e->nworkers, "calls", calls, "call_ns", call_ns,
-                         "rings_per_thread", per_thread);
+                         "rings_per_lane", per_thread);
 }
 
 static void engine_stop_threads(engine_t *e) {
     if (!e->started) return;
     atomic_store(&e->stopping, 1);
     for (int k = 0; k < e->nworkers; k++) wake_fd(e->workers[k].wake_fd);
+    pthread_mutex_lock(&e->crowd_lock);
+    pthread_cond_broadcast(&e->crowd_cond);
+    pthread_mutex_unlock(&e->crowd_lock);
     pthread_mutex_lock(&e->slow_lock);
     pthread_cond_broadcast(&e->slow_cond);
     pthread_mutex_unlock(&e->slow_lock);
@@ -1630,7 +1737,10 @@ static void engine_dealloc(engine_t *e) {
         if (w->epoll_fd >= 0) close(w->epoll_fd);
         if (w->wake_fd >= 0) close(w->wake_fd);
         pthread_mutex_destroy(&w->lock);
+        pthread_mutex_destroy(&w->serving);
     }
+    pthread_mutex_destroy(&e->crowd_lock);
+    pthread_cond_destroy(&e->crowd_cond);
     slow_item_t *item = e->slow_head;
     while (item) {
         slow_item_t *next = item->next;
@@ -1649,28 +1759,30 @@ static PyObject *engine_slow_fd(engine_t *e, void *closure) {
     return PyLong_FromLong(e->slow_fd);
 }
 
-static PyObject *engine_get_lanes(engine_t *e, void *closure) {
+static PyObject *engine_get_crowded(engine_t *e, void *closure) {
     (void)closure;
-    return PyLong_FromLong(atomic_load(&e->lanes));
+    return PyBool_FromLong(atomic_load(&e->crowded));
 }
 
-static int engine_set_lanes(engine_t *e, PyObject *value, void *closure) {
+static int engine_set_crowded(engine_t *e, PyObject *value, void *closure) {
     (void)closure;
-    long lanes = value ? PyLong_AsLong(value) : -1;
-    if (lanes == -1 && PyErr_Occurred()) return -1;
-    if (lanes < 1 || lanes > e->nworkers) {
-        PyErr_Format(PyExc_ValueError, "lanes must be 1..%d", e->nworkers);
+    int crowded = value ? PyObject_IsTrue(value) : -1;
+    if (crowded < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "crowded cannot be deleted");
         return -1;
     }
-    atomic_store(&e->lanes, (int)lanes);
+    pthread_mutex_lock(&e->crowd_lock);
+    atomic_store(&e->crowded, crowded);
+    pthread_cond_broadcast(&e->crowd_cond);
+    pthread_mutex_unlock(&e->crowd_lock);
+    for (int k = 0; k < e->base; k++) wake_fd(e->workers[k].wake_fd); /* re-nest at once */
     return 0;
 }
 
 static PyGetSetDef engine_getset[] = {
     {"slow_fd", (getter)engine_slow_fd, NULL, "An eventfd readable while slow items wait.", NULL},
-    {"lanes", (getter)engine_get_lanes, (setter)engine_set_lanes,
-     "New rings go to the least loaded of the first LANES threads (rings stay where they are).",
-     NULL},
+    {"crowded", (getter)engine_get_crowded, (setter)engine_set_crowded,
+     "Whether every thread serves its own lane (else the first BASE serve them all).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -23,8 +23,8 @@ SlowItem = tuple[int, int, int, int, int]
 
 class Engine:
     slow_fd: int
-    lanes: int
-    """New rings go to the least loaded of the first ``lanes`` threads."""
+    crowded: bool
+    """Every thread serves its own lane; else the first ``base`` serve them all."""
     def __init__(
         self,
         threads: int = 1,
@@ -36,6 +36,7 @@ class Engine:
         flight_spin_ns: int = 2000000,
         idle_poll_ns: int = 50000,
         timings: bool = False,
+        base: int = 0,
     ) -> None: ...
     def set_driver(
         self,

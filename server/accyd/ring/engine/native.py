@@ -81,6 +81,7 @@ class NativeEngine:
         self.max_threads = max(threads, max_threads or threads)
         self._engine = _native.Engine(
             threads=self.max_threads,
+            base=threads,
             batch=batch,
             epochs=EPOCHS,
             counters=COUNTERS,
@@ -90,7 +91,6 @@ class NativeEngine:
             timings=timings,
         )
         self.threads = threads
-        self._engine.lanes = threads
         self._drivers: dict[int, Driver] = {}
         for device, backend in core.backends.items():
             driver = driver_for(backend)
@@ -122,9 +122,9 @@ class NativeEngine:
         self._thread.start()
 
     def crowded(self, crowded: bool) -> None:
-        """New rings go to the least loaded of every thread while crowded, else of the first
-        ``threads`` (a thread holding no ring sleeps)."""
-        self._engine.lanes = self.max_threads if crowded else self.threads
+        """Every one of ``max_threads`` serves its own lane while crowded; else the first
+        ``threads`` serve them all (each ring is on the lane holding the fewest)."""
+        self._engine.crowded = crowded
 
     def close(self) -> None:
         """Stop the threads and close every ring still held; idempotent."""
