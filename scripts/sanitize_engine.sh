@@ -29,7 +29,7 @@ tsan=$(gcc -print-file-name=libtsan.so)
 rebuild thread
 reports=$(mktemp -d)
 LD_PRELOAD="$tsan" TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 log_path=$reports/tsan" \
-  ACCYD_ENGINE=native "$python" -m pytest -p no:cacheprovider -q tests/engine \
+  ACCYD_ENGINE=native "$python" -m pytest -p no:cacheprovider tests/engine \
   tests/ring/test_ring_core.py tests/ring/test_ring_bound.py tests/ring/test_ring_waits.py "$@"
 if compgen -G "$reports/tsan*" >/dev/null; then
   cat "$reports"/tsan*

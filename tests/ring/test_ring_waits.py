@@ -89,12 +89,14 @@ def test_the_engine_hears_when_the_waiting_clients_become_a_crowd_and_stop_being
 
 
 def test_switched_off_it_publishes_nothing() -> None:
-    budget = WaitBudget(reserved=2, cpus=2, enabled=False)
+    heard: list[bool] = []
+    budget = WaitBudget(reserved=2, cpus=2, enabled=False, on_crowded=heard.append)
     memory = RingMemory(64)
     try:
         budget.attach(memory)
         budget.attach(other := RingMemory(64))
         assert _published(memory) is None and budget.budget_us == 0
+        assert heard == []  # nor does the engine hear of a crowd: its clients spin anyway
         other.close()
     finally:
         memory.close()

@@ -100,7 +100,9 @@ class WaitBudget:
             self._publish()
 
     def _publish(self) -> None:
-        crowded = crowd(len(self._rings), self.cpus, self.reserved)
+        # Switched off, the clients spin whatever their number: more engine threads would
+        # only take more of their CPUs.
+        crowded = self.enabled and crowd(len(self._rings), self.cpus, self.reserved)
         if crowded != self.crowded:
             self.crowded = crowded
             if self.on_crowded is not None:
