@@ -280,6 +280,19 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* CLOCK_REALTIME ``ns`` from now: a deadline for pthread_cond_timedwait. */
+static struct timespec realtime_after(uint64_t ns) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)(ns / 1000000000ull);
+    until.tv_nsec += (long)(ns % 1000000000ull);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec += 1;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
+}
+
 /* A call of some CALL_ kind begins (0 unless the engine times its calls) and ends. */
 static inline uint64_t call_began(const worker_t *w) { return w->engine->timings ? now_ns() : 0; }
 static inline void call_ended(worker_t *w, int kind, uint64_t began) {
@@ -869,26 +882,33 @@ static void lane_round(worker_t *w, uint8_t *copy, uint64_t now, int *busy, int 
     }
 }
 
+/* ``fn`` on each of ``lanes`` no other thread is serving right now. */
+static void try_each(worker_t **lanes, int n, void (*fn)(worker_t *)) {
+    for (int i = 0; i < n; i++) {
+        if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
+        fn(lanes[i]);
+        pthread_mutex_unlock(&lanes[i]->serving);
+    }
+}
+
 /* Sleep on the thread's own lane's epoll set (the lanes it serves too are nested in it)
  * for at most ``ns``; then take the kicks of every lane it serves. */
 static void sleep_for(worker_t *own, worker_t **lanes, int n, uint64_t ns) {
     struct pollfd pfd = {.fd = own->epoll_fd, .events = POLLIN};
     struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
     atomic_fetch_add_explicit(&own->sleeps, 1, memory_order_relaxed);
-    if (ppoll(&pfd, 1, &ts, NULL) <= 0) return;
-    for (int i = 0; i < n; i++) {
-        if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
-        take_kicks(lanes[i]);
-        pthread_mutex_unlock(&lanes[i]->serving);
-    }
+    if (ppoll(&pfd, 1, &ts, NULL) > 0) try_each(lanes, n, take_kicks);
 }
 
-/* Nest (or take out) the epoll sets of the lanes thread ``k`` helps, as the crowd says. */
+/* Nest (or take out) the epoll sets of the lanes thread ``own`` helps, as the crowd says. */
 static void nest_lanes(engine_t *e, worker_t *own, int crowded, int *nested) {
-    for (int j = e->base + own->index; j < e->nworkers; j += e->base) {
+    worker_t *helped[MAX_THREADS];
+    int n = lanes_of(e, own->index, 0, helped); /* its own lane first, then those it helps */
+    for (int i = 1; i < n; i++) {
+        int j = helped[i]->index;
         if (nested[j] == !crowded) continue;
-        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &e->workers[j]};
-        epoll_ctl(own->epoll_fd, crowded ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, e->workers[j].epoll_fd, &ev);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = helped[i]};
+        epoll_ctl(own->epoll_fd, crowded ? EPOLL_CTL_DEL : EPOLL_CTL_ADD, helped[i]->epoll_fd, &ev);
         nested[j] = !crowded;
     }
 }
@@ -897,13 +917,7 @@ static void nest_lanes(engine_t *e, worker_t *own, int crowded, int *nested) {
 static void await_crowd(engine_t *e) {
     pthread_mutex_lock(&e->crowd_lock);
     while (!atomic_load(&e->crowded) && !atomic_load(&e->stopping)) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 20000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = realtime_after(20000000);
         pthread_cond_timedwait(&e->crowd_cond, &e->crowd_lock, &until);
     }
     pthread_mutex_unlock(&e->crowd_lock);
@@ -969,11 +983,7 @@ static void *worker_main(void *arg) {
         /* Idle: sleep until a client or Python kicks us; look every 20 ms anyway, for a
          * record published just as its ring went off the active list. */
         sleep_for(own, lanes, n, 20000000);
-        for (int i = 0; i < n; i++) {
-            if (pthread_mutex_trylock(&lanes[i]->serving) != 0) continue;
-            scan_inactive(lanes[i]);
-            pthread_mutex_unlock(&lanes[i]->serving);
-        }
+        try_each(lanes, n, scan_inactive);
         last_busy = now_ns();
     }
     if (own->index < e->base) nest_lanes(e, own, 1, nested);
@@ -1438,15 +1448,7 @@ static PyObject *engine_take_slow(engine_t *e, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&e->slow_lock);
     if (e->slow_head == NULL && timeout > 0) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        double whole = (double)(long long)timeout;
-        until.tv_sec += (time_t)whole;
-        until.tv_nsec += (long)((timeout - whole) * 1e9);
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec += 1;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = realtime_after((uint64_t)(timeout * 1e9));
         while (e->slow_head == NULL && !atomic_load(&e->stopping))
             if (pthread_cond_timedwait(&e->slow_cond, &e->slow_lock, &until) == ETIMEDOUT) break;
     }
@@ -1632,16 +1634,16 @@ static PyObject *engine_stats(engine_t *e, PyObject *unused) {
         rounds += atomic_load(&e->workers[k].rounds);
         sleeps += atomic_load(&e->workers[k].sleeps);
     }
-    PyObject *per_thread = PyList_New(e->nworkers);
-    if (per_thread == NULL) return NULL;
+    PyObject *per_lane = PyList_New(e->nworkers);
+    if (per_lane == NULL) return NULL;
     pthread_mutex_lock(&e->rings_lock);
     int rings = e->nrings_by_id;
     for (int k = 0; k < e->nworkers; k++)
-        PyList_SET_ITEM(per_thread, k, PyLong_FromLong(e->workers[k].assigned));
+        PyList_SET_ITEM(per_lane, k, PyLong_FromLong(e->workers[k].assigned));
     pthread_mutex_unlock(&e->rings_lock);
     for (int k = 0; k < e->nworkers; k++)
-        if (PyList_GET_ITEM(per_thread, k) == NULL) {
-            Py_DECREF(per_thread);
+        if (PyList_GET_ITEM(per_lane, k) == NULL) {
+            Py_DECREF(per_lane);
             return NULL;
         }
     PyObject *calls = PyDict_New(), *call_ns = PyDict_New();
@@ -1661,13 +1663,13 @@ static PyObject *engine_stats(engine_t *e, PyObject *unused) {
     if (!calls || !call_ns) {
         Py_XDECREF(calls);
         Py_XDECREF(call_ns);
-        Py_DECREF(per_thread);
+        Py_DECREF(per_lane);
         return NULL;
     }
     return Py_BuildValue("{sKsKsKsKsKsisisNsNsN}", "fast_records", fast, "slow_records", slow,
                          "launches", launches, "rounds", rounds, "sleeps", sleeps, "rings", rings,
                          "threads", e->nworkers, "calls", calls, "call_ns", call_ns,
-                         "rings_per_lane", per_thread);
+                         "rings_per_lane", per_lane);
 }
 
 static void engine_stop_threads(engine_t *e) {
