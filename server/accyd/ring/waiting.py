@@ -14,7 +14,7 @@ another's), and a client takes the lesser of it and its own default
 (``sched_yield``, CUDA's yield policy), 32 clients on an H100 with 16 CPUs got 0.88x the
 launches and a p99 of 1.9 ms, the slowest client 0.56 of the mean: the scheduler shares a
 CPU between yielders, not with the engine thread beside them. Once the clients are a
-crowd the engine also spreads new rings over more threads (``on_crowded``).
+crowd the engine also serves their rings on more threads (``on_crowded``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class WaitBudget:
         self.enabled = enabled
         self.on_crowded = on_crowded
         """Told (under the budget's lock) each time the crowd forms or goes: the engine then
-        spreads new rings over more threads."""
+        serves the rings on more threads, or on fewer again."""
         self.crowded = False
         self._rings: set[RingMemory] = set()
         self._lock = threading.Lock()

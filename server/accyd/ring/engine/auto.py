@@ -39,8 +39,8 @@ class RingEngine(Protocol):
     def start(self) -> None: ...
 
     def crowded(self, crowded: bool) -> None:
-        """Whether more ring clients wait than fit on the CPUs left: new rings then go to
-        every one of ``max_threads`` (rings already taken stay on their threads)."""
+        """Whether more ring clients wait than fit on the CPUs left: each of ``max_threads``
+        then serves its own lane of the rings, where ``threads`` serve them all otherwise."""
         ...
 
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
