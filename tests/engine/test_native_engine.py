@@ -283,6 +283,21 @@ def test_a_sleeping_client_is_woken_and_a_stream_ring_always(notify_always: bool
         h.close()
 
 
+def ticket_each(
+    engine: native.Engine, rings: list[RingMemory], clients: list[Ring], fixed: bytes
+) -> None:
+    """Each ring's first launch decided as Python would (ring ids from 1): resumed past it
+    with a ticket for it, on a stream of its own, so the next ones are the engine's."""
+    for index, client in enumerate(clients, 1):
+        seq = client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+        items: list[tuple[int, int, int, int, int]] = []
+        while not items:
+            items = engine.take_slow(1.0)
+        key = bytes(rings[index - 1].record(seq)[12:148])
+        stream = STREAM + index
+        engine.resume(index, 1, [(0, stream, index)], [(key, 0, EXEC, stream, index, 0, 0)])
+
+
 def test_several_threads_share_the_rings() -> None:
     driver = FakeDriver()
     engine = native.Engine(threads=3, spin_ns=20_000, flight_spin_ns=0)
@@ -294,14 +309,8 @@ def test_several_threads_share_the_rings() -> None:
     engine.start()
     try:
         fixed = Ring.fixed_part(1, [2], [3], 2)
-        for index, client in enumerate(clients, 1):
-            seq = client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
-            items: list[tuple[int, int, int, int, int]] = []
-            while not items:
-                items = engine.take_slow(1.0)
-            key = bytes(rings[index - 1].record(seq)[12:148])
-            stream = STREAM + index
-            engine.resume(index, 1, [(0, stream, index)], [(key, 0, EXEC, stream, index, 0, 0)])
+        ticket_each(engine, rings, clients, fixed)
+        for client in clients:
             for _ in range(10):
                 client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
         assert eventually(lambda: len(driver.launches) == 60)
@@ -352,14 +361,7 @@ def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
     engine.start()
     fixed = Ring.fixed_part(1, [2], [3], 2)
     try:
-        for index, client in enumerate(clients, 1):  # decided once each: tickets from then on
-            seq = client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
-            items: list[tuple[int, int, int, int, int]] = []
-            while not items:
-                items = engine.take_slow(1.0)
-            key = bytes(rings[index - 1].record(seq)[12:148])
-            stream = STREAM + index
-            engine.resume(index, 1, [(0, stream, index)], [(key, 0, EXEC, stream, index, 0, 0)])
+        ticket_each(engine, rings, clients, fixed)
         launched = 0
         for flip in range(8):
             engine.crowded = flip % 2 == 1
@@ -367,8 +369,11 @@ def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
                 client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
                 launched += 1
             assert eventually(lambda: len(driver.launches) == launched, 30.0)  # noqa: B023
-            driver.finish_all()
             want = 1 + launched // len(clients)
+            # Taken means each launch's event is recorded: finishing before that would leave
+            # an event the fake driver never finishes (the engine records after launching).
+            assert eventually(lambda: all(c.taken == want for c in clients), 30.0)  # noqa: B023
+            driver.finish_all()
             # Generous: under a sanitizer on a busy 2-CPU machine a round can take long.
             assert eventually(lambda: all(c.done == want for c in clients), 30.0), (  # noqa: B023
                 flip,
