@@ -71,15 +71,21 @@ class Rig:
         flags = self.d.CUstream_flags.CU_STREAM_NON_BLOCKING
         return check(self.d.cuStreamCreate(flags), "cuStreamCreate")
 
-    def launcher(self, iters: int, stream: Any) -> Callable[[], None]:
-        """A launch of the kernel on ``stream`` with pre-packed arguments (y, x, iters)."""
+    def launcher(
+        self, iters: int, stream: Any, entry: str = ENTRY, grid: int = GRID
+    ) -> Callable[[], None]:
+        """A launch of fma.cu's ``entry`` (its fma kernel, or another with its parameters)
+        on ``stream`` with pre-packed arguments (y, x, iters), ``grid`` blocks of BLOCK."""
         storage = (ctypes.c_uint64 * 3)(self.y, self.x, iters)  # u32 iters: the low half, LE
         params = (ctypes.c_void_p * 3)(*(ctypes.addressof(storage) + 8 * i for i in range(3)))
         self._keep += [storage, params]
-        launch, function, pointer = self.d.cuLaunchKernel, self.function, ctypes.addressof(params)
+        launch, pointer = self.d.cuLaunchKernel, ctypes.addressof(params)
+        function = self.function
+        if entry != ENTRY:
+            function = check(self.d.cuModuleGetFunction(self.module, entry.encode()), entry)
 
         def go() -> None:
-            result = launch(function, GRID, 1, 1, BLOCK, 1, 1, 0, stream, pointer, 0)
+            result = launch(function, grid, 1, 1, BLOCK, 1, 1, 0, stream, pointer, 0)
             if result[0]:
                 check(result, "cuLaunchKernel")
 

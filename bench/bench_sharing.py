@@ -59,8 +59,10 @@ WORKERS: dict[str, tuple[str, str]] = {
     "accy-scan": ("_sharing_accy", "prepare_scan"),
     "accy-victim": ("_noisy_clients", "prepare_victim"),
     "accy-aggressor": ("_noisy_clients", "prepare_aggressor"),
+    "cuda-victim": ("_noisy_clients", "prepare_cuda_victim"),
+    "cuda-aggressor": ("_noisy_clients", "prepare_cuda_aggressor"),
 }
-"""Kinds of worker processes (``--worker``); bench/contention.py runs the last two too."""
+"""Kinds of worker processes (``--worker``); bench/contention.py runs the last four too."""
 
 
 def _prepare(spec: Spec) -> Run:

@@ -19,6 +19,11 @@ Series (clients are processes on the public client API, bench/catalog's kernels)
   most 1.2x alone, the confined aggressor at least 0.8x its unconfined rate of work (each
   variant calibrates its kernel to ``--aggressor-ms``, so a confined kernel does less: the
   rate compared is kernels/s times the kernel's iterations).
+- **noisy neighbour under MPS** (CUDA only): the same kernels launched raw by a victim and
+  an aggressor process under an MPS server: the victim alone, beside the aggressor, and
+  beside the aggressor limited to ``--mps-percentage`` of the SMs
+  (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``): MPS's own way to confine a client, in the same
+  run as accy's partitions.
 
 The table printed last holds every series.
 """
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -134,6 +140,47 @@ def noisy(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     return found
 
 
+def noisy_mps(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
+    """The victim and aggressor as raw CUDA processes under MPS: alone, beside, limited."""
+    from _sharing_cuda import mps_log_tail, mps_server
+
+    short, fill = ITERS["cuda"]["short"], ITERS["cuda"]["fill"]
+    timeout = args.seconds * 4 + 90
+
+    def victim(beside: bool) -> Spec:
+        return {
+            "kind": "cuda-victim",
+            "iters": short,
+            "seconds": args.seconds,
+            "beside_aggressor": beside,
+        }
+
+    def aggressor(percentage: int | None) -> Spec:
+        return {
+            "kind": "cuda-aggressor",
+            "iters": fill,
+            "target_ms": args.aggressor_ms,
+            "seconds": args.seconds,
+            "mps_thread_percentage": percentage,
+        }
+
+    def series() -> dict[str, Any]:
+        with mps_server() as variables:
+            env = dict(os.environ) | variables
+            found: dict[str, Any] = {
+                "alone": run_workers([victim(False)], env=env, run_timeout=timeout)[0]
+            }
+            for name, percentage in (("unlimited", None), ("limited", args.mps_percentage)):
+                hurt, loud = run_workers(
+                    [victim(True), aggressor(percentage)], env=env, run_timeout=timeout
+                )
+                found[name] = {"victim": hurt, "aggressor": loud, "percentage": percentage}
+            found["mps_log"] = mps_log_tail(variables)
+            return found
+
+    return plan.step("noisy neighbour under MPS", series)
+
+
 def _work(aggressor: dict[str, Any]) -> float:
     """The aggressor's iterations per second: its kernels/s alone compare kernels that each
     variant's calibration made of different lengths."""
@@ -165,6 +212,15 @@ def table(report: dict[str, Any]) -> str:
             shown.append(("victim alone", alone, None))
         if "victim" in found:
             shown.append((f"victim, aggressor {variant}", found["victim"], found["aggressor"]))
+    under_mps = report.get("noisy_mps", {})
+    if "error" in under_mps:
+        rows.append(f"| noisy under MPS | {under_mps['error'][:60]} | | | |")
+    elif under_mps:
+        shown.append(("MPS: victim alone", under_mps["alone"], None))
+        for name in ("unlimited", "limited"):
+            found = under_mps[name]
+            limit = f" at {found['percentage']}% threads" if found["percentage"] else ""
+            shown.append((f"MPS: victim, aggressor{limit}", found["victim"], found["aggressor"]))
     for name, hurt, loud in shown:
         rate = ""
         if loud is not None:
@@ -183,6 +239,17 @@ def table(report: dict[str, Any]) -> str:
         )
     except (KeyError, TypeError, ZeroDivisionError):
         pass
+    try:
+        alone = under_mps["alone"]["p99_us"]
+        free = _work(under_mps["unlimited"]["aggressor"])
+        kept = _work(under_mps["limited"]["aggressor"])
+        hurt = under_mps["limited"]["victim"]["p99_us"]
+        rows.append(
+            f"MPS, aggressor at {under_mps['limited']['percentage']}% threads: victim p99 / "
+            f"alone {hurt / alone:.2f}; aggressor's work / unlimited {kept / free:.2f}"
+        )
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
     return "\n".join(rows)
 
 
@@ -196,8 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--aggressor-sms", type=int, default=112, help="SMs of the confined aggressor"
     )
+    parser.add_argument(
+        "--mps-percentage", type=int, default=50, help="the MPS-limited aggressor's threads, %%"
+    )
     parser.add_argument("--budget", type=float, default=360.0, help="skip series after this (s)")
-    parser.add_argument("--skip", default="", help="crowd and/or noisy, comma-separated")
+    parser.add_argument(
+        "--skip", default="", help="crowd, noisy and/or mps (CUDA only), comma-separated"
+    )
     args = parser.parse_args(argv)
     args.clients = [int(n) for n in args.clients.split(",") if n]
     plan = Plan(args.budget)
@@ -209,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             report["crowd"] = crowd(plan, args, ITERS[args.backend]["short"])
         if "noisy" not in skip:
             report["noisy"] = noisy(plan, args, Path(folder))
+        if "mps" not in skip and args.backend == "cuda":
+            report["noisy_mps"] = noisy_mps(plan, args)
     report["elapsed_s"] = time.monotonic() - plan.started
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

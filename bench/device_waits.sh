@@ -11,7 +11,7 @@ source bench/device_env.sh || exit 1
   echo "kernel $(uname -r), uid $(id -u), cpus $(nproc), perf: $(command -v perf || echo none)"
   echo "perf_event_paranoid $(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null)"
 } > "$OUT/env.txt" 2>&1
-variants=${WAIT_VARIANTS:-"nice=--engine-nice -10;yield=--crowded-wait yield;yield_nice=--crowded-wait yield --engine-nice -10;spin_nice=--no-wait-budget --engine-nice -10"}
+variants=${WAIT_VARIANTS:-"t4=--engine-threads 4;spin=--no-wait-budget"}
 mkdir -p "$OUT/perf"
 step waits ${WAITS_TIMEOUT:-360} $PY bench/scale.py --out "$OUT/waits.json" --clients 8,32 \
   --seconds ${WAITS_SECONDS:-1.0} --skip mps --variants "$variants" --perf-dir "$OUT/perf"

@@ -169,11 +169,15 @@ def engine_stats(log: str) -> dict[str, Any]:
 
 
 def variants(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[str, Any]:
-    """The waited series at the smallest and largest count of 8 or more, on daemons started
-    with each variant's flags (``--variants 'name=flags;...'``)."""
+    """The ``--variant-ways`` series (waited unless told) at the smallest and largest count of
+    8 or more, on daemons started with each variant's flags (``--variants 'name=flags;...'``)."""
     counts = sorted({c for c in args.clients if c >= 8})
     counts = [counts[0], counts[-1]] if len(counts) > 1 else counts
-    cases = [(name, "waited") for name in TARGETS_US]
+    ways = [way for way in args.variant_ways.split(",") if way]
+    unknown = set(ways) - set(WAYS)
+    if unknown:
+        raise SystemExit(f"--variant-ways: {sorted(unknown)} are not among {sorted(WAYS)}")
+    cases = [(name, way) for name in TARGETS_US for way in ways]
     found: dict[str, Any] = {}
     for entry in filter(None, (e.strip() for e in args.variants.split(";"))):
         name, _, flags = entry.partition("=")
@@ -430,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="",
         help="'name=flags;...': the waited series again on daemons started with these flags",
+    )
+    parser.add_argument(
+        "--variant-ways", default="waited", help="the variants' series: waited and/or every16"
     )
     parser.add_argument(
         "--perf-dir", type=Path, help="perf record the daemon in the largest waited series here"

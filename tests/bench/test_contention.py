@@ -60,3 +60,22 @@ def test_the_aggressors_rates_compare_work_not_kernels() -> None:
     shown = table(report)
     assert "aggressor 500 x 42,500 iters" in shown
     assert "(kernels/s x iters) / unconfined: 0.85 (goal >= 0.8)" in shown, shown
+    assert "MPS" not in shown  # no series under MPS on the host backend
+
+    hurt = {"p50_us": 30.0, "p99_us": 60.0}
+    report["noisy_mps"] = {
+        "alone": victim,
+        "unlimited": {
+            "victim": hurt,
+            "aggressor": {"per_second": 500.0, "iters": 50_000},
+            "percentage": None,
+        },
+        "limited": {
+            "victim": victim,
+            "aggressor": {"per_second": 500.0, "iters": 26_000},
+            "percentage": 50,
+        },
+    }
+    shown = table(report)
+    assert "| MPS: victim, aggressor at 50% threads | aggressor 500 x 26,000 iters |" in shown
+    assert "victim p99 / alone 1.00; aggressor's work / unlimited 0.52" in shown, shown

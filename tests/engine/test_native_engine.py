@@ -394,6 +394,61 @@ def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
         native.Engine(threads=2, base=3)
 
 
+def test_only_a_crowd_that_waits_for_its_launches_gets_every_lane_its_own_thread() -> None:
+    """Told of a crowd, the engine gives each lane its own thread while the clients wait for
+    their launches (woken about once a launch); a crowd that pipelines (launches nobody is
+    woken for) goes back to the base threads, where the driver's launch path contends
+    less; and a crowd no more is served by the base threads whatever its use."""
+    driver = FakeDriver()
+    engine = native.Engine(threads=3, base=1, spin_ns=20_000, flight_spin_ns=0)
+    engine.set_driver(0, "table", **driver.table())
+    rings = [RingMemory(64) for _ in range(2)]
+    clients = [Ring(*[os.dup(fd) for fd in m.fds()]) for m in rings]
+    for index, memory in enumerate(rings, 1):
+        engine.add_ring(index, memory.map, 64, memory.submit_fd, memory.complete_fd, (NONE, NONE))
+    engine.start()
+    fixed = Ring.fixed_part(1, [2], [3], 2)
+
+    def launch_until(judged: Callable[[dict[str, object]], bool], each: int) -> bool:
+        """Launches ``each`` at a time on every ring, each batch run to its end, until the
+        engine's stats say ``judged`` (at most 10 s)."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            want = clients[0].taken + each
+            for client in clients:
+                for _ in range(each):
+                    client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+            assert eventually(lambda: all(c.taken == want for c in clients), 30.0)  # noqa: B023
+            driver.finish_all()
+            assert eventually(lambda: all(c.done == want for c in clients), 30.0)  # noqa: B023
+            if judged(engine.stats()):
+                return True
+        return False
+
+    try:
+        ticket_each(engine, rings, clients, fixed)
+        stats = engine.stats()
+        assert not stats["spread"] and not stats["pipelined"]
+        engine.crowded = True
+        assert engine.stats()["spread"]  # nothing judged against it yet
+        assert launch_until(lambda s: bool(s["pipelined"]) and not s["spread"], each=32)
+        for memory in rings:  # the clients now sleep in every wait: woken once a launch
+            memory.set_u32(layout.CLIENT_WAITS, 1)
+        assert launch_until(lambda s: not s["pipelined"] and bool(s["spread"]), each=1)
+        assert engine.stats()["calls"]["wake"] > 0
+        engine.crowded = False
+        assert not engine.stats()["spread"] and engine.crowded is False
+        engine.quiesce()
+    finally:
+        for index in range(1, 3):
+            engine.remove_ring(index)
+        engine.stop()
+        for client, memory in zip(clients, rings, strict=True):
+            client.close()
+            memory.close()
+    assert driver.live_events == set()
+
+
 def test_a_removed_ring_is_let_go_and_its_memory_closes() -> None:
     h = Harness()
     first_sight(h)
