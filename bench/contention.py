@@ -181,6 +181,23 @@ def noisy_mps(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     return plan.step("noisy neighbour under MPS", series)
 
 
+def _held(
+    alone: dict[str, Any] | None,
+    found: dict[str, Any],
+    free_kept: tuple[str, str] = ("unconfined", "confined"),
+) -> tuple[float, float] | None:
+    """How well the confinement held: the confined victim's p99 over ``alone``'s, and the
+    confined aggressor's work over the free one's; ``None`` where a series is missing."""
+    try:
+        free, kept = found[free_kept[0]], found[free_kept[1]]
+        return (
+            kept["victim"]["p99_us"] / alone["p99_us"],  # type: ignore[index]
+            _work(kept["aggressor"]) / _work(free["aggressor"]),
+        )
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
 def _work(aggressor: dict[str, Any]) -> float:
     """The aggressor's iterations per second: its kernels/s alone compare kernels that each
     variant's calibration made of different lengths."""
@@ -226,30 +243,20 @@ def table(report: dict[str, Any]) -> str:
         if loud is not None:
             rate = f"aggressor {cell(loud['per_second'], 0)} x {loud['iters']:,} iters"
         rows.append(f"| {name} | {rate} | | {cell(hurt['p50_us'])} | {cell(hurt['p99_us'])} |")
-    try:
-        alone = noisy_found["unconfined"]["alone"]["p99_us"]
-        free = _work(noisy_found["unconfined"]["aggressor"])
-        kept = _work(noisy_found["confined"]["aggressor"])
-        hurt = noisy_found["confined"]["victim"]["p99_us"]
+    held = _held(noisy_found.get("unconfined", {}).get("alone"), noisy_found)
+    if held is not None:
         rows.append(
-            f"\nconfined victim p99 / alone: {hurt / alone:.2f} (goal <= 1.2); confined "
-            f"aggressor's work (kernels/s x iters) / unconfined: {kept / free:.2f} "
+            f"\nconfined victim p99 / alone: {held[0]:.2f} (goal <= 1.2); confined "
+            f"aggressor's work (kernels/s x iters) / unconfined: {held[1]:.2f} "
             "(goal >= 0.8); partitions: "
             f"{noisy_found['confined'].get('partition_log')}"
         )
-    except (KeyError, TypeError, ZeroDivisionError):
-        pass
-    try:
-        alone = under_mps["alone"]["p99_us"]
-        free = _work(under_mps["unlimited"]["aggressor"])
-        kept = _work(under_mps["limited"]["aggressor"])
-        hurt = under_mps["limited"]["victim"]["p99_us"]
+    limited = _held(under_mps.get("alone"), under_mps, ("unlimited", "limited"))
+    if limited is not None:
         rows.append(
             f"MPS, aggressor at {under_mps['limited']['percentage']}% threads: victim p99 / "
-            f"alone {hurt / alone:.2f}; aggressor's work / unlimited {kept / free:.2f}"
+            f"alone {limited[0]:.2f}; aggressor's work / unlimited {limited[1]:.2f}"
         )
-    except (KeyError, TypeError, ZeroDivisionError):
-        pass
     return "\n".join(rows)
 
 

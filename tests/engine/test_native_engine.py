@@ -370,26 +370,55 @@ def test_a_batch_is_not_asked_about_again_within_the_poll_gap() -> None:
         h.close()
 
 
+class Lanes:
+    """Three lanes, one thread always running, over ``count`` rings of 64 slots (ids from 1),
+    each ring's first launch decided (``ticket_each``); ``before_start`` sees the engine
+    with its rings added, not yet started."""
+
+    def __init__(self, count: int, before_start: Callable[[native.Engine], None]) -> None:
+        self.driver = FakeDriver()
+        self.engine = native.Engine(threads=3, base=1, spin_ns=20_000, flight_spin_ns=0)
+        self.engine.set_driver(0, "table", **self.driver.table())
+        self.rings = [RingMemory(64) for _ in range(count)]
+        self.clients = [Ring(*[os.dup(fd) for fd in m.fds()]) for m in self.rings]
+        for index, memory in enumerate(self.rings, 1):
+            self.engine.add_ring(
+                index, memory.map, 64, memory.submit_fd, memory.complete_fd, (NONE, NONE)
+            )
+        before_start(self.engine)
+        self.engine.start()
+        self.fixed = Ring.fixed_part(1, [2], [3], 2)
+        ticket_each(self.engine, self.rings, self.clients, self.fixed)
+
+    def launch(self, client: Ring) -> None:
+        client.launch_fixed(self.fixed, SCALARS, (4, 1.0), False, 1.0)
+
+    def close(self) -> None:
+        """Every ring removed (the lanes then hold none), the engine stopped, rings closed."""
+        for index in range(1, len(self.rings) + 1):
+            self.engine.remove_ring(index)
+        assert self.engine.stats()["rings_per_lane"] == [0, 0, 0]
+        self.engine.stop()
+        for client, memory in zip(self.clients, self.rings, strict=True):
+            client.close()
+            memory.close()
+
+
 def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
     """Three lanes, one thread always running: it serves all three until the engine is told
     of a crowd, then each lane's own thread serves it; launches go on through every flip."""
-    driver = FakeDriver()
-    engine = native.Engine(threads=3, base=1, spin_ns=20_000, flight_spin_ns=0)
-    engine.set_driver(0, "table", **driver.table())
-    rings = [RingMemory(64) for _ in range(6)]
-    clients = [Ring(*[os.dup(fd) for fd in m.fds()]) for m in rings]
-    for index, memory in enumerate(rings, 1):
-        engine.add_ring(index, memory.map, 64, memory.submit_fd, memory.complete_fd, (NONE, NONE))
-    assert engine.stats()["rings_per_lane"] == [2, 2, 2] and not engine.crowded
-    engine.start()
-    fixed = Ring.fixed_part(1, [2], [3], 2)
+
+    def spread_evenly(engine: native.Engine) -> None:
+        assert engine.stats()["rings_per_lane"] == [2, 2, 2] and not engine.crowded
+
+    lanes = Lanes(6, spread_evenly)
+    driver, engine, clients = lanes.driver, lanes.engine, lanes.clients
     try:
-        ticket_each(engine, rings, clients, fixed)
         launched = 0
         for flip in range(8):
             engine.crowded = flip % 2 == 1
             for client in clients:
-                client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+                lanes.launch(client)
                 launched += 1
             assert eventually(lambda: len(driver.launches) == launched, 30.0)  # noqa: B023
             want = 1 + launched // len(clients)
@@ -405,13 +434,7 @@ def test_rings_spread_over_every_lane_and_are_served_crowded_or_not() -> None:
         assert engine.crowded  # the last flip
         engine.quiesce()  # a barrier on every lane, whoever serves it
     finally:
-        for index in range(1, 7):
-            engine.remove_ring(index)
-        assert engine.stats()["rings_per_lane"] == [0, 0, 0]
-        engine.stop()
-        for client, memory in zip(clients, rings, strict=True):
-            client.close()
-            memory.close()
+        lanes.close()
     assert driver.live_events == set()
     with pytest.raises(ValueError, match="base must be"):
         native.Engine(threads=2, base=3)
@@ -422,15 +445,13 @@ def test_only_a_crowd_that_waits_for_its_launches_gets_every_lane_its_own_thread
     their launches (woken about once a launch); a crowd that pipelines (launches nobody is
     woken for) goes back to the base threads, where the driver's launch path contends
     less; and a crowd no more is served by the base threads whatever its use."""
-    driver = FakeDriver()
-    engine = native.Engine(threads=3, base=1, spin_ns=20_000, flight_spin_ns=0)
-    engine.set_driver(0, "table", **driver.table())
-    rings = [RingMemory(64) for _ in range(2)]
-    clients = [Ring(*[os.dup(fd) for fd in m.fds()]) for m in rings]
-    for index, memory in enumerate(rings, 1):
-        engine.add_ring(index, memory.map, 64, memory.submit_fd, memory.complete_fd, (NONE, NONE))
-    engine.start()
-    fixed = Ring.fixed_part(1, [2], [3], 2)
+
+    def judged_nothing(engine: native.Engine) -> None:
+        stats = engine.stats()
+        assert not stats["spread"] and not stats["pipelined"]
+
+    lanes = Lanes(2, judged_nothing)
+    driver, engine, clients = lanes.driver, lanes.engine, lanes.clients
 
     def launch_until(judged: Callable[[dict[str, object]], bool], each: int) -> bool:
         """Launches ``each`` at a time on every ring, each batch run to its end, until the
@@ -440,7 +461,7 @@ def test_only_a_crowd_that_waits_for_its_launches_gets_every_lane_its_own_thread
             want = clients[0].taken + each
             for client in clients:
                 for _ in range(each):
-                    client.launch_fixed(fixed, SCALARS, (4, 1.0), False, 1.0)
+                    lanes.launch(client)
             assert eventually(lambda: all(c.taken == want for c in clients), 30.0)  # noqa: B023
             driver.finish_all()
             assert eventually(lambda: all(c.done == want for c in clients), 30.0)  # noqa: B023
@@ -449,13 +470,10 @@ def test_only_a_crowd_that_waits_for_its_launches_gets_every_lane_its_own_thread
         return False
 
     try:
-        ticket_each(engine, rings, clients, fixed)
-        stats = engine.stats()
-        assert not stats["spread"] and not stats["pipelined"]
         engine.crowded = True
         assert engine.stats()["spread"]  # nothing judged against it yet
         assert launch_until(lambda s: bool(s["pipelined"]) and not s["spread"], each=32)
-        for memory in rings:  # the clients now sleep in every wait: woken once a launch
+        for memory in lanes.rings:  # the clients now sleep in every wait: woken once a launch
             memory.set_u32(layout.CLIENT_WAITS, 1)
         assert launch_until(lambda s: not s["pipelined"] and bool(s["spread"]), each=1)
         assert engine.stats()["calls"]["wake"] > 0
@@ -463,12 +481,7 @@ def test_only_a_crowd_that_waits_for_its_launches_gets_every_lane_its_own_thread
         assert not engine.stats()["spread"] and engine.crowded is False
         engine.quiesce()
     finally:
-        for index in range(1, 3):
-            engine.remove_ring(index)
-        engine.stop()
-        for client, memory in zip(clients, rings, strict=True):
-            client.close()
-            memory.close()
+        lanes.close()
     assert driver.live_events == set()
 
 
