@@ -223,7 +223,6 @@ class Server:
                 observer=ring_counts,
                 wait_budget=config.wait_budget,
                 engine_timings=config.engine_timings,
-                engine_poll_gap_seconds=config.engine_poll_gap_us * 1e-6,
             )
         socket = _first_unix_socket(config.listen_addresses)
         if self.ring_doors is not None and socket is not None:

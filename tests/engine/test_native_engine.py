@@ -38,7 +38,6 @@ class Harness:
         *,
         notify_always: bool = False,
         timings: bool = False,
-        poll_gap_ns: int = 0,
     ) -> None:
         self.driver = FakeDriver()
         self.engine = native.Engine(
@@ -49,7 +48,6 @@ class Harness:
             spin_ns=20_000,
             flight_spin_ns=0,
             timings=timings,
-            poll_gap_ns=poll_gap_ns,
         )
         self.engine.set_driver(0, "table", **self.driver.table())
         self.memory = RingMemory(slots)
@@ -345,27 +343,6 @@ def test_the_engine_counts_its_driver_calls_and_times_them_when_asked(timings: b
         assert set(calls) == set(took) == {"launch", "record", "query", "query_ready", "wake"}
         assert (took["launch"] > 0 and took["query_ready"] > 0) is timings
         assert timings or not any(took.values())
-    finally:
-        h.close()
-
-
-def test_a_batch_is_not_asked_about_again_within_the_poll_gap() -> None:
-    """A query takes the driver's lock every launch needs: the engine asks whether a batch
-    is done no sooner than the gap after its launch, and after each "not ready"."""
-    gap = 0.3
-    h = Harness(poll_gap_ns=int(gap * 1e9))
-    try:
-        h.finish(first_sight(h))
-        assert eventually(lambda: h.client.done == 1)
-        queries = h.engine.stats()["calls"]["query"]
-        seq = h.publish()
-        h.finish(seq)  # over at once; the engine may not look before the gap is up
-        taken = time.monotonic()
-        assert eventually(lambda: h.client.done == seq + 1, 5.0)
-        assert time.monotonic() - taken > gap * 0.5
-        assert h.engine.stats()["calls"]["query"] == queries  # never found it running
-        with pytest.raises(ValueError, match="poll_gap_ns must be"):
-            native.Engine(poll_gap_ns=2_000_000_000)
     finally:
         h.close()
 

@@ -40,7 +40,6 @@ class RingDoors:
         observer: RingObserver,
         wait_budget: bool = True,
         engine_timings: bool = False,
-        engine_poll_gap_seconds: float = 0.0,
     ) -> None:
         self._daemon = daemon
         self._observer = observer
@@ -51,7 +50,6 @@ class RingDoors:
             threads=threads,
             crowd_threads=crowd_threads,
             timings=engine_timings,
-            poll_gap_seconds=engine_poll_gap_seconds,
             observer=observer,
             launches_per_client=daemon.launches_per_client,
         )

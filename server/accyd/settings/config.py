@@ -210,12 +210,6 @@ class Config:
         "serve them all otherwise (0: twice the automatic --engine-threads on a GPU, else "
         "--engine-threads)", int_text, metavar="N", group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
-    engine_poll_gap_us: int = setting(
-        2, "microseconds the native engine lets pass after a launch, and after finding it "
-        "running, before it asks the driver again whether a batch is done: each query takes "
-        "the lock every launch needs (0: ask every round)", int_text, metavar="US",
-        group="tuning",
-    )  # fmt: skip
     engine_timings: bool = setting(
         False, "time the native engine's driver calls and client wakes (two clock reads "
         "each), logged with its counts when it stops", bool_text, switch=True, group="tuning",
@@ -373,8 +367,6 @@ class Config:
             raise ValueError("engine_threads is 0 (auto) to 16")
         if not 0 <= self.crowd_engine_threads <= 16:
             raise ValueError("crowd_engine_threads is 0 (auto) to 16")
-        if not 0 <= self.engine_poll_gap_us <= 1000:
-            raise ValueError("engine_poll_gap_us is 0 to 1000")
         if self.device_gpus and not self.uses_device_workers:
             raise ValueError("--device-gpu needs device workers (--device-workers)")
         unknown = sorted({index for index, _ in self.device_gpus} - set(self.devices))

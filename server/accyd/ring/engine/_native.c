@@ -159,7 +159,6 @@ typedef struct {
 
 typedef struct {
     uint64_t end;      /* done may pass to this once the flight is over */
-    uint64_t poll_at;  /* its events are not queried before this (see poll_gap_ns) */
     int64_t charged;   /* launches charged to the ring's counters */
     int events, polled;
     flight_event_t ev[MAX_FLIGHT_EVENTS];
@@ -252,10 +251,6 @@ struct engine {
     worker_t workers[MAX_THREADS];
     int batch;
     uint64_t spin_ns, flight_spin_ns, idle_poll_ns;
-    /* A flight's events are queried no sooner than this after its launch or its last
-     * "not ready": a query takes the driver's lock that every launch needs, and one right
-     * after a launch never finds the kernel done (0: every round). */
-    uint64_t poll_gap_ns;
     atomic_int stopping;
     atomic_int serving;
     atomic_uint_fast64_t device_ok; /* a bit per driver */
@@ -539,7 +534,6 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
     f.charged = 0;
     f.events = 0;
     f.polled = 0;
-    f.poll_at = 0;
     uint32_t i = 0;
     int park = 0, failed = 0, fail_code = 0;
     int32_t fail_token = -1;
@@ -613,7 +607,6 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
     }
     if (i > 0) {
         f.end = r->tail + i;
-        f.poll_at = e->poll_gap_ns ? now_ns() + e->poll_gap_ns : 0;
         int at = 0;
         int err = flight_record(w, &f, &at);
         if (err != 0) { /* the device is failing: done waits for the events recorded so far */
@@ -654,7 +647,6 @@ static int ring_settle(worker_t *w, ring_t *r) {
     int moved = 0;
     while (r->fcount > 0 && !r->fault_pending && !r->held) {
         flight_t *f = &r->flights[r->fhead];
-        if (f->poll_at && now_ns() < f->poll_at) goto out;
         while (f->polled < f->events) {
             flight_event_t *ev = &f->ev[f->polled];
             int err = make_current(w, ev->driver);
@@ -663,10 +655,7 @@ static int ring_settle(worker_t *w, ring_t *r) {
                 err = e->drivers[ev->driver].event_query(ev->event);
                 call_ended(w, err == 0 ? CALL_QUERY_READY : CALL_QUERY, began);
             }
-            if (err == ERR_NOT_READY) {
-                if (e->poll_gap_ns) f->poll_at = now_ns() + e->poll_gap_ns;
-                goto out;
-            }
+            if (err == ERR_NOT_READY) goto out;
             if (err != 0) {
                 r->fault_pending = 1;
                 f->polled++; /* reported once */
@@ -1101,18 +1090,13 @@ static void engine_dealloc(engine_t *e);
 
 static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"threads", "batch", "epochs", "counters", "tokens", "spin_ns",
-                         "flight_spin_ns", "idle_poll_ns", "timings", "base", "poll_gap_ns", NULL};
+                         "flight_spin_ns", "idle_poll_ns", "timings", "base", NULL};
     int threads = 1, batch = 64, timings = 0, base = 0;
     unsigned int nepochs = 1 << 18, ncounters = 1 << 16, ntokens = 1 << 16;
-    unsigned long long spin = 200000, flight_spin = 2000000, idle_poll = 50000, poll_gap = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKKpiK", kw, &threads, &batch, &nepochs,
-                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll, &timings,
-                                     &base, &poll_gap))
+    unsigned long long spin = 200000, flight_spin = 2000000, idle_poll = 50000;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|iiIIIKKKpi", kw, &threads, &batch, &nepochs,
+                                     &ncounters, &ntokens, &spin, &flight_spin, &idle_poll, &timings, &base))
         return NULL;
-    if (poll_gap > 1000000000ull) {
-        PyErr_SetString(PyExc_ValueError, "poll_gap_ns must be 0..1000000000");
-        return NULL;
-    }
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "threads must be 1..%d", MAX_THREADS);
         return NULL;
@@ -1137,7 +1121,6 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     e->batch = batch;
     e->spin_ns = spin;
     e->flight_spin_ns = flight_spin;
-    e->poll_gap_ns = poll_gap;
     e->idle_poll_ns = idle_poll ? idle_poll : 1000;
     e->base = base;
     atomic_store(&e->crowded, 0);

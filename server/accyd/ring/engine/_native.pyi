@@ -24,9 +24,7 @@ SlowItem = tuple[int, int, int, int, int]
 class Engine:
     slow_fd: int
     crowded: bool
-    """Python's word that the clients are a crowd: every thread then serves its own lane
-    while they wait for their launches (stats: ``pipelined``, ``spread``); else the first
-    ``base`` serve them all."""
+    """Every thread serves its own lane; else the first ``base`` serve them all."""
     def __init__(
         self,
         threads: int = 1,
@@ -39,7 +37,6 @@ class Engine:
         idle_poll_ns: int = 50000,
         timings: bool = False,
         base: int = 0,
-        poll_gap_ns: int = 0,
     ) -> None: ...
     def set_driver(
         self,

@@ -70,7 +70,6 @@ def open_engine(
     threads: int = 0,
     crowd_threads: int = 0,
     timings: bool = False,
-    poll_gap_seconds: float = 0.0,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
 ) -> RingEngine:
@@ -85,9 +84,6 @@ def open_engine(
     (more wait than fit on the CPUs left: ``RingEngine.crowded``); 0: twice the automatic
     ``threads`` where those spin (32 waiting clients on an H100 got 1.14-1.49x the
     launches on eight threads than on four), else ``threads``.
-
-    ``poll_gap_seconds``: the native engine queries a batch's completion no sooner than
-    this after its launch or its last "not ready" (0: every round).
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
@@ -121,7 +117,6 @@ def open_engine(
                 threads=threads,
                 max_threads=max(threads, crowd_threads),
                 timings=timings,
-                poll_gap_seconds=poll_gap_seconds,
                 flight_spin_seconds=flight_spin,
                 observer=observer,
                 launches_per_client=launches_per_client,

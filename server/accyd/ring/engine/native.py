@@ -74,7 +74,6 @@ class NativeEngine:
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
         timings: bool = False,
-        poll_gap_seconds: float = 0.0,
     ) -> None:
         self._core = core
         self._observer = observer
@@ -90,7 +89,6 @@ class NativeEngine:
             spin_ns=int(spin_seconds * 1e9),
             flight_spin_ns=int(flight_spin_seconds * 1e9),
             timings=timings,
-            poll_gap_ns=int(poll_gap_seconds * 1e9),
         )
         self.threads = threads
         self._drivers: dict[int, Driver] = {}
