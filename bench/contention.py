@@ -87,31 +87,42 @@ def _tokens(path: Path, tokens: dict[str, str], confined_sms: int | None) -> Non
     path.write_text("\n".join(lines))
 
 
+def _victim(args: argparse.Namespace, kind: str, beside: bool, **more: Any) -> Spec:
+    """A noisy-neighbour victim's spec (``_noisy_clients.py``), waiting for each short kernel."""
+    return {
+        "kind": kind,
+        "iters": ITERS[args.backend]["short"],
+        "seconds": args.seconds,
+        "beside_aggressor": beside,
+        **more,
+    }
+
+
+def _aggressor(args: argparse.Namespace, kind: str, **more: Any) -> Spec:
+    """An aggressor's spec: bench.fill calibrated to ``--aggressor-ms`` (on CUDA), pipelined."""
+    return {
+        "kind": kind,
+        "iters": ITERS[args.backend]["fill"],
+        "target_ms": args.aggressor_ms if args.backend == "cuda" else 0.0,
+        "seconds": args.seconds,
+        **more,
+    }
+
+
+def _noisy_timeout(args: argparse.Namespace) -> float:
+    return args.seconds * 4 + 90
+
+
 def noisy(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     tokens = {"victim": new_token(), "aggressor": new_token()}
-    short, fill = ITERS[args.backend]["short"], ITERS[args.backend]["fill"]
-    timeout = args.seconds * 4 + 90
+    timeout = _noisy_timeout(args)
     found: dict[str, Any] = {}
 
     def victim(target: str, beside: bool) -> Spec:
-        return {
-            "kind": "accy-victim",
-            "target": target,
-            "token": tokens["victim"],
-            "iters": short,
-            "seconds": args.seconds,
-            "beside_aggressor": beside,
-        }
+        return _victim(args, "accy-victim", beside, target=target, token=tokens["victim"])
 
     def aggressor(target: str) -> Spec:
-        return {
-            "kind": "accy-aggressor",
-            "target": target,
-            "token": tokens["aggressor"],
-            "iters": fill,
-            "target_ms": args.aggressor_ms if args.backend == "cuda" else 0.0,
-            "seconds": args.seconds,
-        }
+        return _aggressor(args, "accy-aggressor", target=target, token=tokens["aggressor"])
 
     for variant, sms in (("unconfined", None), ("confined", args.aggressor_sms)):
         path = folder / f"tokens-{variant}.toml"
@@ -144,25 +155,13 @@ def noisy_mps(plan: Plan, args: argparse.Namespace) -> dict[str, Any]:
     """The victim and aggressor as raw CUDA processes under MPS: alone, beside, limited."""
     from _sharing_cuda import mps_log_tail, mps_server
 
-    short, fill = ITERS["cuda"]["short"], ITERS["cuda"]["fill"]
-    timeout = args.seconds * 4 + 90
+    timeout = _noisy_timeout(args)
 
     def victim(beside: bool) -> Spec:
-        return {
-            "kind": "cuda-victim",
-            "iters": short,
-            "seconds": args.seconds,
-            "beside_aggressor": beside,
-        }
+        return _victim(args, "cuda-victim", beside)
 
     def aggressor(percentage: int | None) -> Spec:
-        return {
-            "kind": "cuda-aggressor",
-            "iters": fill,
-            "target_ms": args.aggressor_ms,
-            "seconds": args.seconds,
-            "mps_thread_percentage": percentage,
-        }
+        return _aggressor(args, "cuda-aggressor", mps_thread_percentage=percentage)
 
     def series() -> dict[str, Any]:
         with mps_server() as variables:
@@ -188,10 +187,12 @@ def _held(
 ) -> tuple[float, float] | None:
     """How well the confinement held: the confined victim's p99 over ``alone``'s, and the
     confined aggressor's work over the free one's; ``None`` where a series is missing."""
+    if alone is None:
+        return None
     try:
         free, kept = found[free_kept[0]], found[free_kept[1]]
         return (
-            kept["victim"]["p99_us"] / alone["p99_us"],  # type: ignore[index]
+            kept["victim"]["p99_us"] / alone["p99_us"],
             _work(kept["aggressor"]) / _work(free["aggressor"]),
         )
     except (KeyError, TypeError, ZeroDivisionError):

@@ -19,6 +19,8 @@ import pytest
 
 NAME = "suite"
 SPLITS_THEIR_OWN = ("tests/backends/test_cuda_partitions.py",)
+_MADE = pytest.StashKey[list[str]]()
+"""The size of each partition made, one entry per ``CudaBackend`` opened."""
 
 
 def _share() -> float:
@@ -52,9 +54,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     CudaBackend.__init__ = open_split  # type: ignore[method-assign]
     CudaBackend.create_stream = stream_in_partition  # type: ignore[method-assign]
-
-
-_MADE = pytest.StashKey[list[str]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
