@@ -858,9 +858,11 @@ static void wake_base(engine_t *e) {
 
 /* Thread 0, every JUDGE_NS: whether the clients pipeline (more than
  * PIPELINED_LAUNCHES_PER_WAKE launches per client woken since the last judgement). Until
- * JUDGE_MIN_LAUNCHES more launches tell, the last judgement stands. */
+ * JUDGE_MIN_LAUNCHES more launches tell, the last judgement stands: the counts since it go
+ * on adding up, and are summed again JUDGE_NS later (not every round of a quiet engine). */
 static void judge_use(engine_t *e, uint64_t now) {
     if (now - e->judged_at < JUDGE_NS) return;
+    e->judged_at = now;
     uint64_t launches = 0, wakes = 0;
     for (int k = 0; k < e->nworkers; k++) {
         launches += atomic_load_explicit(&e->workers[k].launches, memory_order_relaxed);
@@ -868,7 +870,6 @@ static void judge_use(engine_t *e, uint64_t now) {
     }
     uint64_t launched = launches - e->judged_launches, woken = wakes - e->judged_wakes;
     if (launched < JUDGE_MIN_LAUNCHES) return; /* the window grows until there are enough */
-    e->judged_at = now;
     e->judged_launches = launches;
     e->judged_wakes = wakes;
     int pipelined = launched > PIPELINED_LAUNCHES_PER_WAKE * woken;
@@ -990,7 +991,8 @@ static void *worker_main(void *arg) {
     int nested[MAX_THREADS] = {0};
     worker_t *lanes[MAX_THREADS];
     while (!atomic_load_explicit(&e->stopping, memory_order_acquire)) {
-        if (own->index == 0) judge_use(e, now_ns());
+        uint64_t now = now_ns(); /* this round's clock, for the judgement and the lanes */
+        if (own->index == 0) judge_use(e, now);
         int spread = atomic_load(&e->spread);
         if (own->index < e->base) nest_lanes(e, own, spread, nested);
         int n = lanes_of(e, own->index, spread, lanes);
@@ -1000,7 +1002,6 @@ static void *worker_main(void *arg) {
             continue;
         }
         int busy = 0, in_flight = 0, active = 0;
-        uint64_t now = now_ns();
         for (int i = 0; i < n; i++) {
             /* Its own lane it waits for (a helper may be ending a round of it); a lane it
              * helps with it skips while that lane's own thread ends one. */
