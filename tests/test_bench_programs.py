@@ -26,3 +26,21 @@ def test_a_bench_program_builds_without_warnings(program: str, tmp_path: Path) -
     assert built.returncode == 0, built.stderr
     usage = subprocess.run([str(tmp_path / "program")], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr  # no arguments: says how
+
+
+def test_the_device_scheduler_prototype_builds_where_nvcc_is(tmp_path: Path) -> None:
+    """bench/device_sched.cu links CUDA's device runtime (``-rdc``); CI has no nvcc and skips."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    program = tmp_path / "device_sched"
+    source = BENCH / "device_sched.cu"
+    flags = ["-O2", "-arch=sm_90", "-rdc=true", "-Werror", "all-warnings"]
+    built = subprocess.run(
+        [nvcc, *flags, "-o", str(program), str(source), "-lcudadevrt"],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    usage = subprocess.run([str(program)], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage:" in usage.stderr
