@@ -13,7 +13,7 @@ from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
 from accyd.ring.observer import RingObserver
 from accyd.ring.ring import ServerRing
 
-__all__ = ["ENGINE_ENV", "EngineKind", "RingEngine", "open_engine"]
+__all__ = ["ENGINE_ENV", "IDLE_SPIN_SECONDS", "EngineKind", "RingEngine", "open_engine"]
 
 log = structlog.get_logger("accyd.ring.engine")
 
@@ -21,6 +21,10 @@ ENGINE_ENV = "ACCYD_ENGINE"
 """``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
 
 EngineKind = Literal["auto", "native", "python"]
+
+IDLE_SPIN_SECONDS = 200e-6
+"""How long a native engine thread on a device spins on its rings after their last record
+before it sleeps (their clients then kick it)."""
 CROWD_FACTOR = 2
 """How many times the automatic engine threads serve a crowd's rings."""
 
@@ -93,8 +97,12 @@ def open_engine(
         raise ValueError(f"{ENGINE_ENV} is native, python or auto, not {wanted!r}")
     host = all(b.kind is not BackendKind.CUDA for b in core.backends.values())
     # A device runs launches without this process: spinning on them finds their ends at
-    # once; the host backend runs them on Python threads, which need the GIL back.
+    # once. The host backend runs them on this process's threads, which need the CPU and
+    # the GIL: the engine's threads spin neither on launches in flight nor between records
+    # (on two CPUs an idle spin of 200 µs made a waited launch 1.5x slower: 370 against
+    # 240 µs p50, bench/ring_cost.py --backend host).
     flight_spin = 0.0 if host else FLIGHT_SPIN_SECONDS
+    idle_spin = 0.0 if host else IDLE_SPIN_SECONDS
     if threads == 0:
         cpus = len(os.sched_getaffinity(0))
         spins = not host and may_spin()
@@ -117,6 +125,7 @@ def open_engine(
                 threads=threads,
                 max_threads=max(threads, crowd_threads),
                 timings=timings,
+                spin_seconds=idle_spin,
                 flight_spin_seconds=flight_spin,
                 observer=observer,
                 launches_per_client=launches_per_client,
