@@ -3,8 +3,9 @@
 # minutes): install (bench/device_env.sh); build bench/device_sched.cu and run it at 1 to 64
 # clients, each way a scheduler hands over ("forget": it relaunches itself; "host": four
 # instances the host relaunches), short and long kernels, and beside a tenant whose kernels
-# run 500 us; the engine and ring suites; then bench/scale.py's MPS and one-process ceiling at
-# 32 clients (SCALE_ARGS adds accy's series back), the same run's baselines. Tables last.
+# run 500 us, and with Python clients (bench/_sched_client.py); the engine and ring suites;
+# then bench/scale.py's MPS and one-process ceiling at 32 clients (SCALE_ARGS adds accy's
+# series back), the same run's baselines. Tables last.
 set -u
 source bench/device_env.sh || exit 1
 
@@ -20,6 +21,8 @@ if [ -x "$sched" ]; then
   step sched_long_host 40 env SCHED_STREAMS=4 "$sched" 46.5 "$s" host 112 32
   step sched_slow 40 env SCHED_SLOW_US=500 "$sched" 8.0 "$s" forget 112 32
   step sched_slow_host 40 env SCHED_SLOW_US=500 SCHED_STREAMS=4 "$sched" 8.0 "$s" host 112 32
+  step sched_python 60 env SCHED_CLIENT=python SCHED_PYTHON="$PY" SCHED_STREAMS=4 \
+    "$sched" 8.0 "$s" host 112 8 32 64
 fi
 [ -n "${SKIP_SUITES:-}" ] || step engine_ring ${SUITES_TIMEOUT:-150} $PY -m pytest -q -p no:cacheprovider tests/engine tests/ring
 step scale ${SCALE_TIMEOUT:-200} $PY bench/scale.py --out "$OUT/scale.json" --clients 32 \
@@ -28,7 +31,7 @@ pgrep -a -x nvidia-cuda-mps-control > "$OUT/mps_left.txt" 2>&1 || echo "none" > 
 
 echo "==== env"; cat "$OUT/env.txt"
 echo "==== steps (name, exit status, seconds)"; cat "$STEPS/steps.txt"
-for name in build_sched sched_forget sched_host sched_long sched_long_host sched_slow sched_slow_host; do
+for name in build_sched sched_forget sched_host sched_long sched_long_host sched_slow sched_slow_host sched_python; do
   echo "==== $name"; tail -8 "$STEPS/$name.log" 2>/dev/null
 done
 echo "==== engine_ring"

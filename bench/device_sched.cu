@@ -24,6 +24,9 @@
  * - SCHED_SLOW_US (environment): client 0's kernel runs that long instead (a tenant with long
  *   kernels beside short ones); its latencies are left out of p50 and p99.
  * - A client that sees no progress for 2 s gives up, and the count reports it failed.
+ * - SCHED_CLIENT=python (environment): each client is bench/_sched_client.py in a Python
+ *   process of its own instead (accy's clients are Python), given the shared memory's
+ *   descriptor and the offsets it needs.
  *
  *   nvcc -O2 -arch=sm_90 -rdc=true -o device_sched bench/device_sched.cu -lcudadevrt
  *   ./device_sched TARGET_US SECONDS forget|host|sibling PER_RUN CLIENTS...
@@ -33,6 +36,7 @@
 #include <cuda_runtime.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,8 +145,15 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* The GPU's process sets ``go`` once it is ready; seconds a client waits for that. */
+#define GO_WAIT 20.0
+
 static void client(Shared *sh, int i, double warm, double seconds) {
-    while (!sh->go) sched_yield();
+    double asked = now();
+    while (!sh->go) {
+        sched_yield();
+        if (now() - asked > GO_WAIT) { __atomic_add_fetch(&sh->gave_up, 1, __ATOMIC_RELAXED); return; }
+    }
     volatile unsigned *done = &sh->mapped.done[i].value;
     unsigned seq = __atomic_load_n(&sh->mapped.ticket[i], __ATOMIC_ACQUIRE);
     double start = now(), timed_from = start + warm, end = timed_from + seconds;
@@ -169,6 +180,32 @@ out:
 }
 
 /* Over clients ``first`` to n-1. */
+/* This process becomes a Python client (bench/_sched_client.py beside this source, found
+ * through SCHED_CLIENT_SCRIPT), told where its words are in the shared memory ``fd``. */
+static void exec_python_client(int fd, int i, double warm, double seconds) {
+    const char *script = getenv("SCHED_CLIENT_SCRIPT") ? getenv("SCHED_CLIENT_SCRIPT")
+                                                       : "bench/_sched_client.py";
+    const char *python = getenv("SCHED_PYTHON") ? getenv("SCHED_PYTHON") : "python3";
+    char args[13][32];
+    snprintf(args[0], 32, "%d", fd);
+    snprintf(args[1], 32, "%d", i);
+    snprintf(args[2], 32, "%g", warm);
+    snprintf(args[3], 32, "%g", seconds);
+    snprintf(args[4], 32, "%zu", offsetof(Shared, mapped.ticket));
+    snprintf(args[5], 32, "%zu", offsetof(Shared, mapped.done));
+    snprintf(args[6], 32, "%zu", sizeof(((Mapped *)0)->done[0]));
+    snprintf(args[7], 32, "%zu", offsetof(Shared, go));
+    snprintf(args[8], 32, "%zu", offsetof(Shared, gave_up));
+    snprintf(args[9], 32, "%zu", offsetof(Shared, counts));
+    snprintf(args[10], 32, "%zu", offsetof(Shared, hist));
+    snprintf(args[11], 32, "%d", BUCKETS);
+    snprintf(args[12], 32, "%g", GO_WAIT);
+    execlp(python, python, script, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+           args[7], args[8], args[9], args[10], args[11], args[12], (char *)NULL);
+    perror("exec python client");
+    _exit(1);
+}
+
 static double percentile(const Shared *sh, int first, int n, double q) {
     unsigned long long total = 0, seen = 0;
     for (int c = first; c < n; c++) total += sh->counts[c];
@@ -290,20 +327,28 @@ int main(int argc, char **argv) {
     int per_run = atoi(argv[4]);
     if (per_run < 1 || per_run > 120) { fprintf(stderr, "PER_RUN 1..120\n"); return 2; }
     double slow_us = getenv("SCHED_SLOW_US") ? atof(getenv("SCHED_SLOW_US")) : 0.0;
+    int python_clients = getenv("SCHED_CLIENT") && strcmp(getenv("SCHED_CLIENT"), "python") == 0;
     int nstreams = mode == HOST && getenv("SCHED_STREAMS") ? atoi(getenv("SCHED_STREAMS")) : 1;
     if (nstreams < 1 || nstreams > 16) { fprintf(stderr, "SCHED_STREAMS 1..16\n"); return 2; }
+    int any_failed = 0;
     for (int a = 5; a < argc; a++) {
         int n = atoi(argv[a]);
         if (n < 1 || n > MAX_CLIENTS) { fprintf(stderr, "clients 1..%d\n", MAX_CLIENTS); return 2; }
-        Shared *sh = (Shared *)mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        int fd = memfd_create("device-sched", 0); /* a Python client maps it by number */
+        if (fd < 0 || ftruncate(fd, sizeof(Shared)) != 0) { perror("memfd"); return 1; }
+        Shared *sh = (Shared *)mmap(NULL, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (sh == MAP_FAILED) { perror("mmap"); return 1; }
         memset(sh, 0, sizeof(Shared));
         pid_t pids[MAX_CLIENTS];
         for (int c = 0; c < n; c++) { /* before this process touches CUDA */
             pids[c] = fork();
-            if (pids[c] == 0) { client(sh, c, 0.2, seconds); _exit(0); }
+            if (pids[c] == 0) {
+                if (python_clients) exec_python_client(fd, c, 0.2, seconds);
+                client(sh, c, 0.2, seconds);
+                _exit(0);
+            }
         }
+        close(fd);
         /* A child of a CUDA process may not use CUDA, so each count forks first and does
          * its CUDA in a child of its own. */
         pid_t gpu = fork();
@@ -318,6 +363,7 @@ int main(int argc, char **argv) {
             if (least < 0 || sh->counts[c] < least) least = sh->counts[c];
         }
         int failed = status != 0 || sh->gave_up;
+        any_failed |= failed;
         printf("\"kernels_per_s\": %.0f, \"slow_client_per_s\": %.0f, \"slowest_over_mean\": %.3f, "
                "\"p50_us\": %.1f, \"p99_us\": %.1f, \"gave_up\": %d, \"failed\": %s}\n",
                sum / seconds, first ? sh->counts[0] / seconds : 0.0,
@@ -326,5 +372,5 @@ int main(int argc, char **argv) {
         fflush(stdout);
         munmap(sh, sizeof(Shared));
     }
-    return 0;
+    return any_failed;
 }
