@@ -3,8 +3,10 @@ system's compiler: a broken one would only show on the device, where time is sca
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,16 @@ def test_the_device_scheduler_prototype_builds_where_nvcc_is(tmp_path: Path) -> 
     assert built.returncode == 0, built.stderr
     usage = subprocess.run([str(program)], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_the_device_schedulers_relocatable_code_compiles_with_nvrtc() -> None:
+    """bench/device_sched_toolchain.py's first step needs no GPU: NVRTC compiles device code
+    that calls the device runtime (``-rdc``), with the CUDA headers the catalog uses."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    sys.path.insert(0, str(BENCH))
+    try:
+        toolchain = importlib.import_module("device_sched_toolchain")
+    finally:
+        sys.path.remove(str(BENCH))
+    image, log = toolchain.compile_relocatable("sm_90")
+    assert image[:4] == b"\x7fELF", log  # a relocatable cubin, for the driver's linker

@@ -1,0 +1,144 @@
+"""Can the daemon build the device-side scheduler (docs/device-launch.md) with what it ships,
+without nvcc? NVRTC compiles relocatable device code that calls the device runtime
+(``cudaGraphLaunch`` in a kernel), the driver's linker links it with ``libcudadevrt.a`` (which
+``cuda.pathfinder`` finds in the CUDA runtime's wheel, or a toolkit), and a graph launched from
+the device runs and counts a word. Prints one JSON line; exits 1 where a step fails.
+
+    python bench/device_sched_toolchain.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
+
+from accyd.backends.cuda.compile_cache import cuda_include_dirs
+
+SOURCE = r"""
+#include <cuda_runtime.h>
+extern "C" __global__ void mark(unsigned int *word) { atomicAdd(word, 1u); }
+extern "C" __global__ void launcher(cudaGraphExec_t child, unsigned int *errors) {
+    if (cudaGraphLaunch(child, cudaStreamGraphFireAndForget) != cudaSuccess) atomicAdd(errors, 1u);
+}
+"""
+
+
+class StepFailed(Exception):
+    """One step of the check failed; the message names it."""
+
+
+def call(result: Any, what: str) -> Any:
+    """The values of a cuda.bindings call after its status; StepFailed where it failed."""
+    status, *values = result
+    if int(status) != 0:
+        raise StepFailed(f"{what}: {status!r}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def compile_relocatable(arch: str) -> tuple[bytes, str]:
+    """SOURCE as relocatable device code for ``arch`` (sm_XY: a cubin), and NVRTC's log."""
+    from cuda.bindings import nvrtc
+
+    program = call(nvrtc.nvrtcCreateProgram(SOURCE.encode(), b"sched.cu", 0, [], []), "create")
+    options = [b"-rdc=true", f"--gpu-architecture={arch}".encode()]
+    options += [b"-I" + folder.encode() for folder in cuda_include_dirs()]
+    (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
+    size = call(nvrtc.nvrtcGetProgramLogSize(program), "log size")
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, log)
+    if int(status) != 0:
+        raise StepFailed(f"NVRTC: {status!r}\n{log.decode(errors='replace')}")
+    image = b" " * call(nvrtc.nvrtcGetCUBINSize(program), "cubin size")
+    call(nvrtc.nvrtcGetCUBIN(program, image), "cubin")
+    nvrtc.nvrtcDestroyProgram(program)
+    return image, log.decode(errors="replace").strip("\0 \n")
+
+
+def link_with_devrt(cu: Any, image: bytes, devrt: str) -> bytes:
+    """``image`` linked with ``libcudadevrt.a`` by the driver's linker: a loadable cubin."""
+    state = call(cu.cuLinkCreate(0, [], []), "cuLinkCreate")
+    try:
+        kind = cu.CUjitInputType
+        call(
+            cu.cuLinkAddData(state, kind.CU_JIT_INPUT_CUBIN, image, len(image), b"s", 0, [], []),
+            "cuLinkAddData",
+        )
+        call(
+            cu.cuLinkAddFile(state, kind.CU_JIT_INPUT_LIBRARY, devrt.encode(), 0, [], []),
+            "cuLinkAddFile(libcudadevrt.a)",
+        )
+        address, size = call(cu.cuLinkComplete(state), "cuLinkComplete")
+        return ctypes.string_at(int(address), int(size))
+    finally:
+        cu.cuLinkDestroy(state)
+
+
+def captured(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], flags: int) -> Any:
+    """A graph of one launch of ``function`` (one thread), captured and instantiated."""
+    call(
+        cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL),
+        "begin capture",
+    )
+    types = tuple(ctypes.c_void_p for _ in args)
+    call(cu.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream, (args, types), 0), "launch")
+    graph = call(cu.cuStreamEndCapture(stream), "end capture")
+    return call(cu.cuGraphInstantiateWithFlags(graph, flags), "instantiate")
+
+
+def main() -> int:
+    from cuda.bindings import driver as cu
+    from cuda.bindings import nvrtc
+
+    found: dict[str, Any] = {"nvrtc": call(nvrtc.nvrtcVersion(), "nvrtcVersion")}
+    try:
+        import cuda.pathfinder as pathfinder
+
+        devrt = str(pathfinder.find_static_lib("cudadevrt"))
+        found["libcudadevrt"] = devrt
+        call(cu.cuInit(0), "cuInit")
+        found["driver"] = call(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        device = call(cu.cuDeviceGet(0), "cuDeviceGet")
+        attribute = cu.CUdevice_attribute
+        major = call(
+            cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+            "major",
+        )
+        minor = call(
+            cu.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+            "minor",
+        )
+        context = call(cu.cuDevicePrimaryCtxRetain(device), "retain")
+        call(cu.cuCtxSetCurrent(context), "set current")
+        image, found["nvrtc_log"] = compile_relocatable(f"sm_{major}{minor}")
+        linked = link_with_devrt(cu, image, devrt)
+        found["relocatable_bytes"], found["linked_bytes"] = len(image), len(linked)
+        module = call(cu.cuModuleLoadData(linked), "cuModuleLoadData")
+        mark = call(cu.cuModuleGetFunction(module, b"mark"), "mark")
+        launcher = call(cu.cuModuleGetFunction(module, b"launcher"), "launcher")
+        words = call(cu.cuMemAlloc(8), "cuMemAlloc")
+        call(cu.cuMemsetD32(words, 0, 2), "cuMemsetD32")
+        stream = call(cu.cuStreamCreate(1), "cuStreamCreate")
+        device_launch = cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH
+        child = captured(cu, stream, mark, (int(words),), int(device_launch))
+        call(cu.cuGraphUpload(child, stream), "cuGraphUpload")
+        parent = captured(cu, stream, launcher, (int(child), int(words) + 4), 0)
+        call(cu.cuGraphLaunch(parent, stream), "cuGraphLaunch(parent)")
+        call(cu.cuStreamSynchronize(stream), "synchronize")
+        counted = (ctypes.c_uint32 * 2)()
+        call(cu.cuMemcpyDtoH(counted, words, 8), "cuMemcpyDtoH")
+        found["child_ran"], found["device_launch_errors"] = counted[0], counted[1]
+        found["ok"] = counted[0] == 1 and counted[1] == 0
+    except (StepFailed, Exception) as error:  # any step: say which, and fail
+        found["ok"] = False
+        found["error"] = f"{type(error).__name__}: {error}"
+    print(json.dumps(found, default=str))
+    return 0 if found["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
