@@ -87,7 +87,7 @@ def captured(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], flags: 
     types = tuple(ctypes.c_void_p for _ in args)
     call(cu.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream, (args, types), 0), "launch")
     graph = call(cu.cuStreamEndCapture(stream), "end capture")
-    return call(cu.cuGraphInstantiateWithFlags(graph, flags), "instantiate")
+    return call(cu.cuGraphInstantiate(graph, flags), "instantiate")
 
 
 def main() -> int:
