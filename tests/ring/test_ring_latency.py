@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -25,19 +23,10 @@ from accy.testing import running_daemon
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from bench_service import EchoServer, _unary  # noqa: E402
+from bench_service import EchoServer, _timed, _unary  # noqa: E402
 
 BLOCKS, PER_BLOCK = 12, 100
 BOUND = 0.65
-
-
-def _timed(call: Callable[[], object], count: int) -> list[float]:
-    took = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        took.append(time.perf_counter() - started)
-    return took
 
 
 @pytest.mark.alone
@@ -62,13 +51,13 @@ def test_a_waited_host_ring_launch_costs_well_under_a_grpc_unary_echo(tmp_path: 
             def echoed() -> object:
                 return call(payload, timeout=10)
 
-            _timed(launch, 300)  # warm: the ring opens, the launch is bound
-            _timed(echoed, 300)
+            _timed(launch, 300, 0)  # warm: the ring opens, the launch is bound
+            _timed(echoed, 300, 0)
             ring: list[float] = []
             grpc_echo: list[float] = []
             for _ in range(BLOCKS):  # interleaved, so the machine's moods hit both alike
-                ring += _timed(launch, PER_BLOCK)
-                grpc_echo += _timed(echoed, PER_BLOCK)
+                ring += _timed(launch, PER_BLOCK, 0)
+                grpc_echo += _timed(echoed, PER_BLOCK, 0)
             np.testing.assert_allclose(z.read(), [3.0])
     finally:
         echo.close()
