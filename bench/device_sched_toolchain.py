@@ -2,7 +2,11 @@
 without nvcc? NVRTC compiles relocatable device code that calls the device runtime
 (``cudaGraphLaunch`` in a kernel), the driver's linker links it with ``libcudadevrt.a`` (which
 ``cuda.pathfinder`` finds in the CUDA runtime's wheel, or a toolkit), and a graph launched from
-the device runs and counts a word. Prints one JSON line; exits 1 where a step fails.
+the device runs and counts a word. Then whether a graph launched from the device keeps an SM
+partition (a green context, as a tenant's): a kernel of 264 blocks records the SM each block
+ran on, launched from the host outside and inside a 16-SM partition, and from the device with
+its graph captured inside the partition or with the launching graph there. Prints one JSON
+line; exits 1 where a step fails.
 
     python bench/device_sched_toolchain.py
 """
@@ -25,7 +29,18 @@ extern "C" __global__ void mark(unsigned int *word) { atomicAdd(word, 1u); }
 extern "C" __global__ void launcher(cudaGraphExec_t child, unsigned int *errors) {
     if (cudaGraphLaunch(child, cudaStreamGraphFireAndForget) != cudaSuccess) atomicAdd(errors, 1u);
 }
+extern "C" __global__ void where(unsigned int *sms) {
+    if (threadIdx.x != 0) return;
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    sms[blockIdx.x] = sm;
+    long long until = clock64() + 40000; /* about 20 us: the blocks spread over the SMs */
+    while (clock64() < until) {}
+}
 """
+BLOCKS = 264
+"""Blocks of ``where``: two per SM of an H100 or H200."""
+PARTITION_SMS = 16
 
 
 class StepFailed(Exception):
@@ -78,16 +93,73 @@ def link_with_devrt(cu: Any, image: bytes, devrt: str) -> bytes:
         cu.cuLinkDestroy(state)
 
 
-def captured(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], flags: int) -> Any:
-    """A graph of one launch of ``function`` (one thread), captured and instantiated."""
+def launch(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], blocks: int = 1) -> None:
+    """``function`` on ``blocks`` blocks of 32 threads, its arguments all pointer-sized."""
+    types = tuple(ctypes.c_void_p for _ in args)
+    call(cu.cuLaunchKernel(function, blocks, 1, 1, 32, 1, 1, 0, stream, (args, types), 0), "launch")
+
+
+def captured(
+    cu: Any, stream: Any, function: Any, args: tuple[Any, ...], flags: int, blocks: int = 1
+) -> Any:
+    """A graph of one launch of ``function``, captured on ``stream`` and instantiated."""
     call(
         cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL),
         "begin capture",
     )
-    types = tuple(ctypes.c_void_p for _ in args)
-    call(cu.cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, stream, (args, types), 0), "launch")
+    launch(cu, stream, function, args, blocks)
     graph = call(cu.cuStreamEndCapture(stream), "end capture")
     return call(cu.cuGraphInstantiate(graph, flags), "instantiate")
+
+
+def sms_used(cu: Any, sms: Any, stream: Any) -> int:
+    """How many SMs the last ``where`` ran on (after ``stream`` finished)."""
+    call(cu.cuStreamSynchronize(stream), "synchronize")
+    seen = (ctypes.c_uint32 * BLOCKS)()
+    call(cu.cuMemcpyDtoH(seen, sms, 4 * BLOCKS), "cuMemcpyDtoH")
+    return len(set(seen))
+
+
+def partition_kept(cu: Any, module: Any, device: Any, driver: int, plain: Any) -> dict[str, Any]:
+    """SMs ``where``'s blocks ran on: from the host outside and inside a partition, and from
+    the device with the child captured in it or the launching graph in it."""
+    from accyd.backends.cuda.driver import check
+    from accyd.backends.cuda.partitions import GreenContexts
+    from accyd.backends.partitions import PartitionSpec
+
+    where = call(cu.cuModuleGetFunction(module, b"where"), "where")
+    launcher = call(cu.cuModuleGetFunction(module, b"launcher"), "launcher")
+    greens = GreenContexts()
+    split = greens.make(cu, check, device, driver, [PartitionSpec("p", sms=PARTITION_SMS)])
+    if split.unconfined:
+        return {"partition": f"not made: {split.unconfined}"}
+    green = greens.stream(cu, check, "p", 0)
+    sms = call(cu.cuMemAlloc(4 * BLOCKS), "cuMemAlloc")
+    errors = call(cu.cuMemAlloc(4), "cuMemAlloc")
+    call(cu.cuMemsetD32(errors, 0, 1), "cuMemsetD32")
+    device_launch = int(cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
+    found: dict[str, Any] = {"partition_sms": PARTITION_SMS}
+    launch(cu, plain, where, (int(sms),), BLOCKS)
+    found["host_launch_outside"] = sms_used(cu, sms, plain)
+    launch(cu, green, where, (int(sms),), BLOCKS)
+    found["host_launch_in_partition"] = sms_used(cu, sms, green)
+    for name, child_on, parent_on in (
+        ("device_launch_child_captured_in_partition", green, plain),
+        ("device_launch_from_a_graph_in_partition", plain, green),
+    ):
+        try:
+            child = captured(cu, child_on, where, (int(sms),), device_launch, BLOCKS)
+            call(cu.cuGraphUpload(child, child_on), "cuGraphUpload")
+            call(cu.cuStreamSynchronize(child_on), "synchronize")
+            parent = captured(cu, parent_on, launcher, (int(child), int(errors)), 0)
+            call(cu.cuGraphLaunch(parent, parent_on), "cuGraphLaunch(parent)")
+            found[name] = sms_used(cu, sms, parent_on)
+        except StepFailed as error:  # say which way failed, and try the other
+            found[name] = f"failed: {error}"
+    failed = (ctypes.c_uint32 * 1)()
+    call(cu.cuMemcpyDtoH(failed, errors, 4), "cuMemcpyDtoH")
+    found["partition_launch_errors"] = failed[0]
+    return found
 
 
 def main() -> int:
@@ -133,6 +205,7 @@ def main() -> int:
         call(cu.cuMemcpyDtoH(counted, words, 8), "cuMemcpyDtoH")
         found["child_ran"], found["device_launch_errors"] = counted[0], counted[1]
         found["ok"] = counted[0] == 1 and counted[1] == 0
+        found.update(partition_kept(cu, module, device, int(found["driver"]), stream))
     except (StepFailed, Exception) as error:  # any step: say which, and fail
         found["ok"] = False
         found["error"] = f"{type(error).__name__}: {error}"
