@@ -27,7 +27,8 @@ SOURCE = r"""
 #include <cuda_runtime.h>
 extern "C" __global__ void mark(unsigned int *word) { atomicAdd(word, 1u); }
 extern "C" __global__ void launcher(cudaGraphExec_t child, unsigned int *errors) {
-    if (cudaGraphLaunch(child, cudaStreamGraphFireAndForget) != cudaSuccess) atomicAdd(errors, 1u);
+    cudaError_t error = cudaGraphLaunch(child, cudaStreamGraphFireAndForget);
+    if (error != cudaSuccess) { atomicAdd(errors, 1u); errors[1] = (unsigned int)error; }
 }
 extern "C" __global__ void where(unsigned int *sms) {
     if (threadIdx.x != 0) return;
@@ -94,9 +95,14 @@ def link_with_devrt(cu: Any, image: bytes, devrt: str) -> bytes:
 
 
 def launch(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], blocks: int = 1) -> None:
-    """``function`` on ``blocks`` blocks of 32 threads, its arguments all pointer-sized."""
+    """``function`` on ``blocks`` blocks, its arguments all pointer-sized: one thread for
+    one block (``mark`` and ``launcher`` count and launch once), else 32 a block."""
     types = tuple(ctypes.c_void_p for _ in args)
-    call(cu.cuLaunchKernel(function, blocks, 1, 1, 32, 1, 1, 0, stream, (args, types), 0), "launch")
+    threads = 1 if blocks == 1 else 32
+    call(
+        cu.cuLaunchKernel(function, blocks, 1, 1, threads, 1, 1, 0, stream, (args, types), 0),
+        "launch",
+    )
 
 
 def captured(
@@ -117,7 +123,7 @@ def sms_used(cu: Any, sms: Any, stream: Any) -> int:
     call(cu.cuStreamSynchronize(stream), "synchronize")
     seen = (ctypes.c_uint32 * BLOCKS)()
     call(cu.cuMemcpyDtoH(seen, sms, 4 * BLOCKS), "cuMemcpyDtoH")
-    return len(set(seen))
+    return len(set(seen) - {0xFFFFFFFF})
 
 
 def partition_kept(cu: Any, module: Any, device: Any, driver: int, plain: Any) -> dict[str, Any]:
@@ -135,8 +141,7 @@ def partition_kept(cu: Any, module: Any, device: Any, driver: int, plain: Any) -
         return {"partition": f"not made: {split.unconfined}"}
     green = greens.stream(cu, check, "p", 0)
     sms = call(cu.cuMemAlloc(4 * BLOCKS), "cuMemAlloc")
-    errors = call(cu.cuMemAlloc(4), "cuMemAlloc")
-    call(cu.cuMemsetD32(errors, 0, 1), "cuMemsetD32")
+    errors = call(cu.cuMemAlloc(8), "cuMemAlloc")  # how many, and the last one's code
     device_launch = int(cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
     found: dict[str, Any] = {"partition_sms": PARTITION_SMS}
     launch(cu, plain, where, (int(sms),), BLOCKS)
@@ -144,21 +149,24 @@ def partition_kept(cu: Any, module: Any, device: Any, driver: int, plain: Any) -
     launch(cu, green, where, (int(sms),), BLOCKS)
     found["host_launch_in_partition"] = sms_used(cu, sms, green)
     for name, child_on, parent_on in (
+        ("device_launch_outside", plain, plain),
         ("device_launch_child_captured_in_partition", green, plain),
         ("device_launch_from_a_graph_in_partition", plain, green),
     ):
+        call(cu.cuMemsetD32(sms, 0xFFFFFFFF, BLOCKS), "cuMemsetD32")  # no SM, until it runs
+        call(cu.cuMemsetD32(errors, 0, 2), "cuMemsetD32")
         try:
             child = captured(cu, child_on, where, (int(sms),), device_launch, BLOCKS)
             call(cu.cuGraphUpload(child, child_on), "cuGraphUpload")
             call(cu.cuStreamSynchronize(child_on), "synchronize")
             parent = captured(cu, parent_on, launcher, (int(child), int(errors)), 0)
             call(cu.cuGraphLaunch(parent, parent_on), "cuGraphLaunch(parent)")
-            found[name] = sms_used(cu, sms, parent_on)
+            used = sms_used(cu, sms, parent_on)
+            failed = (ctypes.c_uint32 * 2)()
+            call(cu.cuMemcpyDtoH(failed, errors, 8), "cuMemcpyDtoH")
+            found[name] = {"sms": used, "launch_errors": failed[0], "last_error": failed[1]}
         except StepFailed as error:  # say which way failed, and try the other
             found[name] = f"failed: {error}"
-    failed = (ctypes.c_uint32 * 1)()
-    call(cu.cuMemcpyDtoH(failed, errors, 4), "cuMemcpyDtoH")
-    found["partition_launch_errors"] = failed[0]
     return found
 
 
@@ -192,8 +200,8 @@ def main() -> int:
         module = call(cu.cuModuleLoadData(linked), "cuModuleLoadData")
         mark = call(cu.cuModuleGetFunction(module, b"mark"), "mark")
         launcher = call(cu.cuModuleGetFunction(module, b"launcher"), "launcher")
-        words = call(cu.cuMemAlloc(8), "cuMemAlloc")
-        call(cu.cuMemsetD32(words, 0, 2), "cuMemsetD32")
+        words = call(cu.cuMemAlloc(12), "cuMemAlloc")  # mark's count, launcher's errors
+        call(cu.cuMemsetD32(words, 0, 3), "cuMemsetD32")
         stream = call(cu.cuStreamCreate(1), "cuStreamCreate")
         device_launch = cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH
         child = captured(cu, stream, mark, (int(words),), int(device_launch))
