@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the moonshot's device-side candidate (within about 6
-# minutes): install (bench/device_env.sh); build bench/device_sched.cu and run it at 1 to 64
+# minutes): install (bench/device_env.sh); whether the daemon's own toolchain builds a
+# device scheduler and whether device launches keep an SM partition
+# (bench/device_sched_toolchain.py); build bench/device_sched.cu and run it at 1 to 64
 # clients, each way a scheduler hands over ("forget": it relaunches itself; "host": four
 # instances the host relaunches), short and long kernels, and beside a tenant whose kernels
 # run 500 us, and with Python clients (bench/_sched_client.py); the engine and ring suites;
@@ -12,6 +14,7 @@ source bench/device_env.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader > "$OUT/env.txt" 2>&1
 nproc >> "$OUT/env.txt"
 sched="$OUT/device_sched"
+step toolchain 120 $PY bench/device_sched_toolchain.py
 step build_sched 120 nvcc -O2 -arch=sm_90 -rdc=true -o "$sched" bench/device_sched.cu -lcudadevrt
 if [ -x "$sched" ]; then
   s=${SCHED_SECONDS:-1.0}
@@ -31,7 +34,7 @@ pgrep -a -x nvidia-cuda-mps-control > "$OUT/mps_left.txt" 2>&1 || echo "none" > 
 
 echo "==== env"; cat "$OUT/env.txt"
 echo "==== steps (name, exit status, seconds)"; cat "$STEPS/steps.txt"
-for name in build_sched sched_forget sched_host sched_long sched_long_host sched_slow sched_slow_host sched_python; do
+for name in toolchain build_sched sched_forget sched_host sched_long sched_long_host sched_slow sched_slow_host sched_python; do
   echo "==== $name"; tail -8 "$STEPS/$name.log" 2>/dev/null
 done
 echo "==== engine_ring"
