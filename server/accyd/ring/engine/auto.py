@@ -9,11 +9,16 @@ import structlog
 
 from accyd.backends.base import Backend, BackendKind
 from accyd.core.interface import Core
-from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, PythonLoop, may_spin
+from accyd.ring.engine.pyloop import (
+    FLIGHT_SPIN_SECONDS,
+    IDLE_SPIN_SECONDS,
+    PythonLoop,
+    may_spin,
+)
 from accyd.ring.observer import RingObserver
 from accyd.ring.ring import ServerRing
 
-__all__ = ["ENGINE_ENV", "IDLE_SPIN_SECONDS", "EngineKind", "RingEngine", "open_engine"]
+__all__ = ["ENGINE_ENV", "EngineKind", "RingEngine", "open_engine"]
 
 log = structlog.get_logger("accyd.ring.engine")
 
@@ -21,10 +26,6 @@ ENGINE_ENV = "ACCYD_ENGINE"
 """``native``, ``python`` or ``auto`` (the default): which engine takes the rings."""
 
 EngineKind = Literal["auto", "native", "python"]
-
-IDLE_SPIN_SECONDS = 200e-6
-"""How long a native engine thread on a device spins on its rings after their last record
-before it sleeps (their clients then kick it)."""
 CROWD_FACTOR = 2
 """How many times the automatic engine threads serve a crowd's rings."""
 

@@ -30,6 +30,7 @@ from accyd.core.tenants import Tenant
 from accyd.errors import AccyError, DeviceFault, LaunchFailed
 from accyd.ring.engine import _native
 from accyd.ring.engine.drivers import Driver, driver_for
+from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, IDLE_SPIN_SECONDS
 from accyd.ring.observer import RingObserver
 from accyd.ring.records import KEY, KEY_END
 from accyd.ring.ring import Handled, Pending, ServerRing
@@ -69,8 +70,8 @@ class NativeEngine:
         threads: int = 1,
         max_threads: int | None = None,
         batch: int = 64,
-        spin_seconds: float = 200e-6,
-        flight_spin_seconds: float = 2e-3,
+        spin_seconds: float = IDLE_SPIN_SECONDS,
+        flight_spin_seconds: float = FLIGHT_SPIN_SECONDS,
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
         timings: bool = False,

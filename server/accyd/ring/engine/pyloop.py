@@ -35,7 +35,7 @@ from accyd.errors import AccyError, DeviceFault
 from accyd.ring.observer import RingObserver
 from accyd.ring.ring import Handled, Pending, ServerRing
 
-__all__ = ["FLIGHT_SPIN_SECONDS", "SPIN_CPUS", "PythonLoop", "may_spin"]
+__all__ = ["FLIGHT_SPIN_SECONDS", "IDLE_SPIN_SECONDS", "SPIN_CPUS", "PythonLoop", "may_spin"]
 
 log = structlog.get_logger("accyd.ring.engine")
 
@@ -43,6 +43,9 @@ SPIN_CPUS = 8
 """From how many usable CPUs the loop spins between rounds (see above)."""
 FLIGHT_SPIN_SECONDS = 2e-3
 """On a device, how long after the last progress launches in flight are spun on."""
+IDLE_SPIN_SECONDS = 200e-6
+"""On a device, how long an engine thread spins on its rings after their last record before
+it sleeps (their clients then kick it). Both engines' default."""
 IDLE_POLL_SECONDS = 50e-6
 TOUCH_SECONDS = 0.05
 """How often a busy ring tells the core its client is alive (liveness is judged in seconds)."""
@@ -86,7 +89,7 @@ class PythonLoop:
         core: Core,
         *,
         spin: bool | None = None,
-        spin_seconds: float = 200e-6,
+        spin_seconds: float = IDLE_SPIN_SECONDS,
         flight_spin_seconds: float = FLIGHT_SPIN_SECONDS,
         batch: int = 64,
         observer: RingObserver | None = None,
