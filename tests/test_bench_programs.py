@@ -31,7 +31,8 @@ def test_a_bench_program_builds_without_warnings(program: str, tmp_path: Path) -
 
 
 def test_the_device_scheduler_prototype_builds_where_nvcc_is(tmp_path: Path) -> None:
-    """bench/device_sched.cu links CUDA's device runtime (``-rdc``); CI has no nvcc and skips."""
+    """bench/device_sched.cu links CUDA's device runtime (``-rdc``); skipped where there is no
+    nvcc."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("no nvcc here")
