@@ -131,4 +131,6 @@ def open_engine(
                 observer=observer,
                 launches_per_client=launches_per_client,
             )
-    return PythonLoop(core, flight_spin_seconds=flight_spin, observer=observer)
+    return PythonLoop(
+        core, spin_seconds=idle_spin, flight_spin_seconds=flight_spin, observer=observer
+    )
