@@ -22,6 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from accyd.backends.cuda.compile_cache import cuda_include_dirs
+from accyd.backends.cuda.device_launcher import find_devrt, link_devrt
 
 SOURCE = r"""
 #include <cuda_runtime.h>
@@ -73,25 +74,6 @@ def compile_relocatable(arch: str) -> tuple[bytes, str]:
     call(nvrtc.nvrtcGetCUBIN(program, image), "cubin")
     nvrtc.nvrtcDestroyProgram(program)
     return image, log.decode(errors="replace").strip("\0 \n")
-
-
-def link_with_devrt(cu: Any, image: bytes, devrt: str) -> bytes:
-    """``image`` linked with ``libcudadevrt.a`` by the driver's linker: a loadable cubin."""
-    state = call(cu.cuLinkCreate(0, [], []), "cuLinkCreate")
-    try:
-        kind = cu.CUjitInputType
-        call(
-            cu.cuLinkAddData(state, kind.CU_JIT_INPUT_CUBIN, image, len(image), b"s", 0, [], []),
-            "cuLinkAddData",
-        )
-        call(
-            cu.cuLinkAddFile(state, kind.CU_JIT_INPUT_LIBRARY, devrt.encode(), 0, [], []),
-            "cuLinkAddFile(libcudadevrt.a)",
-        )
-        address, size = call(cu.cuLinkComplete(state), "cuLinkComplete")
-        return ctypes.string_at(int(address), int(size))
-    finally:
-        cu.cuLinkDestroy(state)
 
 
 def launch(cu: Any, stream: Any, function: Any, args: tuple[Any, ...], blocks: int = 1) -> None:
@@ -176,9 +158,7 @@ def main() -> int:
 
     found: dict[str, Any] = {"nvrtc": call(nvrtc.nvrtcVersion(), "nvrtcVersion")}
     try:
-        import cuda.pathfinder as pathfinder
-
-        devrt = str(pathfinder.find_static_lib("cudadevrt"))
+        devrt = find_devrt()
         found["libcudadevrt"] = devrt
         call(cu.cuInit(0), "cuInit")
         found["driver"] = call(cu.cuDriverGetVersion(), "cuDriverGetVersion")
@@ -195,7 +175,7 @@ def main() -> int:
         context = call(cu.cuDevicePrimaryCtxRetain(device), "retain")
         call(cu.cuCtxSetCurrent(context), "set current")
         image, found["nvrtc_log"] = compile_relocatable(f"sm_{major}{minor}")
-        linked = link_with_devrt(cu, image, devrt)
+        linked = link_devrt(cu, call, image, "cubin", devrt)
         found["relocatable_bytes"], found["linked_bytes"] = len(image), len(linked)
         module = call(cu.cuModuleLoadData(linked), "cuModuleLoadData")
         mark = call(cu.cuModuleGetFunction(module, b"mark"), "mark")

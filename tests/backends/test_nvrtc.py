@@ -117,3 +117,29 @@ def test_accyd_check_refuses_a_broken_manifest(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "field 'version': is required" in done.stderr
     assert os.path.basename(tmp_path / "m.toml") in done.stderr
+
+
+def test_the_device_launchers_source_compiles_relocatable_with_the_hosts_layout(
+    tmp_path: Path,
+) -> None:
+    """The device launcher (``backends/cuda/device_launcher.py``) is built by the daemon
+    itself: NVRTC compiles its source as relocatable code (it launches graphs from the
+    device), with no GPU. The source asserts the sizes and offsets of the tables the host
+    packs, so a layout that drifted fails here, in CI, not on a device; and the driver's
+    linker needs ``libcudadevrt.a``, which the CUDA runtime's wheel must provide."""
+    from accyd.backends.cuda import launcher_source
+    from accyd.backends.cuda.device_launcher import find_devrt
+
+    image = CompileCache(tmp_path).compile(
+        launcher_source.source(), arch=(9, 0), name="accy_launcher.cu", options=["-rdc=true"]
+    )
+    assert image.kind == "cubin" and len(image.data) > 1000
+    drifted = launcher_source.source().replace(
+        f"sizeof(Ring) == {launcher_source.RING_BYTES}",
+        f"sizeof(Ring) == {launcher_source.RING_BYTES + 8}",
+    )
+    with pytest.raises(KernelCompileError, match="Ring's size is the host's"):
+        CompileCache(tmp_path).compile(
+            drifted, arch=(9, 0), name="accy_launcher.cu", options=["-rdc=true"]
+        )
+    assert Path(find_devrt()).name == "libcudadevrt.a"

@@ -75,6 +75,7 @@ __all__ = [
     "HEADER_SIZE",
     "HEAD_WORD",
     "ID_OFFSET",
+    "LAUNCH_KEY",
     "MAGIC",
     "MAX_BUFFERS",
     "MAX_ID_BYTES",
@@ -147,6 +148,10 @@ RECORD_FIXED = struct.Struct("<HHIBBBx16I")
 the same session on the same buffers to the next (kind, flags, handle, counts, handles)."""
 ERROR_ENTRY = struct.Struct("<Q32s64s48sH")
 """seq, reason, field, the session a device fault names, message length; the message follows."""
+
+LAUNCH_KEY = 12
+"""Where a launch record's bytes that say what it launches begin (handle, counts, buffer
+handles, scalars, up to ``RECORD.size``): what a ticket matches."""
 
 COPY_FIELDS = struct.Struct("<QQQ")
 """A COPY record's segment offset, buffer offset and size, at ``SCALARS_OFFSET``."""

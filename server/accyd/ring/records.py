@@ -17,7 +17,7 @@ from accyd.errors import InvalidRequest
 
 __all__ = ["KEY", "KEY_END", "id_of", "scalar_struct"]
 
-KEY, KEY_END = 12, layout.RECORD.size
+KEY, KEY_END = layout.LAUNCH_KEY, layout.RECORD.size
 """The bytes of a launch record that say what it launches: handles, counts and scalars."""
 
 

@@ -1,0 +1,489 @@
+"""The device launcher: rings served by a resident kernel that launches checked graphs itself.
+
+The first step of building the device-side scheduler into accy (``docs/device-launch.md``):
+the launcher, its tables and its host side, driven through real rings. The ring engine
+does not hand it records yet; what it does with a record is in ``launcher_source``.
+
+Ownership, all on the one CUDA device whose backend made it:
+
+- The module (NVRTC, relocatable, linked with ``libcudadevrt.a`` by the driver's linker),
+  the ring table and the counters (``cuMemAlloc``), the control page (``cuMemHostAlloc``,
+  mapped) and ``LAUNCHERS`` instance graphs, each on a non-blocking stream of its own: made
+  here, freed by ``close()`` (idempotent, with a ``weakref.finalize`` net) once every
+  instance stopped.
+- A ring's memory is registered (``cuMemHostRegister``, mapped) by ``attach`` and
+  unregistered by ``detach``, which first makes sure no launcher looks at it and no graph
+  of it is still to publish ``done``.
+- A ``DeviceGraph`` (its instances, made by ``graph``) belongs to its caller, who closes it
+  after dropping every ticket naming it.
+- One host thread relaunches an instance whose run ended (each run makes at most
+  ``PER_RUN`` launches, or looks ``ROUNDS`` times).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import importlib
+import mmap
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from accy.protocol import ring as layout
+from accyd.backends.cuda import launcher_source as lay
+from accyd.backends.cuda.compile_cache import CompileCache
+from accyd.backends.cuda.driver import ErrorCheck
+from accyd.errors import LaunchFailed, RuntimeUnavailable
+
+__all__ = ["DeviceGraph", "DeviceLauncher", "RingState", "find_devrt", "link_devrt"]
+
+log = structlog.get_logger("accyd.device_launcher")
+
+PER_RUN = 112
+"""Launches per instance run: a graph may make at most 120 fire-and-forget launches."""
+ROUNDS = 4096
+"""Looks per instance run: an idle instance ends after a few milliseconds (a device-wide
+synchronize waits for it), and the relauncher starts it again."""
+RELAUNCH_POLL_SECONDS = 20e-6
+ACK_TIMEOUT_SECONDS = 5.0
+_RING_HEAD = struct.Struct(lay.RING_FIELDS)
+_STATS = struct.Struct(lay.STATS_FIELDS)
+_TICKET_HEAD = struct.Struct(f"<{lay.KEY_BYTES}sIIQQ{lay.INSTANCES}Q")
+
+
+class _Device(Protocol):
+    """What the launcher needs of ``CudaBackend``."""
+
+    _cu: Any
+    _check: ErrorCheck
+    cache: CompileCache
+    compute_capability: tuple[int, int]
+
+    def _enter(self) -> None: ...
+
+
+def find_devrt() -> str:
+    """The path of ``libcudadevrt.a`` (the CUDA runtime wheel's, or a toolkit's)."""
+    try:
+        pathfinder: Any = importlib.import_module("cuda.pathfinder")
+        return str(pathfinder.find_static_lib("cudadevrt"))
+    except Exception as error:  # not installed, or a pathfinder without the call
+        raise RuntimeUnavailable(f"libcudadevrt.a is not found: {error}") from None
+
+
+def link_devrt(cu: Any, check: Callable[..., Any], image: bytes, kind: str, devrt: str) -> bytes:
+    """A relocatable ``image`` (``cubin`` or ``ptx``) linked with ``devrt`` by the driver's
+    linker: a cubin that can be loaded and may launch graphs from the device."""
+    state = check(cu.cuLinkCreate(0, [], []), "cuLinkCreate")
+    try:
+        jit = cu.CUjitInputType
+        input_kind = jit.CU_JIT_INPUT_CUBIN if kind == "cubin" else jit.CU_JIT_INPUT_PTX
+        check(
+            cu.cuLinkAddData(state, input_kind, image, len(image), b"launcher", 0, [], []),
+            "cuLinkAddData",
+        )
+        check(
+            cu.cuLinkAddFile(state, jit.CU_JIT_INPUT_LIBRARY, devrt.encode(), 0, [], []),
+            "cuLinkAddFile(libcudadevrt.a)",
+        )
+        address, size = check(cu.cuLinkComplete(state), "cuLinkComplete")
+        return ctypes.string_at(int(address), int(size))
+    finally:
+        cu.cuLinkDestroy(state)
+
+
+@dataclass(frozen=True, slots=True)
+class RingState:
+    """What the launcher did with one ring: ``claimed`` (records before it taken),
+    ``left`` (``seq + 1`` of the last record left to the CPU path; 0: none) and launches."""
+
+    claimed: int
+    left: int
+    launched: int
+
+
+class DeviceGraph:
+    """``INSTANCES`` instances of one graph, instantiated for device launch and uploaded,
+    ending in ``accy_done`` for one ring. Made by ``DeviceLauncher.graph``; the caller
+    closes it (idempotent) after dropping the tickets that name it."""
+
+    def __init__(self, cu: Any, execs: list[Any]) -> None:
+        self._cu = cu
+        self.execs = execs
+
+    @property
+    def handles(self) -> list[int]:
+        return [int(e) for e in self.execs]
+
+    def close(self) -> None:
+        execs, self.execs = self.execs, []
+        for graph_exec in execs:
+            self._cu.cuGraphExecDestroy(graph_exec)
+
+
+class DeviceLauncher:
+    """The launcher of one CUDA device (see the module's docstring for who owns what)."""
+
+    def __init__(self, device: _Device, *, per_run: int = PER_RUN, rounds: int = ROUNDS) -> None:
+        if not 1 <= per_run <= 120:
+            raise ValueError(f"per_run is 1..120, not {per_run}")
+        self._device = device
+        self._cu = device._cu
+        self._check = device._check
+        device._enter()
+        self._lock = threading.Lock()
+        self._rings: dict[int, tuple[mmap.mmap, Any, int]] = {}
+        """slot -> (the ring's map, its registration's anchor, its device address)."""
+        self._epochs_free = list(range(lay.EPOCHS - 1, -1, -1))
+        self._relaunches = 0
+        self._stopping = False
+        self.failure: str | None = None
+        """Why the launcher stopped serving (an instance failed), once it did."""
+        self._owned: list[Callable[[], object]] = []
+        try:
+            self._build(per_run, rounds)
+        except BaseException:
+            self._free()
+            raise
+        self._finalizer = weakref.finalize(self, DeviceLauncher._free_all, self._owned)
+        self._thread = threading.Thread(
+            target=self._relaunch, name="accyd-device-launcher", daemon=True
+        )
+        self._thread.start()
+
+    # -- making it -----------------------------------------------------------------
+
+    def _build(self, per_run: int, rounds: int) -> None:
+        cu, check, owned = self._cu, self._check, self._owned
+        image = self._device.cache.compile(
+            lay.source(),
+            arch=self._device.compute_capability,
+            name="accy_launcher.cu",
+            options=["-rdc=true"],
+        )
+        linked = link_devrt(cu, check, image.data, image.kind, find_devrt())
+        module = check(cu.cuModuleLoadData(linked), "cuModuleLoadData(launcher)")
+        owned.append(functools.partial(cu.cuModuleUnload, module))
+        launcher = check(cu.cuModuleGetFunction(module, b"accy_launcher"), "accy_launcher")
+        self._done_fn = check(cu.cuModuleGetFunction(module, b"accy_done"), "accy_done")
+        # The frees hold the values, not ``self``: the finalizer must not keep it alive.
+        rings_dev = int(check(cu.cuMemAlloc(lay.MAX_RINGS * lay.RING_BYTES), "cuMemAlloc"))
+        owned.append(functools.partial(cu.cuMemFree, rings_dev))
+        stats_dev = int(check(cu.cuMemAlloc(lay.STATS_BYTES), "cuMemAlloc"))
+        owned.append(functools.partial(cu.cuMemFree, stats_dev))
+        self._rings_dev, self._stats_dev = rings_dev, stats_dev
+        check(cu.cuMemsetD8(self._rings_dev, 0, lay.MAX_RINGS * lay.RING_BYTES), "cuMemsetD8")
+        check(cu.cuMemsetD8(self._stats_dev, 0, lay.STATS_BYTES), "cuMemsetD8")
+        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
+        host = int(check(cu.cuMemHostAlloc(lay.CONTROL_BYTES, flags), "cuMemHostAlloc"))
+        owned.append(functools.partial(cu.cuMemFreeHost, host))
+        ctypes.memset(host, 0, lay.CONTROL_BYTES)
+        self._control = host
+        control_dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "device pointer"))
+        self._u32 = (ctypes.c_uint32 * (lay.EPOCH_OFFSET // 4)).from_address(host)
+        self._epochs = (ctypes.c_uint64 * lay.EPOCHS).from_address(host + lay.EPOCH_OFFSET)
+        self._epochs_dev = control_dev + lay.EPOCH_OFFSET
+        self._instances: list[tuple[Any, Any]] = []
+        non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        types = (*(ctypes.c_void_p,) * 3, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+        for k in range(lay.LAUNCHERS):
+            stream = check(cu.cuStreamCreate(non_blocking), "cuStreamCreate")
+            owned.append(functools.partial(cu.cuStreamDestroy, stream))
+            args = (rings_dev, stats_dev, control_dev, k, per_run, rounds)
+            run = functools.partial(
+                self._launch, launcher, lay.MAX_RINGS, args, types, "accy_launcher"
+            )
+            graph_exec = self._captured(stream, run, 0)
+            owned.append(functools.partial(cu.cuGraphExecDestroy, graph_exec))
+            check(cu.cuGraphUpload(graph_exec, stream), "cuGraphUpload(launcher)")
+            self._instances.append((stream, graph_exec))
+        for stream, graph_exec in self._instances:
+            check(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch(launcher)")
+
+    def _launch(
+        self,
+        function: Any,
+        threads: int,
+        args: tuple[Any, ...],
+        types: tuple[Any, ...],
+        what: str,
+        stream: Any,
+    ) -> None:
+        """``function`` on one block of ``threads`` on ``stream``."""
+        self._check(
+            self._cu.cuLaunchKernel(function, 1, 1, 1, threads, 1, 1, 0, stream, (args, types), 0),
+            what,
+            LaunchFailed,
+        )
+
+    def _captured(self, stream: Any, enqueue: Callable[[Any], None], flags: int) -> Any:
+        """A graph of what ``enqueue`` puts on ``stream``, captured and instantiated."""
+        cu, check = self._cu, self._check
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture", LaunchFailed)
+        graph: Any = None
+        try:
+            try:
+                enqueue(stream)
+            finally:
+                graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture", LaunchFailed)
+            return check(cu.cuGraphInstantiate(graph, flags), "cuGraphInstantiate", LaunchFailed)
+        finally:
+            if graph is not None:
+                cu.cuGraphDestroy(graph)
+
+    # -- rings -----------------------------------------------------------------------
+
+    def attach(self, memory: mmap.mmap, slot_count: int) -> int:
+        """Register a ring's memory (mapped into the GPU) and let the launcher watch it; the
+        ring's slot in the table. The map stays exported (it cannot be closed) until
+        ``detach``."""
+        cu, check = self._cu, self._check
+        self._device._enter()
+        with self._lock:
+            free = [k for k in range(lay.MAX_RINGS) if k not in self._rings]
+            if not free:
+                raise RuntimeUnavailable(f"the device launcher serves {lay.MAX_RINGS} rings")
+            slot = free[0]
+            anchor = (ctypes.c_char * len(memory)).from_buffer(memory)
+            address = ctypes.addressof(anchor)
+            flags = cu.CU_MEMHOSTREGISTER_DEVICEMAP | cu.CU_MEMHOSTREGISTER_PORTABLE
+            check(cu.cuMemHostRegister(address, len(memory), flags), "cuMemHostRegister")
+            try:
+                mapped = int(check(cu.cuMemHostGetDevicePointer(address, 0), "device pointer"))
+                entry = self._ring_dev(slot)
+                check(cu.cuMemsetD8(entry, 0, lay.RING_BYTES), "cuMemsetD8")
+                done = _done(memory)
+                head = _RING_HEAD.pack(mapped, slot_count, 0, done, 0, 0)
+                check(cu.cuMemcpyHtoD(entry, head, len(head)), "cuMemcpyHtoD")
+                self._put_u32(entry + 12, 1)  # live, once the rest is in place
+            except BaseException:
+                cu.cuMemHostUnregister(address)
+                raise
+            self._rings[slot] = (memory, anchor, mapped)
+            return slot
+
+    def detach(self, slot: int, timeout: float = ACK_TIMEOUT_SECONDS) -> None:
+        """Stop watching ring ``slot``, wait until none of its graphs is still to publish
+        ``done``, and unregister its memory (its map may be closed after)."""
+        self._device._enter()
+        self._put_u32(self._ring_dev(slot) + 12, 0)
+        self._barrier(timeout)
+        self._drain(slot, timeout)
+        with self._lock:
+            _, anchor, _ = self._rings.pop(slot)
+        self._check(self._cu.cuMemHostUnregister(ctypes.addressof(anchor)), "cuMemHostUnregister")
+
+    def _drain(self, slot: int, timeout: float) -> None:
+        """Wait until ring ``slot``'s last device launch (if any) published ``done``."""
+        memory = self._rings[slot][0]
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.ring_state(slot)
+            if _done(memory) >= state.claimed or state.left == state.claimed:
+                return
+            if time.monotonic() > deadline:
+                raise LaunchFailed(
+                    f"ring {slot}'s last device launch did not finish in {timeout:g} s"
+                )
+            time.sleep(50e-6)
+
+    def ring_state(self, slot: int) -> RingState:
+        raw = bytearray(_RING_HEAD.size)
+        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
+        _, _, _, claimed, left, launched = _RING_HEAD.unpack(raw)
+        return RingState(claimed, left, launched)
+
+    def _ring_dev(self, slot: int) -> int:
+        return self._rings_dev + slot * lay.RING_BYTES
+
+    def _put_u32(self, address: int, value: int) -> None:
+        word = struct.pack("<I", value)
+        self._check(self._cu.cuMemcpyHtoD(address, word, 4), "cuMemcpyHtoD")
+
+    # -- graphs and tickets ----------------------------------------------------------------
+
+    def graph(self, slot: int, enqueue: Callable[[Any], None]) -> DeviceGraph:
+        """A device graph of what ``enqueue`` puts on the stream it is given (kernel, memcpy
+        and memset work only, none in an SM partition), then ``accy_done`` for ring
+        ``slot``: ``INSTANCES`` instances, uploaded."""
+        cu, check = self._cu, self._check
+        self._device._enter()
+        stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+        flags = int(cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
+        ring = self._ring_dev(slot)
+
+        def with_done(s: Any) -> None:
+            enqueue(s)
+            self._launch(self._done_fn, 1, (ring,), (ctypes.c_void_p,), "accy_done", s)
+
+        execs: list[Any] = []
+        try:
+            for _ in range(lay.INSTANCES):
+                execs.append(self._captured(stream, with_done, flags))
+                check(cu.cuGraphUpload(execs[-1], stream), "cuGraphUpload", LaunchFailed)
+            check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        except BaseException:
+            DeviceGraph(cu, execs).close()
+            raise
+        finally:
+            cu.cuStreamDestroy(stream)
+        return DeviceGraph(cu, execs)
+
+    def put_ticket(self, slot: int, key: bytes, graph: DeviceGraph, epoch: int, value: int) -> int:
+        """Let records of ring ``slot`` whose launch bytes are ``key`` launch ``graph`` while
+        ``epoch`` holds ``value`` (the value the launch was checked against); the ticket's
+        index."""
+        if len(key) != lay.KEY_BYTES:
+            raise ValueError(f"a ticket's key is {lay.KEY_BYTES} bytes, not {len(key)}")
+        self._device._enter()
+        with self._lock:
+            taken = self._tickets_live(slot)
+            index = next((t for t in range(lay.TICKETS) if t not in taken), None)
+            if index is None:
+                raise RuntimeUnavailable(f"ring {slot} holds {lay.TICKETS} device tickets")
+            entry = self._ticket_dev(slot, index)
+            packed = _TICKET_HEAD.pack(
+                key, 0, 0, self._epochs_dev + 8 * epoch, value, *graph.handles
+            )
+            self._check(self._cu.cuMemcpyHtoD(entry, packed, len(packed)), "cuMemcpyHtoD")
+            self._put_u32(entry + lay.KEY_BYTES, 1)  # live, once the rest is in place
+            return index
+
+    def drop_ticket(self, slot: int, index: int, timeout: float = ACK_TIMEOUT_SECONDS) -> None:
+        """No record launches ticket ``index`` of ring ``slot`` from now on (its graph may
+        still run: ``detach`` waits for that)."""
+        self._device._enter()
+        self._put_u32(self._ticket_dev(slot, index) + lay.KEY_BYTES, 0)
+        self._barrier(timeout)
+
+    def _tickets_live(self, slot: int) -> set[int]:
+        raw = bytearray(lay.RING_BYTES)
+        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
+        return {
+            t
+            for t in range(lay.TICKETS)
+            if struct.unpack_from(
+                "<I", raw, lay.TICKET_OFFSET + t * lay.TICKET_BYTES + lay.KEY_BYTES
+            )[0]
+        }
+
+    def _ticket_dev(self, slot: int, index: int) -> int:
+        return self._ring_dev(slot) + lay.TICKET_OFFSET + index * lay.TICKET_BYTES
+
+    # -- epochs ------------------------------------------------------------------------------
+
+    def new_epoch(self) -> int:
+        with self._lock:
+            if not self._epochs_free:
+                raise RuntimeUnavailable(f"the device launcher has {lay.EPOCHS} epochs")
+            return self._epochs_free.pop()
+
+    def epoch_value(self, epoch: int) -> int:
+        return int(self._epochs[epoch])
+
+    def revoke(self, epochs: list[int], timeout: float = ACK_TIMEOUT_SECONDS) -> None:
+        """Make every ticket checked against ``epochs`` stale; returns once no launch
+        checked against their old values can still be made."""
+        for epoch in epochs:
+            self._epochs[epoch] += 1
+        self._barrier(timeout)
+
+    def free_epoch(self, epoch: int) -> None:
+        self.revoke([epoch])
+        with self._lock:
+            self._epochs_free.append(epoch)
+
+    def _barrier(self, timeout: float) -> None:
+        """Bump the generation and wait until every running instance began a round after
+        it (an instance whose stream is idle looks at nothing)."""
+        cu = self._cu
+        with self._lock:  # the relauncher starts no instance meanwhile
+            generation = (self._u32[lay.GENERATION_OFFSET // 4] + 1) & 0xFFFFFFFF
+            self._u32[lay.GENERATION_OFFSET // 4] = generation
+            deadline = time.monotonic() + timeout
+            for k, (stream, _) in enumerate(self._instances):
+                while True:
+                    acked = self._u32[lay.ACK_OFFSET // 4 + k]
+                    if (acked - generation) & 0x80000000 == 0:
+                        break
+                    if int(cu.cuStreamQuery(stream)[0]) == 0:  # not running
+                        break
+                    if time.monotonic() > deadline:
+                        raise LaunchFailed(f"device launcher {k} did not answer in {timeout:g} s")
+                    time.sleep(10e-6)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _relaunch(self) -> None:
+        cu = self._cu
+        not_ready = int(cu.CUresult.CUDA_ERROR_NOT_READY)
+        try:
+            self._device._enter()
+            while not self._stopping:
+                with self._lock:
+                    for k, (stream, graph_exec) in enumerate(self._instances):
+                        status = int(cu.cuStreamQuery(stream)[0])
+                        if status == not_ready:
+                            continue
+                        if status != 0:
+                            raise self._check.error(cu.CUresult(status), f"launcher {k}")
+                        self._check(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+                        self._relaunches += 1
+                time.sleep(RELAUNCH_POLL_SECONDS)
+        except Exception as error:  # the launcher can no longer serve: say why once
+            self.failure = str(error)
+            log.error("the device launcher stopped", error=self.failure)
+
+    def stats(self) -> dict[str, int]:
+        raw = bytearray(_STATS.size)
+        self._check(self._cu.cuMemcpyDtoH(raw, self._stats_dev, len(raw)), "cuMemcpyDtoH")
+        launched, errors, runs, left, last_error = _STATS.unpack(raw)
+        return {
+            "launched": launched,
+            "errors": errors,
+            "runs": runs,
+            "left": left,
+            "last_error": last_error,
+            "relaunches": self._relaunches,
+            "rings": len(self._rings),
+        }
+
+    def close(self) -> None:
+        """Stop every instance, then free what the launcher made (rings still attached are
+        unregistered). Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._thread.join()
+        self._u32[lay.STOP_OFFSET // 4] = 1
+        self._device._enter()
+        for stream, _ in self._instances:
+            self._cu.cuStreamSynchronize(stream)
+        for slot in list(self._rings):  # what their graphs write must land first
+            with contextlib.suppress(LaunchFailed):
+                self._drain(slot, ACK_TIMEOUT_SECONDS)
+            _, anchor, _ = self._rings.pop(slot)
+            self._cu.cuMemHostUnregister(ctypes.addressof(anchor))
+        self._finalizer()
+
+    def _free(self) -> None:
+        DeviceLauncher._free_all(self._owned)
+
+    @staticmethod
+    def _free_all(owned: list[Callable[[], object]]) -> None:
+        while owned:
+            owned.pop()()
+
+
+def _done(memory: mmap.mmap) -> int:
+    """A ring's ``done`` word, as its client reads it."""
+    return int(struct.unpack_from("<Q", memory, layout.DONE)[0])

@@ -1,0 +1,261 @@
+"""The device launcher's CUDA source and the layout of the tables it shares with the host.
+
+The launcher (``device_launcher.py``) is a kernel that stays resident: each of its threads
+watches one ring's ``head`` in the ring's own memory, mapped into the GPU, and launches the
+record's checked graph from the device (device graph launch), so no CPU of the daemon is
+on a waited launch's path. The source is formatted with the ring's offsets from
+``accy.protocol.ring`` and the table sizes below, and asserts the sizes the host packs
+(``static_assert``), so the two sides cannot drift apart.
+
+What the GPU reads and writes:
+
+- ``Ring`` (device memory, one per attached ring): the ring's mapped address and slot count,
+  ``live``, and the counters only the GPU changes: ``claimed`` (the records before it were
+  taken, by the launcher or left to the CPU path) and ``left`` (``seq + 1`` of the last
+  record left to the CPU path), and its tickets.
+- ``Ticket``: a record's launch bytes (``KEY`` .. ``KEY_END``: session handle, counts,
+  buffer handles, scalar bytes), the epoch word it was checked against and that word's
+  value then, and ``INSTANCES`` instances of its graph (the device refuses to launch a graph
+  while an earlier launch of it still runs).
+- ``Control`` (pinned host memory the GPU maps): ``stop``, the host's ``generation`` and each
+  launcher instance's acknowledgement of it, then the epoch words.
+- ``Stats`` (device memory): launches made, launch errors, runs, records left.
+
+A record is served when everything before it is over (``done == seq``: one in flight per
+ring), nobody took it (``claimed <= seq``), it is a launch, and its bytes equal a live
+ticket's whose epoch still holds. Anything else is left to the CPU path (``left``), which
+checks it in full as it does today. The last node of every device graph (``accy_done``)
+publishes the ring's ``done``.
+"""
+
+from __future__ import annotations
+
+from accy.protocol import ring as layout
+
+__all__ = [
+    "ACK_OFFSET",
+    "CONTROL_BYTES",
+    "EPOCHS",
+    "EPOCH_OFFSET",
+    "GENERATION_OFFSET",
+    "INSTANCES",
+    "KEY_BYTES",
+    "LAUNCHERS",
+    "MAX_RINGS",
+    "RING_BYTES",
+    "RING_FIELDS",
+    "SOURCE",
+    "STATS_BYTES",
+    "STATS_FIELDS",
+    "STOP_OFFSET",
+    "TICKETS",
+    "TICKET_BYTES",
+    "TICKET_OFFSET",
+    "source",
+]
+
+KEY, KEY_END = layout.LAUNCH_KEY, layout.RECORD.size
+KEY_BYTES = KEY_END - KEY
+"""A record's launch bytes, compared whole (136)."""
+INSTANCES = 4
+"""Graph instances per ticket."""
+TICKETS = 8
+"""Tickets per ring."""
+MAX_RINGS = 128
+"""Rings one launcher serves: one thread of each instance's block per ring."""
+LAUNCHERS = 4
+"""Launcher instances polling at once, each on its own stream (``Control``'s acks)."""
+TICKET_BYTES = 192
+TICKET_OFFSET = 64
+"""Where a ring's tickets start in its ``Ring``."""
+RING_BYTES = TICKET_OFFSET + TICKETS * TICKET_BYTES
+RING_FIELDS = "<QIIQQQ"
+"""``Ring``'s head: base, slot_count, live, claimed, left, launched."""
+STATS_FIELDS = "<QQQQI"
+"""``Stats``: launched, errors, runs, left, the last launch error's code."""
+STATS_BYTES = 64
+STOP_OFFSET, GENERATION_OFFSET, ACK_OFFSET, EPOCH_OFFSET = 0, 4, 64, 4096
+EPOCHS = 512
+CONTROL_BYTES = EPOCH_OFFSET + 8 * EPOCHS
+
+SOURCE = r"""
+#include <cuda_runtime.h>
+
+#define HEAD_OFF {head}
+#define DONE_OFF {done}
+#define HEADER_SIZE {header}
+#define SLOT_SIZE {slot}
+#define KEY {key}
+#define KEY_WORDS {key_words}
+#define LAUNCH_KIND {launch}
+#define INSTANCES {instances}
+#define TICKETS {tickets}
+#define MAX_RINGS {max_rings}
+#define LAUNCHERS {launchers}
+
+struct Ticket {{
+    unsigned key[KEY_WORDS];
+    unsigned live;
+    unsigned next;                      /* the instance the next launch takes */
+    unsigned long long epoch;           /* device address of the epoch word (mapped) */
+    unsigned long long value;           /* the ticket holds while the word reads this */
+    unsigned long long exec[INSTANCES]; /* cudaGraphExec_t, instantiated for device launch */
+}};
+struct Ring {{
+    unsigned long long base;            /* the ring's memory, mapped (device address) */
+    unsigned slot_count;
+    unsigned live;
+    unsigned long long claimed;         /* records before it are taken */
+    unsigned long long left;            /* seq + 1 of the last record left to the CPU path */
+    unsigned long long launched;
+    unsigned long long pad[3];
+    Ticket tickets[TICKETS];
+}};
+struct Stats {{
+    unsigned long long launched, errors, runs, left;
+    unsigned last_error;
+}};
+struct Control {{
+    unsigned stop;
+    unsigned generation;
+    unsigned pad[14];
+    unsigned ack[LAUNCHERS];
+}};
+static_assert(sizeof(Ticket) == {ticket_bytes}, "Ticket's size is the host's");
+static_assert(__builtin_offsetof(Ring, tickets) == {ticket_offset}, "Ring's head is the host's");
+static_assert(sizeof(Ring) == {ring_bytes}, "Ring's size is the host's");
+static_assert(__builtin_offsetof(Control, ack) == {ack_offset}, "Control's acks are the host's");
+static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
+
+__device__ __forceinline__ unsigned long long load_sys64(unsigned long long address) {{
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
+    return v;
+}}
+__device__ __forceinline__ unsigned load_sys32(const volatile unsigned *p) {{
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}}
+__device__ __forceinline__ void store_sys64(unsigned long long address, unsigned long long v) {{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(address), "l"(v) : "memory");
+}}
+
+/* Leave record ``seq`` to the CPU path (no ticket, a stale one, or a failed launch). */
+__device__ void leave(Ring *r, Stats *stats, unsigned long long seq) {{
+    *(volatile unsigned long long *)&r->left = seq + 1;
+    atomicAdd(&stats->left, 1ull);
+}}
+
+__device__ Ticket *find(Ring *r, const unsigned *key) {{
+    for (int t = 0; t < TICKETS; t++) {{
+        Ticket *ticket = &r->tickets[t];
+        if (!*(volatile unsigned *)&ticket->live) continue;
+        const volatile unsigned *want = ticket->key;
+        int same = 1;
+        for (int w = 0; w < KEY_WORDS && same; w++) same = want[w] == key[w];
+        if (same) return ticket;
+    }}
+    return 0;
+}}
+
+/* One look at ring ``r``: serve its next record if it may be served now. */
+__device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
+    if (!*(volatile unsigned *)&r->live) return;
+    unsigned long long base = *(volatile unsigned long long *)&r->base;
+    unsigned long long head = load_sys64(base + HEAD_OFF);
+    unsigned long long done = load_sys64(base + DONE_OFF);
+    unsigned long long claimed = *(volatile unsigned long long *)&r->claimed;
+    if (head <= done || claimed > done) return; /* nothing new, or a record is in flight */
+    unsigned slots = *(volatile unsigned *)&r->slot_count;
+    const volatile unsigned *slot =
+        (const volatile unsigned *)(base + HEADER_SIZE + (done % slots) * SLOT_SIZE);
+    unsigned long long seq = slot[0] | ((unsigned long long)slot[1] << 32);
+    unsigned kind = slot[2] & 0xffffu;
+    unsigned key[KEY_WORDS];
+    for (int w = 0; w < KEY_WORDS; w++) key[w] = slot[KEY / 4 + w];
+    Ticket *ticket = seq == done && kind == LAUNCH_KIND ? find(r, key) : 0;
+    if (ticket && load_sys64(ticket->epoch) != *(volatile unsigned long long *)&ticket->value)
+        ticket = 0;
+    if (!ticket) {{
+        if (atomicCAS(&r->claimed, claimed, done + 1) == claimed) leave(r, stats, done);
+        return;
+    }}
+    if (atomicAdd(used, 1) >= per_run) return; /* this run's launches are spent */
+    if (atomicCAS(&r->claimed, claimed, done + 1) != claimed) {{
+        atomicSub(used, 1); /* another instance took it */
+        return;
+    }}
+    unsigned k = atomicAdd(&ticket->next, 1u) % INSTANCES;
+    cudaError_t error =
+        cudaGraphLaunch((cudaGraphExec_t)ticket->exec[k], cudaStreamGraphFireAndForget);
+    if (error == cudaSuccess) {{
+        atomicAdd(&stats->launched, 1ull);
+        atomicAdd(&r->launched, 1ull);
+    }} else {{
+        atomicAdd(&stats->errors, 1ull);
+        stats->last_error = (unsigned)error;
+        leave(r, stats, done);
+    }}
+}}
+
+/* One launcher instance: thread i watches ring i, round after round, until this run has
+ * made ``per_run`` launches (a graph may make 120 fire-and-forget launches), ``rounds``
+ * rounds passed (so an idle launcher ends and a device-wide wait is never held up for
+ * long), or the host asks it to stop. Each round acknowledges the generation it began at:
+ * a host that revoked or detached something and saw every instance acknowledge its new
+ * generation knows no launch checked against the old tables can still be made. */
+extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *control,
+                                         int instance, int per_run, int rounds) {{
+    __shared__ int used, quit;
+    __shared__ unsigned generation;
+    int i = threadIdx.x;
+    if (i == 0) {{
+        used = 0;
+        quit = 0;
+        atomicAdd(&stats->runs, 1ull);
+    }}
+    for (int round = 0;; round++) {{
+        if (i == 0) generation = load_sys32(&control->generation);
+        __syncthreads();
+        if (i < MAX_RINGS) serve(&rings[i], stats, &used, per_run);
+        __syncthreads();
+        if (i == 0) {{
+            __threadfence_system();
+            *(volatile unsigned *)&control->ack[instance] = generation;
+            if (used >= per_run || round + 1 >= rounds || load_sys32(&control->stop)) quit = 1;
+        }}
+        __syncthreads();
+        if (quit) break;
+    }}
+}}
+
+/* The last node of every device graph: the record's work is over, so publish ``done``. */
+extern "C" __global__ void accy_done(Ring *r) {{
+    __threadfence_system();
+    store_sys64(*(volatile unsigned long long *)&r->base + DONE_OFF,
+                *(volatile unsigned long long *)&r->claimed);
+}}
+"""
+
+
+def source() -> str:
+    """``SOURCE`` with the ring's layout and the tables' sizes written in."""
+    return SOURCE.format(
+        head=layout.HEAD,
+        done=layout.DONE,
+        header=layout.HEADER_SIZE,
+        slot=layout.SLOT_SIZE,
+        key=KEY,
+        key_words=KEY_BYTES // 4,
+        launch=int(layout.Kind.LAUNCH),
+        instances=INSTANCES,
+        tickets=TICKETS,
+        max_rings=MAX_RINGS,
+        launchers=LAUNCHERS,
+        ticket_bytes=TICKET_BYTES,
+        ticket_offset=TICKET_OFFSET,
+        ring_bytes=RING_BYTES,
+        ack_offset=ACK_OFFSET,
+        stats_bytes=STATS_BYTES,
+    )
