@@ -122,9 +122,9 @@ struct Control {{
     unsigned ack[LAUNCHERS];
 }};
 static_assert(sizeof(Ticket) == {ticket_bytes}, "Ticket's size is the host's");
-static_assert(__builtin_offsetof(Ring, tickets) == {ticket_offset}, "Ring's head is the host's");
+static_assert(sizeof(Ring) - sizeof(Ticket) * TICKETS == {ticket_offset}, "Ring's head: host's");
 static_assert(sizeof(Ring) == {ring_bytes}, "Ring's size is the host's");
-static_assert(__builtin_offsetof(Control, ack) == {ack_offset}, "Control's acks are the host's");
+static_assert(sizeof(Control) == {ack_offset} + 4 * LAUNCHERS, "Control's acks are the host's");
 static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
 
 __device__ __forceinline__ unsigned long long load_sys64(unsigned long long address) {{
