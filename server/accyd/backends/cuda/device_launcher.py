@@ -444,15 +444,18 @@ class DeviceLauncher:
             log.error("the device launcher stopped", error=self.failure)
 
     def stats(self) -> dict[str, int]:
+        """Its counters since it started; ``round_ns``: an instance's mean time per look at
+        every ring."""
         raw = bytearray(_STATS.size)
         self._check(self._cu.cuMemcpyDtoH(raw, self._stats_dev, len(raw)), "cuMemcpyDtoH")
-        launched, errors, runs, left, last_error = _STATS.unpack(raw)
+        launched, errors, runs, left, rounds, round_ns, last_error = _STATS.unpack(raw)
         return {
             "launched": launched,
             "errors": errors,
             "runs": runs,
             "left": left,
             "last_error": last_error,
+            "round_ns": round_ns // max(rounds, 1),
             "relaunches": self._relaunches,
             "rings": len(self._rings),
         }

@@ -71,8 +71,9 @@ TICKET_OFFSET = 64
 RING_BYTES = TICKET_OFFSET + TICKETS * TICKET_BYTES
 RING_FIELDS = "<QIIQQQ"
 """``Ring``'s head: base, slot_count, live, claimed, left, launched."""
-STATS_FIELDS = "<QQQQI"
-"""``Stats``: launched, errors, runs, left, the last launch error's code."""
+STATS_FIELDS = "<QQQQQQI"
+"""``Stats``: launched, errors, runs, left, rounds, their nanoseconds, the last launch
+error's code."""
 STATS_BYTES = 64
 STOP_OFFSET, GENERATION_OFFSET, ACK_OFFSET, EPOCH_OFFSET = 0, 4, 64, 4096
 EPOCHS = 512
@@ -112,7 +113,7 @@ struct Ring {{
     Ticket tickets[TICKETS];
 }};
 struct Stats {{
-    unsigned long long launched, errors, runs, left;
+    unsigned long long launched, errors, runs, left, rounds, round_ns;
     unsigned last_error;
 }};
 struct Control {{
@@ -127,56 +128,73 @@ static_assert(sizeof(Ring) == {ring_bytes}, "Ring's size is the host's");
 static_assert(sizeof(Control) == {ack_offset} + 4 * LAUNCHERS, "Control's acks are the host's");
 static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
 
-__device__ __forceinline__ unsigned long long load_sys64(unsigned long long address) {{
+/* Loads of the ring's words (mapped host memory, over PCIe) and of the tables. Only a ring's
+ * ``head`` is read with acquire: the record's slot is read after it, so a record is never
+ * seen older than its ``head`` says. Everything else is a plain volatile load: a stale
+ * ``done`` only skips a round, and the epochs are ordered by the round's generation read
+ * (the host writes an epoch, then the generation; a round reads the generation first). */
+__device__ __forceinline__ unsigned long long load_acquire(unsigned long long address) {{
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
     return v;
 }}
-__device__ __forceinline__ unsigned load_sys32(const volatile unsigned *p) {{
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint4 load16(unsigned long long address) {{
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {{%0, %1, %2, %3}}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(address) : "memory");
     return v;
 }}
-__device__ __forceinline__ void store_sys64(unsigned long long address, unsigned long long v) {{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(address), "l"(v) : "memory");
+__device__ __forceinline__ unsigned long long now_ns(void) {{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }}
+#define VOLATILE64(x) (*(volatile unsigned long long *)&(x))
+#define VOLATILE32(x) (*(volatile unsigned *)&(x))
+#define RECORD_WORDS ((KEY / 4 + KEY_WORDS + 3) / 4 * 4)
 
 /* Leave record ``seq`` to the CPU path (no ticket, a stale one, or a failed launch). */
 __device__ void leave(Ring *r, Stats *stats, unsigned long long seq) {{
-    *(volatile unsigned long long *)&r->left = seq + 1;
+    VOLATILE64(r->left) = seq + 1;
     atomicAdd(&stats->left, 1ull);
 }}
 
-__device__ Ticket *find(Ring *r, const unsigned *key) {{
+/* The live ticket whose key is the record's launch bytes (``words`` from the slot's start). */
+__device__ Ticket *find(Ring *r, const unsigned *words) {{
     for (int t = 0; t < TICKETS; t++) {{
         Ticket *ticket = &r->tickets[t];
-        if (!*(volatile unsigned *)&ticket->live) continue;
-        const volatile unsigned *want = ticket->key;
-        int same = 1;
-        for (int w = 0; w < KEY_WORDS && same; w++) same = want[w] == key[w];
-        if (same) return ticket;
+        if (!VOLATILE32(ticket->live)) continue;
+        unsigned differ = 0; /* every word compared: the loads go out together */
+        for (int w = 0; w < KEY_WORDS; w++) differ |= __ldcg(&ticket->key[w]) ^ words[KEY / 4 + w];
+        if (!differ) return ticket;
     }}
     return 0;
 }}
 
 /* One look at ring ``r``: serve its next record if it may be served now. */
 __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
-    if (!*(volatile unsigned *)&r->live) return;
-    unsigned long long base = *(volatile unsigned long long *)&r->base;
-    unsigned long long head = load_sys64(base + HEAD_OFF);
-    unsigned long long done = load_sys64(base + DONE_OFF);
-    unsigned long long claimed = *(volatile unsigned long long *)&r->claimed;
-    if (head <= done || claimed > done) return; /* nothing new, or a record is in flight */
-    unsigned slots = *(volatile unsigned *)&r->slot_count;
-    const volatile unsigned *slot =
-        (const volatile unsigned *)(base + HEADER_SIZE + (done % slots) * SLOT_SIZE);
-    unsigned long long seq = slot[0] | ((unsigned long long)slot[1] << 32);
-    unsigned kind = slot[2] & 0xffffu;
-    unsigned key[KEY_WORDS];
-    for (int w = 0; w < KEY_WORDS; w++) key[w] = slot[KEY / 4 + w];
-    Ticket *ticket = seq == done && kind == LAUNCH_KIND ? find(r, key) : 0;
-    if (ticket && load_sys64(ticket->epoch) != *(volatile unsigned long long *)&ticket->value)
-        ticket = 0;
+    if (!VOLATILE32(r->live)) return;
+    unsigned long long base = VOLATILE64(r->base);
+    unsigned long long done = *(volatile unsigned long long *)(base + DONE_OFF);
+    unsigned long long claimed = VOLATILE64(r->claimed);
+    if (claimed > done) return; /* a record is in flight */
+    unsigned long long head = load_acquire(base + HEAD_OFF);
+    if (head <= done) return; /* nothing new */
+    unsigned long long slot = base + HEADER_SIZE + (done % VOLATILE32(r->slot_count)) * SLOT_SIZE;
+    unsigned words[RECORD_WORDS];
+    for (int q = 0; q < RECORD_WORDS / 4; q++) {{ /* 16 bytes a read, all sent at once */
+        uint4 v = load16(slot + 16 * q);
+        words[4 * q] = v.x;
+        words[4 * q + 1] = v.y;
+        words[4 * q + 2] = v.z;
+        words[4 * q + 3] = v.w;
+    }}
+    unsigned long long seq = words[0] | ((unsigned long long)words[1] << 32);
+    Ticket *ticket = seq == done && (words[2] & 0xffffu) == LAUNCH_KIND ? find(r, words) : 0;
+    if (ticket) {{
+        unsigned long long epoch = *(volatile unsigned long long *)VOLATILE64(ticket->epoch);
+        if (epoch != VOLATILE64(ticket->value)) ticket = 0; /* revoked since */
+    }}
     if (!ticket) {{
         if (atomicCAS(&r->claimed, claimed, done + 1) == claimed) leave(r, stats, done);
         return;
@@ -202,39 +220,45 @@ __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
 /* One launcher instance: thread i watches ring i, round after round, until this run has
  * made ``per_run`` launches (a graph may make 120 fire-and-forget launches), ``rounds``
  * rounds passed (so an idle launcher ends and a device-wide wait is never held up for
- * long), or the host asks it to stop. Each round acknowledges the generation it began at:
- * a host that revoked or detached something and saw every instance acknowledge its new
- * generation knows no launch checked against the old tables can still be made. */
+ * long), or the host asks it to stop (looked at every 64 rounds). Each round acknowledges
+ * the generation it began at: a host that revoked or detached something and saw every
+ * instance acknowledge its new generation knows no launch checked against the old tables
+ * can still be made. */
 extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *control,
                                          int instance, int per_run, int rounds) {{
     __shared__ int used, quit;
     __shared__ unsigned generation;
     int i = threadIdx.x;
+    unsigned long long began = now_ns();
     if (i == 0) {{
         used = 0;
         quit = 0;
         atomicAdd(&stats->runs, 1ull);
     }}
-    for (int round = 0;; round++) {{
-        if (i == 0) generation = load_sys32(&control->generation);
+    int round = 0;
+    for (;; round++) {{
+        if (i == 0) generation = VOLATILE32(control->generation);
         __syncthreads();
         if (i < MAX_RINGS) serve(&rings[i], stats, &used, per_run);
-        __syncthreads();
+        __syncthreads(); /* every look of this round is over */
         if (i == 0) {{
-            __threadfence_system();
-            *(volatile unsigned *)&control->ack[instance] = generation;
-            if (used >= per_run || round + 1 >= rounds || load_sys32(&control->stop)) quit = 1;
+            VOLATILE32(control->ack[instance]) = generation;
+            int stop = (round & 63) == 63 && VOLATILE32(control->stop);
+            if (used >= per_run || round + 1 >= rounds || stop) quit = 1;
         }}
         __syncthreads();
         if (quit) break;
+    }}
+    if (i == 0) {{
+        atomicAdd(&stats->rounds, (unsigned long long)round + 1);
+        atomicAdd(&stats->round_ns, now_ns() - began);
     }}
 }}
 
 /* The last node of every device graph: the record's work is over, so publish ``done``. */
 extern "C" __global__ void accy_done(Ring *r) {{
     __threadfence_system();
-    store_sys64(*(volatile unsigned long long *)&r->base + DONE_OFF,
-                *(volatile unsigned long long *)&r->claimed);
+    *(volatile unsigned long long *)(VOLATILE64(r->base) + DONE_OFF) = VOLATILE64(r->claimed);
 }}
 """
 
