@@ -186,15 +186,25 @@ def test_what_has_no_live_ticket_is_left_to_the_cpu_path_and_never_launched(rig:
     served_one()  # checked again, against the new value
     rig.launcher.drop_ticket(rig.slot, again)
     left_one()  # no ticket at all
+    # A freed place takes another ticket, with another graph: its records launch that one.
+    other = rig.launcher.graph(rig.slot, rig.enqueue_axpy(3.0))
+    reused = rig.launcher.put_ticket(
+        rig.slot, rig.key(3.0), other, epoch, rig.launcher.epoch_value(epoch)
+    )
+    assert reused in (index, again)
+    for _ in range(2):
+        rig.client.wait(rig.launch(3.0), timeout=5.0)
     seq = rig.client.bind(layout.Kind.BIND_BUFFER, 9, "buffer-9", timeout=1.0)
     assert _left(rig, seq)  # not a launch: only the CPU path binds
     _cpu_path_finishes(rig, seq)
-    np.testing.assert_array_equal(rig.y_values(), np.full(N, float(served), np.float32))
+    want = float(served) + 2 * 3.0
+    np.testing.assert_array_equal(rig.y_values(), np.full(N, want, np.float32))
     stats = rig.launcher.stats()
-    assert stats["launched"] == served and stats["errors"] == 0 and stats["left"] == 4, stats
+    assert stats["launched"] == served + 2 and stats["errors"] == 0 and stats["left"] == 4, stats
     rig.launcher.detach(rig.slot)
     rig.memory.close()  # detached: the map is no longer exported, so it may close
     graph.close()
+    other.close()
 
 
 def test_an_idle_launcher_keeps_ending_its_runs_and_closes_cleanly(rig: Rig) -> None:

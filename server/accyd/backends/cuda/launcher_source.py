@@ -205,8 +205,9 @@ __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
         return;
     }}
     unsigned k = atomicAdd(&ticket->next, 1u) % INSTANCES;
-    cudaError_t error =
-        cudaGraphLaunch((cudaGraphExec_t)ticket->exec[k], cudaStreamGraphFireAndForget);
+    /* Not through L1: a ticket's place may have held another ticket earlier in this run. */
+    cudaGraphExec_t exec = (cudaGraphExec_t)VOLATILE64(ticket->exec[k]);
+    cudaError_t error = cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
     if (error == cudaSuccess) {{
         atomicAdd(&stats->launched, 1ull);
         atomicAdd(&r->launched, 1ull);
