@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from accyd.backends.cuda.compile_cache import cuda_include_dirs
-from accyd.backends.cuda.device_launcher import find_devrt, link_devrt
+from accyd.backends.cuda.devrt import find_devrt, link_devrt
 
 SOURCE = r"""
 #include <cuda_runtime.h>

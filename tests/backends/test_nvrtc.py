@@ -128,7 +128,7 @@ def test_the_device_launchers_source_compiles_relocatable_with_the_hosts_layout(
     packs, so a layout that drifted fails here, in CI, not on a device; and the driver's
     linker needs ``libcudadevrt.a``, which the CUDA runtime's wheel must provide."""
     from accyd.backends.cuda import launcher_source
-    from accyd.backends.cuda.device_launcher import find_devrt
+    from accyd.backends.cuda.devrt import find_devrt
 
     image = CompileCache(tmp_path).compile(
         launcher_source.source(), arch=(9, 0), name="accy_launcher.cu", options=["-rdc=true"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import importlib
 import mmap
 import struct
 import threading
@@ -40,10 +39,12 @@ import structlog
 from accy.protocol import ring as layout
 from accyd.backends.cuda import launcher_source as lay
 from accyd.backends.cuda.compile_cache import CompileCache
+from accyd.backends.cuda.devrt import find_devrt, link_devrt
 from accyd.backends.cuda.driver import ErrorCheck
+from accyd.backends.cuda.graphs import DeviceGraph
 from accyd.errors import LaunchFailed, RuntimeUnavailable
 
-__all__ = ["DeviceGraph", "DeviceLauncher", "RingState", "find_devrt", "link_devrt"]
+__all__ = ["DeviceLauncher", "RingState"]
 
 log = structlog.get_logger("accyd.device_launcher")
 
@@ -70,36 +71,6 @@ class _Device(Protocol):
     def _enter(self) -> None: ...
 
 
-def find_devrt() -> str:
-    """The path of ``libcudadevrt.a`` (the CUDA runtime wheel's, or a toolkit's)."""
-    try:
-        pathfinder: Any = importlib.import_module("cuda.pathfinder")
-        return str(pathfinder.find_static_lib("cudadevrt"))
-    except Exception as error:  # not installed, or a pathfinder without the call
-        raise RuntimeUnavailable(f"libcudadevrt.a is not found: {error}") from None
-
-
-def link_devrt(cu: Any, check: Callable[..., Any], image: bytes, kind: str, devrt: str) -> bytes:
-    """A relocatable ``image`` (``cubin`` or ``ptx``) linked with ``devrt`` by the driver's
-    linker: a cubin that can be loaded and may launch graphs from the device."""
-    state = check(cu.cuLinkCreate(0, [], []), "cuLinkCreate")
-    try:
-        jit = cu.CUjitInputType
-        input_kind = jit.CU_JIT_INPUT_CUBIN if kind == "cubin" else jit.CU_JIT_INPUT_PTX
-        check(
-            cu.cuLinkAddData(state, input_kind, image, len(image), b"launcher", 0, [], []),
-            "cuLinkAddData",
-        )
-        check(
-            cu.cuLinkAddFile(state, jit.CU_JIT_INPUT_LIBRARY, devrt.encode(), 0, [], []),
-            "cuLinkAddFile(libcudadevrt.a)",
-        )
-        address, size = check(cu.cuLinkComplete(state), "cuLinkComplete")
-        return ctypes.string_at(int(address), int(size))
-    finally:
-        cu.cuLinkDestroy(state)
-
-
 @dataclass(frozen=True, slots=True)
 class RingState:
     """What the launcher did with one ring: ``claimed`` (records before it taken),
@@ -108,25 +79,6 @@ class RingState:
     claimed: int
     left: int
     launched: int
-
-
-class DeviceGraph:
-    """``INSTANCES`` instances of one graph, instantiated for device launch and uploaded,
-    ending in ``accy_done`` for one ring. Made by ``DeviceLauncher.graph``; the caller
-    closes it (idempotent) after dropping the tickets that name it."""
-
-    def __init__(self, cu: Any, execs: list[Any]) -> None:
-        self._cu = cu
-        self.execs = execs
-
-    @property
-    def handles(self) -> list[int]:
-        return [int(e) for e in self.execs]
-
-    def close(self) -> None:
-        execs, self.execs = self.execs, []
-        for graph_exec in execs:
-            self._cu.cuGraphExecDestroy(graph_exec)
 
 
 class DeviceLauncher:
@@ -140,8 +92,8 @@ class DeviceLauncher:
         self._check = device._check
         device._enter()
         self._lock = threading.Lock()
-        self._rings: dict[int, tuple[mmap.mmap, Any, int]] = {}
-        """slot -> (the ring's map, its registration's anchor, its device address)."""
+        self._rings: dict[int, tuple[mmap.mmap, Any]] = {}
+        """slot -> (the ring's map, its registration's anchor)."""
         self._epochs_free = list(range(lay.EPOCHS - 1, -1, -1))
         self._relaunches = 0
         self._stopping = False
@@ -186,7 +138,6 @@ class DeviceLauncher:
         host = int(check(cu.cuMemHostAlloc(lay.CONTROL_BYTES, flags), "cuMemHostAlloc"))
         owned.append(functools.partial(cu.cuMemFreeHost, host))
         ctypes.memset(host, 0, lay.CONTROL_BYTES)
-        self._control = host
         control_dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "device pointer"))
         self._u32 = (ctypes.c_uint32 * (lay.EPOCH_OFFSET // 4)).from_address(host)
         self._epochs = (ctypes.c_uint64 * lay.EPOCHS).from_address(host + lay.EPOCH_OFFSET)
@@ -249,10 +200,9 @@ class DeviceLauncher:
         cu, check = self._cu, self._check
         self._device._enter()
         with self._lock:
-            free = [k for k in range(lay.MAX_RINGS) if k not in self._rings]
-            if not free:
+            slot = next((k for k in range(lay.MAX_RINGS) if k not in self._rings), None)
+            if slot is None:
                 raise RuntimeUnavailable(f"the device launcher serves {lay.MAX_RINGS} rings")
-            slot = free[0]
             anchor = (ctypes.c_char * len(memory)).from_buffer(memory)
             address = ctypes.addressof(anchor)
             flags = cu.CU_MEMHOSTREGISTER_DEVICEMAP | cu.CU_MEMHOSTREGISTER_PORTABLE
@@ -264,22 +214,22 @@ class DeviceLauncher:
                 done = _done(memory)
                 head = _RING_HEAD.pack(mapped, slot_count, 0, done, 0, 0)
                 check(cu.cuMemcpyHtoD(entry, head, len(head)), "cuMemcpyHtoD")
-                self._put_u32(entry + 12, 1)  # live, once the rest is in place
+                self._put_u32(entry + lay.RING_LIVE_OFFSET, 1)  # live, once the rest is in place
             except BaseException:
                 cu.cuMemHostUnregister(address)
                 raise
-            self._rings[slot] = (memory, anchor, mapped)
+            self._rings[slot] = (memory, anchor)
             return slot
 
     def detach(self, slot: int, timeout: float = ACK_TIMEOUT_SECONDS) -> None:
         """Stop watching ring ``slot``, wait until none of its graphs is still to publish
         ``done``, and unregister its memory (its map may be closed after)."""
         self._device._enter()
-        self._put_u32(self._ring_dev(slot) + 12, 0)
+        self._put_u32(self._ring_dev(slot) + lay.RING_LIVE_OFFSET, 0)
         self._barrier(timeout)
         self._drain(slot, timeout)
         with self._lock:
-            _, anchor, _ = self._rings.pop(slot)
+            _, anchor = self._rings.pop(slot)
         self._check(self._cu.cuMemHostUnregister(ctypes.addressof(anchor)), "cuMemHostUnregister")
 
     def _drain(self, slot: int, timeout: float) -> None:
@@ -474,7 +424,7 @@ class DeviceLauncher:
         for slot in list(self._rings):  # what their graphs write must land first
             with contextlib.suppress(LaunchFailed):
                 self._drain(slot, ACK_TIMEOUT_SECONDS)
-            _, anchor, _ = self._rings.pop(slot)
+            _, anchor = self._rings.pop(slot)
             self._cu.cuMemHostUnregister(ctypes.addressof(anchor))
         self._finalizer()
 

@@ -6,6 +6,9 @@ launch cache) must drop it before any of those buffers is freed. Its kernel node
 also keep the context of the stream they were captured on: a graph captured on a
 primary-context stream runs on every SM even when launched on a green context's
 stream, so the capture stream is made in the requests' SM partition.
+
+``DeviceGraph`` holds the instances of a graph made for launch from the device (the device
+launcher's, ``device_launcher.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from accyd.backends.base import LaunchRequest, Stream
 from accyd.backends.cuda.driver import ErrorCheck
 from accyd.errors import LaunchFailed
 
-__all__ = ["GraphLaunch"]
+__all__ = ["DeviceGraph", "GraphLaunch"]
 
 
 class _Capturing(Protocol):
@@ -106,3 +109,22 @@ class GraphLaunch:
         graph_exec, self._exec = self._exec, None
         if graph_exec is not None and not self._backend._closed:
             self._backend._cu.cuGraphExecDestroy(graph_exec)
+
+
+class DeviceGraph:
+    """``INSTANCES`` instances of one graph, instantiated for device launch and uploaded,
+    ending in ``accy_done`` for one ring. Made by ``DeviceLauncher.graph``; the caller
+    closes it (idempotent) after dropping the tickets that name it."""
+
+    def __init__(self, cu: Any, execs: list[Any]) -> None:
+        self._cu = cu
+        self.execs = execs
+
+    @property
+    def handles(self) -> list[int]:
+        return [int(e) for e in self.execs]
+
+    def close(self) -> None:
+        execs, self.execs = self.execs, []
+        for graph_exec in execs:
+            self._cu.cuGraphExecDestroy(graph_exec)

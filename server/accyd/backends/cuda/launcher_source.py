@@ -44,6 +44,7 @@ __all__ = [
     "MAX_RINGS",
     "RING_BYTES",
     "RING_FIELDS",
+    "RING_LIVE_OFFSET",
     "SOURCE",
     "STATS_BYTES",
     "STATS_FIELDS",
@@ -71,6 +72,8 @@ TICKET_OFFSET = 64
 RING_BYTES = TICKET_OFFSET + TICKETS * TICKET_BYTES
 RING_FIELDS = "<QIIQQQ"
 """``Ring``'s head: base, slot_count, live, claimed, left, launched."""
+RING_LIVE_OFFSET = 12
+"""Where ``Ring.live`` is: the host sets it last when a ring comes and first when it goes."""
 STATS_FIELDS = "<QQQQQQI"
 """``Stats``: launched, errors, runs, left, rounds, their nanoseconds, the last launch
 error's code."""
