@@ -137,7 +137,7 @@ def _gpu(memories: list[RingMemory], shared: mmap.mmap, seconds: float, kernel_u
         for i, memory in enumerate(memories):
             slot = launcher.attach(memory.map, memory.slot_count)
             out = y + 4096 * i
-            graph = launcher.graph(slot, lambda s, o=out: run(o, lo, s))
+            graph = launcher.graph(slot, lambda s, o=out: run(o, lo, s.native))
             graphs.append((slot, graph))
             epoch = launcher.new_epoch()
             key = Ring.fixed_part(i + 1, [1], [2], 0)[4:] + bytes(64)

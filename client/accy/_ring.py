@@ -6,7 +6,9 @@ advanced; the daemon copies each record before it checks it. A wait spins on
 ``done`` for ``spin_seconds`` or for the spin the daemon published in the ring's
 header, whichever is less (``wait_spin``: the daemon says 0 once more clients wait than
 it has CPUs to spare, so spinning never takes its engine's cores), then sleeps on the
-``complete`` eventfd. Errors
+``complete`` eventfd. On a ring the daemon's device launcher serves (``SPIN_DEVICE``) the
+GPU launches and completes records itself: a wait there spins yielding its CPU, then naps
+in short polls, and kicks the daemon when the GPU left a record to its CPU path. Errors
 the daemon wrote (a refused or failed launch) are raised by the next call that
 looks, naming the record, like CUDA's asynchronous errors.
 """
@@ -34,6 +36,11 @@ _HEADER_READ = struct.Struct("<IIIII")
 _HEAD, _DONE, _ERRORS = layout.HEAD_WORD, layout.DONE_WORD, layout.ERRORS_WORD
 _CLOSED, _DAEMON_WAITS = layout.CLOSED_HALF, layout.DAEMON_WAITS_HALF
 _WAIT_SPIN, _SPIN_SET = layout.WAIT_SPIN_HALF, layout.SPIN_SET
+_SPIN_DEVICE, _LEFT = layout.SPIN_DEVICE, layout.LEFT_WORD
+_SPIN_US = ~(_SPIN_SET | _SPIN_DEVICE)
+DEVICE_NAP_SECONDS = 200e-6
+"""How long a wait on a ring the device serves sleeps between looks, once its spin is over:
+nothing writes ``complete`` for a launch the GPU served."""
 _FLAGS = 10
 """A record's flags' low byte."""
 _SCALAR_BYTES = layout.ID_OFFSET - layout.SCALARS_OFFSET
@@ -285,7 +292,9 @@ class Ring:
 
     @property
     def taken(self) -> int:
-        return int(self._words[layout.TAIL_WORD])
+        """Records the daemon took: its ``tail``, or ``done`` where that is ahead (a ring the
+        device serves, whose ``tail`` moves only for what the CPU path took)."""
+        return int(max(self._words[layout.TAIL_WORD], self._words[_DONE]))
 
     def flush(self, timeout: float) -> None:
         """Wait until the daemon has taken every record published (checked and enqueued)."""
@@ -312,11 +321,21 @@ class Ring:
         published = int(self._halves[_WAIT_SPIN])
         if not published & _SPIN_SET:
             return self.spin_seconds
-        return min(self.spin_seconds, (published & ~_SPIN_SET) * 1e-6)
+        if published & _SPIN_DEVICE:  # no engine thread to leave CPUs to: the daemon's word
+            return (published & _SPIN_US) * 1e-6
+        return min(self.spin_seconds, (published & _SPIN_US) * 1e-6)
+
+    @property
+    def device_served(self) -> bool:
+        """Whether the daemon's device launcher serves this ring now."""
+        return bool(self._halves[_WAIT_SPIN] & _SPIN_DEVICE)
 
     def _await_open(
         self, check: Callable[[], bool], timeout: float, error: type[Exception]
     ) -> None:
+        if self.device_served:
+            self._await_device(check, timeout, error)
+            return
         deadline = time.monotonic() + timeout
         spin_until = time.monotonic() + self.wait_spin()
         while not check():
@@ -343,6 +362,35 @@ class Ring:
                                 os.eventfd_read(self._complete_fd)
             finally:
                 self._halves[layout.CLIENT_WAITS_HALF] = 0
+
+    def _await_device(
+        self, check: Callable[[], bool], timeout: float, error: type[Exception]
+    ) -> None:
+        """A wait on a ring the GPU serves: spin yielding the CPU (the waiters share the CPUs
+        with no engine thread), then nap (``complete`` is not written for what the GPU
+        served); kick the daemon once for each record the GPU left to its CPU path, which
+        sleeps until told."""
+        now = time.monotonic()
+        deadline = now + timeout
+        spin_until = now + self.wait_spin()
+        kicked = 0
+        words, halves = self._words, self._halves
+        while not check():
+            left = int(words[_LEFT])
+            if left > words[_DONE] and left != kicked:
+                kicked = left
+                self._kick()
+            if halves[_CLOSED]:
+                raise RingClosed(self.closed_reason)
+            now = time.monotonic()
+            if now >= deadline:
+                raise error(f"the daemon did not get through the ring within {timeout:g} s")
+            if now < spin_until:
+                os.sched_yield()
+                continue
+            if self.abandoned is not None and self.abandoned():
+                raise RingClosed("the daemon went away")
+            time.sleep(max(min(deadline - now, DEVICE_NAP_SECONDS), 0.0))
 
     # Waiting on an event loop (accy.aio) -------------------------------------------------
 

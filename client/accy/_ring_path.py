@@ -81,7 +81,8 @@ def open_ring(
     """The shared ring the daemon offers ``link`` (taken from its handoff socket); ``None``
     where it offers none."""
     try:
-        offer, _ = conn.call(conn.stub.OpenRing, pb.OpenRingRequest(), timeout, link=link)
+        asked = pb.OpenRingRequest(device_waits=True)  # Ring's wait follows SPIN_DEVICE
+        offer, _ = conn.call(conn.stub.OpenRing, asked, timeout, link=link)
         ring = Ring.connect(socket_path.with_name(offer.handoff_name), offer.ring_id, offer.ticket)
     except (AccyError, OSError, RingClosed):
         return None

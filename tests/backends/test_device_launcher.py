@@ -77,7 +77,7 @@ class Rig:
             types = (ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
             self.backend._check(
                 self.cu.cuLaunchKernel(
-                    self.axpy, (N + 127) // 128, 1, 1, 128, 1, 1, 0, stream, (args, types), 0
+                    self.axpy, (N + 127) // 128, 1, 1, 128, 1, 1, 0, stream.native, (args, types), 0
                 ),
                 "axpy",
             )
@@ -119,10 +119,12 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 
 def _left(rig: Rig, seq: int, timeout: float = 2.0) -> bool:
-    """Whether the launcher left record ``seq`` to the CPU path within ``timeout``."""
+    """Whether the launcher left record ``seq`` to the CPU path within ``timeout``, in its
+    table and in the ring's own ``left`` word (what the client and the engine read)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if rig.launcher.ring_state(rig.slot).left == seq + 1:
+        ring_word = struct.unpack_from("<Q", rig.memory.map, layout.LEFT)[0]
+        if rig.launcher.ring_state(rig.slot).left == seq + 1 and ring_word == seq + 1:
             return True
         time.sleep(1e-3)
     return False

@@ -38,6 +38,7 @@ class Harness:
         *,
         notify_always: bool = False,
         timings: bool = False,
+        device: bool = False,
     ) -> None:
         self.driver = FakeDriver()
         self.engine = native.Engine(
@@ -61,6 +62,7 @@ class Harness:
             self.memory.complete_fd,
             self.counters,
             notify_always,
+            device=device,
         )
         self.engine.start()
         self.fixed = Ring.fixed_part(1, [2], [3], 2)
@@ -116,6 +118,7 @@ def test_the_layout_is_the_clients() -> None:
     assert (ours["HEAD"], ours["TAIL"], ours["DONE"]) == (layout.HEAD, layout.TAIL, layout.DONE)
     assert ours["CLIENT_WAITS"] == layout.CLIENT_WAITS
     assert ours["DAEMON_WAITS"] == layout.DAEMON_WAITS and ours["CLOSED"] == layout.CLOSED
+    assert ours["LEFT"] == layout.LEFT
     assert ours["HEADER_SIZE"] == layout.HEADER_SIZE and ours["SLOT_SIZE"] == layout.SLOT_SIZE
     assert ours["KEY_END"] == layout.RECORD.size and ours["LAUNCH"] == layout.Kind.LAUNCH
     assert ours["NOTIFY"] == layout.NOTIFY

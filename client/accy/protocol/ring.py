@@ -17,7 +17,17 @@ Layout, little-endian, each counter on its own 64-byte line::
     384   errors u64        daemon: error entries written so far
     448   closed u32        daemon: the ring is closed (client detached or daemon stopping)
     452   wait_spin u32     daemon: how long a client's wait may spin before it sleeps, in µs,
-                            with ``SPIN_SET`` or'ed in once published (unset: the client's own)
+                            with ``SPIN_SET`` or'ed in once published (unset: the client's own),
+                            and ``SPIN_DEVICE`` while the device launcher serves the ring
+    456   left u64          device: seq + 1 of the last record the device launcher left to
+                            the daemon's CPU path (0: none); only on a ring it serves
+
+A ring the device launcher serves (the client asked for it with ``device_waits``, and the
+daemon says so with ``SPIN_DEVICE``): the GPU itself takes each launch that matches a checked
+ticket and counts ``done`` up when it is over, and nobody writes ``complete`` for it. Its
+client therefore spins yielding its CPU, then naps in short polls, and kicks ``submit``
+whenever ``left`` passes ``done`` (a record the GPU left to the CPU path, which sleeps
+otherwise). ``tail`` lags there: ``done`` also counts records taken.
     512   error entries     error_slots x ERROR_SIZE, entry i % error_slots
     HEADER_SIZE  records    slot_count x SLOT_SIZE, record seq at slot seq % slot_count
 
@@ -76,6 +86,8 @@ __all__ = [
     "HEAD_WORD",
     "ID_OFFSET",
     "LAUNCH_KEY",
+    "LEFT",
+    "LEFT_WORD",
     "MAGIC",
     "MAX_BUFFERS",
     "MAX_ID_BYTES",
@@ -87,6 +99,7 @@ __all__ = [
     "RING_ENV",
     "SCALARS_OFFSET",
     "SLOT_SIZE",
+    "SPIN_DEVICE",
     "SPIN_SET",
     "TAIL",
     "TAIL_WORD",
@@ -107,7 +120,7 @@ __all__ = [
 MAGIC = 0x47524341  # "ACRG"
 VERSION = 1
 HEADER = struct.Struct("<IIIII")
-HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED = (
+HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED, LEFT = (
     64,
     128,
     192,
@@ -115,8 +128,11 @@ HEAD, TAIL, DONE, CLIENT_WAITS, DAEMON_WAITS, ERRORS, CLOSED = (
     320,
     384,
     448,
+    456,
 )
-HEAD_WORD, TAIL_WORD, DONE_WORD, ERRORS_WORD = (o >> 3 for o in (HEAD, TAIL, DONE, ERRORS))
+HEAD_WORD, TAIL_WORD, DONE_WORD, ERRORS_WORD, LEFT_WORD = (
+    o >> 3 for o in (HEAD, TAIL, DONE, ERRORS, LEFT)
+)
 """The u64 counters' indexes in the ring's memory seen as 8-byte words."""
 CLIENT_WAITS_HALF, DAEMON_WAITS_HALF, CLOSED_HALF = (
     o >> 2 for o in (CLIENT_WAITS, DAEMON_WAITS, CLOSED)
@@ -128,6 +144,8 @@ seldom (``accyd.ring.waiting``)."""
 WAIT_SPIN_HALF = WAIT_SPIN >> 2
 SPIN_SET = 1 << 31
 """Or'ed into ``wait_spin`` by a daemon that publishes it; the low bits are microseconds."""
+SPIN_DEVICE = 1 << 30
+"""Or'ed into ``wait_spin`` while the device launcher serves the ring (see the top)."""
 ERROR_BASE = 512
 ERROR_SIZE = 384
 FIELD_BYTES = 64

@@ -478,6 +478,10 @@ class Daemon:
         sessions; partitions other than those made at start are only logged."""
         self._t.partitions.place_tenants(placements, specs)
 
+    def whole_device(self, tenant: str) -> bool:
+        """Whether ``tenant``'s sessions run on the whole device (no SM partition)."""
+        return self._t.partitions.placement(tenant).partition is None
+
     # One call and status ----------------------------------------------------
 
     def run(

@@ -110,8 +110,10 @@ class RingDoor:
     def start(self, mode: int = 0o660) -> None:
         self.handoff.start(mode)
 
-    def offer(self, client_id: str, slots: int = 0) -> RingOffer:
-        """Make a ring for ``client_id``; it goes live once the client takes it."""
+    def offer(self, client_id: str, slots: int = 0, *, device_waits: bool = False) -> RingOffer:
+        """Make a ring for ``client_id``; it goes live once the client takes it.
+        ``device_waits``: its client follows a device-served ring's wait, so the engine may
+        let the GPU serve it."""
         if not self.handoff.open:
             raise Unavailable("the daemon is not offering rings now")
         slots = ring_slots(slots)
@@ -125,6 +127,7 @@ class RingDoor:
             self.copier,
             self._observer,
         )
+        ring.device_waits = device_waits
         with self._lock:
             held = self._by_client.setdefault(client_id, {})
             if len(held) >= RINGS_PER_CLIENT:
@@ -154,7 +157,7 @@ class RingDoor:
                 return
             live.set()
             if self.waits is not None:
-                self.waits.attach(ring.memory)
+                self.waits.attach(ring.memory, device=ring.device_served)
 
         def gone() -> None:  # failed, refused or expired: never taken by the engine
             with self._lock:

@@ -40,6 +40,7 @@ class RingDoors:
         observer: RingObserver,
         wait_budget: bool = True,
         engine_timings: bool = False,
+        device_launch: bool = False,
     ) -> None:
         self._daemon = daemon
         self._observer = observer
@@ -52,6 +53,8 @@ class RingDoors:
             timings=engine_timings,
             observer=observer,
             launches_per_client=daemon.launches_per_client,
+            device_launch=device_launch,
+            whole_device=getattr(daemon, "whole_device", None),
         )
         self.streams = StreamRings(
             daemon,

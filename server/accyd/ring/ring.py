@@ -132,6 +132,10 @@ class ServerRing:
         """Its client is gone (``abandon``): no record of it is decided any more."""
         self.engine_index = 0
         """The engine's number for this ring while it takes it."""
+        self.device_waits = False
+        """Its client follows a device-served ring's wait (``OpenRingRequest.device_waits``)."""
+        self.device_served = False
+        """The device launcher serves it (set by the engine when it takes the ring)."""
 
     # Records ---------------------------------------------------------------------
 

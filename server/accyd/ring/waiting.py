@@ -29,7 +29,7 @@ import structlog
 from accy.protocol import ring as layout
 from accyd.ring.memory import RingMemory
 
-__all__ = ["FULL_SPIN_US", "SHORT_SPIN_US", "WaitBudget", "crowd", "spin_budget"]
+__all__ = ["DEVICE_SPIN_US", "FULL_SPIN_US", "SHORT_SPIN_US", "WaitBudget", "crowd", "spin_budget"]
 
 log = structlog.get_logger("accyd.ring")
 
@@ -38,6 +38,9 @@ FULL_SPIN_US = 1000
 SHORT_SPIN_US = 100
 """The spin on fewer CPUs."""
 PLENTY_CPUS = 8
+DEVICE_SPIN_US = 2000
+"""The spin of a ring the GPU serves (``SPIN_DEVICE``), whatever the crowd: no engine thread
+needs the CPUs on its launches' path, and its client yields the CPU at every turn."""
 
 
 def spin_budget(waiters: int, cpus: int, reserved: int) -> int:
@@ -78,6 +81,8 @@ class WaitBudget:
         serves the rings on more threads, or on fewer again."""
         self.crowded = False
         self._rings: set[RingMemory] = set()
+        self._device: set[RingMemory] = set()
+        """The rings the GPU serves: told ``SPIN_DEVICE`` even when the budget is off."""
         self._lock = threading.Lock()
         self.budget_us = spin_budget(0, self.cpus, reserved)
 
@@ -85,10 +90,12 @@ class WaitBudget:
     def waiters(self) -> int:
         return len(self._rings)
 
-    def attach(self, memory: RingMemory) -> None:
-        """A ring's client may wait from now on."""
+    def attach(self, memory: RingMemory, *, device: bool = False) -> None:
+        """A ring's client may wait from now on (``device``: the GPU serves the ring)."""
         with self._lock:
             self._rings.add(memory)
+            if device:
+                self._device.add(memory)
             self._publish()
 
     def detach(self, memory: RingMemory) -> None:
@@ -97,6 +104,7 @@ class WaitBudget:
             if memory not in self._rings:
                 return
             self._rings.discard(memory)
+            self._device.discard(memory)
             self._publish()
 
     def _publish(self) -> None:
@@ -110,10 +118,12 @@ class WaitBudget:
         budget = spin_budget(len(self._rings), self.cpus, self.reserved)
         changed = budget != self.budget_us
         self.budget_us = budget
-        if not self.enabled:
-            return
-        if changed:
+        device = layout.SPIN_SET | layout.SPIN_DEVICE | DEVICE_SPIN_US
+        if changed and self.enabled:
             log.debug("ring clients' spin", waiters=len(self._rings), cpus=self.cpus, us=budget)
         for memory in self._rings:  # a new ring needs it even when the budget stays
+            if memory not in self._device and not self.enabled:
+                continue
             with contextlib.suppress(ValueError):  # closed meanwhile: nobody reads it
-                memory.set_u32(layout.WAIT_SPIN, layout.SPIN_SET | budget)
+                served = memory in self._device
+                memory.set_u32(layout.WAIT_SPIN, device if served else layout.SPIN_SET | budget)

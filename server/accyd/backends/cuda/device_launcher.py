@@ -7,13 +7,15 @@ does not hand it records yet; what it does with a record is in ``launcher_source
 Ownership, all on the one CUDA device whose backend made it:
 
 - The module (NVRTC, relocatable, linked with ``libcudadevrt.a`` by the driver's linker),
-  the ring table and the counters (``cuMemAlloc``), the control page (``cuMemHostAlloc``,
-  mapped) and ``LAUNCHERS`` instance graphs, each on a non-blocking stream of its own: made
-  here, freed by ``close()`` (idempotent, with a ``weakref.finalize`` net) once every
-  instance stopped.
+  the ring table, the epoch words and the counters (``cuMemAlloc``), the control page
+  (``cuMemHostAlloc``, mapped), the stream the host's table writes go on, and
+  ``LAUNCHERS`` instance graphs, each on a non-blocking stream of its own: made here, freed
+  by ``close()`` (idempotent, with a ``weakref.finalize`` net) once every instance stopped.
+- Every host write to the tables is copied from the control page (pinned) on the write
+  stream and waited for, so it is in device memory before a barrier's generation is.
 - A ring's memory is registered (``cuMemHostRegister``, mapped) by ``attach`` and
   unregistered by ``detach``, which first makes sure no launcher looks at it and no graph
-  of it is still to publish ``done``.
+  it launched still runs (``drain``).
 - A ``DeviceGraph`` (its instances, made by ``graph``) belongs to its caller, who closes it
   after dropping every ticket naming it.
 - One host thread relaunches an instance whose run ended (each run makes at most
@@ -22,7 +24,6 @@ Ownership, all on the one CUDA device whose backend made it:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import mmap
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 import structlog
 
 from accy.protocol import ring as layout
+from accyd.backends.base import Stream
 from accyd.backends.cuda import launcher_source as lay
 from accyd.backends.cuda.compile_cache import CompileCache
 from accyd.backends.cuda.devrt import find_devrt, link_devrt
@@ -69,6 +71,10 @@ class _Device(Protocol):
     compute_capability: tuple[int, int]
 
     def _enter(self) -> None: ...
+
+    def create_stream(self, partition: str | None = None, priority: int = 0) -> Stream: ...
+
+    def destroy_stream(self, stream: Stream) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,19 +137,26 @@ class DeviceLauncher:
         owned.append(functools.partial(cu.cuMemFree, rings_dev))
         stats_dev = int(check(cu.cuMemAlloc(lay.STATS_BYTES), "cuMemAlloc"))
         owned.append(functools.partial(cu.cuMemFree, stats_dev))
-        self._rings_dev, self._stats_dev = rings_dev, stats_dev
+        epochs_dev = int(check(cu.cuMemAlloc(8 * lay.EPOCHS), "cuMemAlloc"))
+        owned.append(functools.partial(cu.cuMemFree, epochs_dev))
+        self._rings_dev, self._stats_dev, self._epochs_dev = rings_dev, stats_dev, epochs_dev
         check(cu.cuMemsetD8(self._rings_dev, 0, lay.MAX_RINGS * lay.RING_BYTES), "cuMemsetD8")
         check(cu.cuMemsetD8(self._stats_dev, 0, lay.STATS_BYTES), "cuMemsetD8")
+        check(cu.cuMemsetD8(self._epochs_dev, 0, 8 * lay.EPOCHS), "cuMemsetD8")
         flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
         host = int(check(cu.cuMemHostAlloc(lay.CONTROL_BYTES, flags), "cuMemHostAlloc"))
         owned.append(functools.partial(cu.cuMemFreeHost, host))
         ctypes.memset(host, 0, lay.CONTROL_BYTES)
         control_dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "device pointer"))
-        self._u32 = (ctypes.c_uint32 * (lay.EPOCH_OFFSET // 4)).from_address(host)
-        self._epochs = (ctypes.c_uint64 * lay.EPOCHS).from_address(host + lay.EPOCH_OFFSET)
-        self._epochs_dev = control_dev + lay.EPOCH_OFFSET
-        self._instances: list[tuple[Any, Any]] = []
+        self._u32 = (ctypes.c_uint32 * (lay.STAGING_OFFSET // 4)).from_address(host)
+        self._staging = host + lay.STAGING_OFFSET
+        self._epochs_host = host + lay.EPOCH_OFFSET
+        self._epochs = (ctypes.c_uint64 * lay.EPOCHS).from_address(self._epochs_host)
         non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        self._writes = check(cu.cuStreamCreate(non_blocking), "cuStreamCreate")
+        owned.append(functools.partial(cu.cuStreamDestroy, self._writes))
+        self._write_lock = threading.Lock()
+        self._instances: list[tuple[Any, Any]] = []
         types = (*(ctypes.c_void_p,) * 3, ctypes.c_int, ctypes.c_int, ctypes.c_int)
         for k in range(lay.LAUNCHERS):
             stream = check(cu.cuStreamCreate(non_blocking), "cuStreamCreate")
@@ -210,10 +223,9 @@ class DeviceLauncher:
             try:
                 mapped = int(check(cu.cuMemHostGetDevicePointer(address, 0), "device pointer"))
                 entry = self._ring_dev(slot)
-                check(cu.cuMemsetD8(entry, 0, lay.RING_BYTES), "cuMemsetD8")
                 done = _done(memory)
                 head = _RING_HEAD.pack(mapped, slot_count, 0, done, 0, 0)
-                check(cu.cuMemcpyHtoD(entry, head, len(head)), "cuMemcpyHtoD")
+                self._write(entry, head.ljust(lay.RING_BYTES, b"\0"))  # no ticket is live
                 self._put_u32(entry + lay.RING_LIVE_OFFSET, 1)  # live, once the rest is in place
             except BaseException:
                 cu.cuMemHostUnregister(address)
@@ -222,29 +234,30 @@ class DeviceLauncher:
             return slot
 
     def detach(self, slot: int, timeout: float = ACK_TIMEOUT_SECONDS) -> None:
-        """Stop watching ring ``slot``, wait until none of its graphs is still to publish
-        ``done``, and unregister its memory (its map may be closed after)."""
+        """Stop watching ring ``slot``, wait until none of the graphs it launched still runs,
+        and unregister its memory (its map may be closed after)."""
         self._device._enter()
         self._put_u32(self._ring_dev(slot) + lay.RING_LIVE_OFFSET, 0)
         self._barrier(timeout)
-        self._drain(slot, timeout)
+        self.drain()
         with self._lock:
             _, anchor = self._rings.pop(slot)
         self._check(self._cu.cuMemHostUnregister(ctypes.addressof(anchor)), "cuMemHostUnregister")
 
-    def _drain(self, slot: int, timeout: float) -> None:
-        """Wait until ring ``slot``'s last device launch (if any) published ``done``."""
-        memory = self._rings[slot][0]
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.ring_state(slot)
-            if _done(memory) >= state.claimed or state.left == state.claimed:
-                return
-            if time.monotonic() > deadline:
-                raise LaunchFailed(
-                    f"ring {slot}'s last device launch did not finish in {timeout:g} s"
-                )
-            time.sleep(50e-6)
+    def drain(self) -> None:
+        """Return once no graph launched so far still runs: every instance's run is ended
+        (``stop``) and its stream waited for, since a run is over only once the graphs it
+        launched are. Not ``done`` words: a client may write its own ring's. The instances
+        start again at the relauncher's next look."""
+        cu, check = self._cu, self._check
+        self._device._enter()
+        with self._lock:  # the relauncher starts no instance meanwhile
+            self._u32[lay.STOP_OFFSET // 4] = 1
+            try:
+                for stream, _ in self._instances:
+                    check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize(launcher)")
+            finally:
+                self._u32[lay.STOP_OFFSET // 4] = 0 if not self._stopping else 1
 
     def ring_state(self, slot: int) -> RingState:
         raw = bytearray(_RING_HEAD.size)
@@ -256,64 +269,91 @@ class DeviceLauncher:
         return self._rings_dev + slot * lay.RING_BYTES
 
     def _put_u32(self, address: int, value: int) -> None:
-        word = struct.pack("<I", value)
-        self._check(self._cu.cuMemcpyHtoD(address, word, 4), "cuMemcpyHtoD")
+        self._write(address, struct.pack("<I", value))
+
+    def _write(self, address: int, data: bytes) -> None:
+        """Copy ``data`` to device ``address`` through the pinned staging, and wait until it
+        is there (a copy from pageable memory may return before it lands)."""
+        if len(data) > lay.EPOCH_OFFSET - lay.STAGING_OFFSET:
+            raise ValueError(f"{len(data)} bytes do not fit the launcher's staging")
+        with self._write_lock:
+            ctypes.memmove(self._staging, data, len(data))
+            self._copy(address, self._staging, len(data))
+
+    def _copy(self, address: int, host: int, size: int) -> None:
+        cu, check = self._cu, self._check
+        check(cu.cuMemcpyHtoDAsync(address, host, size, self._writes), "cuMemcpyHtoDAsync")
+        check(cu.cuStreamSynchronize(self._writes), "cuStreamSynchronize")
 
     # -- graphs and tickets ----------------------------------------------------------------
 
-    def graph(self, slot: int, enqueue: Callable[[Any], None]) -> DeviceGraph:
-        """A device graph of what ``enqueue`` puts on the stream it is given (kernel, memcpy
-        and memset work only, none in an SM partition), then ``accy_done`` for ring
-        ``slot``: ``INSTANCES`` instances, uploaded."""
+    def graph(self, slot: int, enqueue: Callable[[Stream], None]) -> DeviceGraph:
+        """A device graph of what ``enqueue`` puts on the stream it is given (a stream of the
+        whole device; kernel, memcpy and memset work only), then ``accy_done`` for ring
+        ``slot``: ``INSTANCES`` instances, uploaded. Raises ``LaunchFailed`` where the work
+        cannot be launched from the device."""
         cu, check = self._cu, self._check
         self._device._enter()
-        stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+        stream = self._device.create_stream(None)
         flags = int(cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
         ring = self._ring_dev(slot)
 
         def with_done(s: Any) -> None:
-            enqueue(s)
+            enqueue(stream)
             self._launch(self._done_fn, 1, (ring,), (ctypes.c_void_p,), "accy_done", s)
 
         execs: list[Any] = []
         try:
             for _ in range(lay.INSTANCES):
-                execs.append(self._captured(stream, with_done, flags))
-                check(cu.cuGraphUpload(execs[-1], stream), "cuGraphUpload", LaunchFailed)
-            check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+                execs.append(self._captured(stream.native, with_done, flags))
+                check(cu.cuGraphUpload(execs[-1], stream.native), "cuGraphUpload", LaunchFailed)
+            check(cu.cuStreamSynchronize(stream.native), "cuStreamSynchronize")
         except BaseException:
             DeviceGraph(cu, execs).close()
             raise
         finally:
-            cu.cuStreamDestroy(stream)
+            self._device.destroy_stream(stream)
         return DeviceGraph(cu, execs)
 
-    def put_ticket(self, slot: int, key: bytes, graph: DeviceGraph, epoch: int, value: int) -> int:
+    def put_ticket(
+        self,
+        slot: int,
+        key: bytes,
+        graph: DeviceGraph,
+        epoch: int,
+        value: int,
+        index: int | None = None,
+    ) -> int:
         """Let records of ring ``slot`` whose launch bytes are ``key`` launch ``graph`` while
         ``epoch`` holds ``value`` (the value the launch was checked against); the ticket's
-        index."""
+        index (``index``: that place, whose ticket is stale or dropped; else the first free)."""
         if len(key) != lay.KEY_BYTES:
             raise ValueError(f"a ticket's key is {lay.KEY_BYTES} bytes, not {len(key)}")
         self._device._enter()
         with self._lock:
-            taken = self._tickets_live(slot)
-            index = next((t for t in range(lay.TICKETS) if t not in taken), None)
+            if index is None:
+                taken = self._tickets_live(slot)
+                index = next((t for t in range(lay.TICKETS) if t not in taken), None)
             if index is None:
                 raise RuntimeUnavailable(f"ring {slot} holds {lay.TICKETS} device tickets")
             entry = self._ticket_dev(slot, index)
             packed = _TICKET_HEAD.pack(
                 key, 0, 0, self._epochs_dev + 8 * epoch, value, *graph.handles
             )
-            self._check(self._cu.cuMemcpyHtoD(entry, packed, len(packed)), "cuMemcpyHtoD")
+            self._write(entry, packed)
             self._put_u32(entry + lay.KEY_BYTES, 1)  # live, once the rest is in place
             return index
 
-    def drop_ticket(self, slot: int, index: int, timeout: float = ACK_TIMEOUT_SECONDS) -> None:
-        """No record launches ticket ``index`` of ring ``slot`` from now on (its graph may
-        still run: ``detach`` waits for that)."""
+    def drop_ticket(
+        self, slot: int, index: int, timeout: float = ACK_TIMEOUT_SECONDS, *, barrier: bool = True
+    ) -> None:
+        """No record launches ticket ``index`` of ring ``slot`` once this returns (its graph
+        may still run: ``drain`` waits for that); ``barrier=False`` for a ticket already stale
+        (its epoch was revoked), which only frees its place."""
         self._device._enter()
         self._put_u32(self._ticket_dev(slot, index) + lay.KEY_BYTES, 0)
-        self._barrier(timeout)
+        if barrier:
+            self._barrier(timeout)
 
     def _tickets_live(self, slot: int) -> set[int]:
         raw = bytearray(lay.RING_BYTES)
@@ -345,6 +385,8 @@ class DeviceLauncher:
         checked against their old values can still be made."""
         for epoch in epochs:
             self._epochs[epoch] += 1
+            with self._write_lock:
+                self._copy(self._epochs_dev + 8 * epoch, self._epochs_host + 8 * epoch, 8)
         self._barrier(timeout)
 
     def free_epoch(self, epoch: int) -> None:
@@ -419,11 +461,9 @@ class DeviceLauncher:
         self._thread.join()
         self._u32[lay.STOP_OFFSET // 4] = 1
         self._device._enter()
-        for stream, _ in self._instances:
+        for stream, _ in self._instances:  # the runs, and every graph they launched, end
             self._cu.cuStreamSynchronize(stream)
-        for slot in list(self._rings):  # what their graphs write must land first
-            with contextlib.suppress(LaunchFailed):
-                self._drain(slot, ACK_TIMEOUT_SECONDS)
+        for slot in list(self._rings):
             _, anchor = self._rings.pop(slot)
             self._cu.cuMemHostUnregister(ctypes.addressof(anchor))
         self._finalizer()

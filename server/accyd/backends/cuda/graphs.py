@@ -82,6 +82,20 @@ class GraphLaunch:
                 cu.cuGraphDestroy(graph)
             backend.destroy_stream(capture)
         self.stages = len(requests)
+        self._requests = tuple(requests) if _partition_of(requests) is None else ()
+        """Kept where the graph runs on the whole device, for ``enqueue``."""
+
+    @property
+    def device_launchable(self) -> bool:
+        """Whether ``enqueue`` may capture it for launch from the device: its stages run on
+        the whole device (device graph launch and SM partitions do not mix)."""
+        return bool(self._requests) and self._exec is not None
+
+    def enqueue(self, stream: Stream) -> None:
+        """The pipeline's stages, launched one by one on ``stream`` (the device launcher
+        captures them into a graph of its own)."""
+        for request in self._requests:
+            self._backend.launch(dataclasses.replace(request, stream=stream))
 
     def launch(self, stream: Stream | None, count: int = 1) -> None:
         """Enqueue the whole pipeline ``count`` times on ``stream``; returns without waiting.
@@ -107,6 +121,7 @@ class GraphLaunch:
 
     def close(self) -> None:
         graph_exec, self._exec = self._exec, None
+        self._requests = ()
         if graph_exec is not None and not self._backend._closed:
             self._backend._cu.cuGraphExecDestroy(graph_exec)
 

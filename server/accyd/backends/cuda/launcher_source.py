@@ -12,13 +12,16 @@ What the GPU reads and writes:
 - ``Ring`` (device memory, one per attached ring): the ring's mapped address and slot count,
   ``live``, and the counters only the GPU changes: ``claimed`` (the records before it were
   taken, by the launcher or left to the CPU path) and ``left`` (``seq + 1`` of the last
-  record left to the CPU path), and its tickets.
+  record left to the CPU path, also written to the ring's own ``left`` word for its client
+  and the ring engine), and its tickets.
 - ``Ticket``: a record's launch bytes (``KEY`` .. ``KEY_END``: session handle, counts,
   buffer handles, scalar bytes), the epoch word it was checked against and that word's
   value then, and ``INSTANCES`` instances of its graph (the device refuses to launch a graph
   while an earlier launch of it still runs).
 - ``Control`` (pinned host memory the GPU maps): ``stop``, the host's ``generation`` and each
-  launcher instance's acknowledgement of it, then the epoch words.
+  launcher instance's acknowledgement of it; then, for the host only, the pinned staging its
+  writes to the tables go through, and its copy of the epoch words.
+- The epoch words (device memory): a ticket holds while its word reads the ticket's value.
 - ``Stats`` (device memory): launches made, launch errors, runs, records left.
 
 A record is served when everything before it is over (``done == seq``: one in flight per
@@ -46,6 +49,7 @@ __all__ = [
     "RING_FIELDS",
     "RING_LIVE_OFFSET",
     "SOURCE",
+    "STAGING_OFFSET",
     "STATS_BYTES",
     "STATS_FIELDS",
     "STOP_OFFSET",
@@ -78,7 +82,8 @@ STATS_FIELDS = "<QQQQQQI"
 """``Stats``: launched, errors, runs, left, rounds, their nanoseconds, the last launch
 error's code."""
 STATS_BYTES = 64
-STOP_OFFSET, GENERATION_OFFSET, ACK_OFFSET, EPOCH_OFFSET = 0, 4, 64, 4096
+STOP_OFFSET, GENERATION_OFFSET, ACK_OFFSET, STAGING_OFFSET, EPOCH_OFFSET = 0, 4, 64, 1024, 4096
+"""Where ``Control``'s words are; staging and the epochs' copy are the host's alone."""
 EPOCHS = 512
 CONTROL_BYTES = EPOCH_OFFSET + 8 * EPOCHS
 
@@ -87,6 +92,7 @@ SOURCE = r"""
 
 #define HEAD_OFF {head}
 #define DONE_OFF {done}
+#define LEFT_OFF {left}
 #define HEADER_SIZE {header}
 #define SLOT_SIZE {slot}
 #define KEY {key}
@@ -101,7 +107,7 @@ struct Ticket {{
     unsigned key[KEY_WORDS];
     unsigned live;
     unsigned next;                      /* the instance the next launch takes */
-    unsigned long long epoch;           /* device address of the epoch word (mapped) */
+    unsigned long long epoch;           /* device address of the epoch word */
     unsigned long long value;           /* the ticket holds while the word reads this */
     unsigned long long exec[INSTANCES]; /* cudaGraphExec_t, instantiated for device launch */
 }};
@@ -134,8 +140,11 @@ static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
 /* Loads of the ring's words (mapped host memory, over PCIe) and of the tables. Only a ring's
  * ``head`` is read with acquire: the record's slot is read after it, so a record is never
  * seen older than its ``head`` says. Everything else is a plain volatile load: a stale
- * ``done`` only skips a round, and the epochs are ordered by the round's generation read
- * (the host writes an epoch, then the generation; a round reads the generation first). */
+ * ``done`` only skips a round, and the tables and epochs are ordered by the round's
+ * generation read (the host's copy into device memory is over before it writes the
+ * generation; a round reads the generation first). A look that serves a record makes three
+ * round trips over PCIe: the generation (once a round, for every ring), ``done`` with
+ * ``head``, and the record. */
 __device__ __forceinline__ unsigned long long load_acquire(unsigned long long address) {{
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
@@ -156,9 +165,12 @@ __device__ __forceinline__ unsigned long long now_ns(void) {{
 #define VOLATILE32(x) (*(volatile unsigned *)&(x))
 #define RECORD_WORDS ((KEY / 4 + KEY_WORDS + 3) / 4 * 4)
 
-/* Leave record ``seq`` to the CPU path (no ticket, a stale one, or a failed launch). */
+/* Leave record ``seq`` to the CPU path (no ticket, a stale one, or a failed launch): said in
+ * the table and in the ring's ``left`` word, which the ring's client and engine read. */
 __device__ void leave(Ring *r, Stats *stats, unsigned long long seq) {{
     VOLATILE64(r->left) = seq + 1;
+    __threadfence_system();
+    *(volatile unsigned long long *)(VOLATILE64(r->base) + LEFT_OFF) = seq + 1;
     atomicAdd(&stats->left, 1ull);
 }}
 
@@ -178,10 +190,11 @@ __device__ Ticket *find(Ring *r, const unsigned *words) {{
 __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
     if (!VOLATILE32(r->live)) return;
     unsigned long long base = VOLATILE64(r->base);
-    unsigned long long done = *(volatile unsigned long long *)(base + DONE_OFF);
     unsigned long long claimed = VOLATILE64(r->claimed);
-    if (claimed > done) return; /* a record is in flight */
+    /* ``done`` and ``head`` are read together: one round trip over PCIe, not two. */
+    unsigned long long done = *(volatile unsigned long long *)(base + DONE_OFF);
     unsigned long long head = load_acquire(base + HEAD_OFF);
+    if (claimed > done) return; /* a record is in flight */
     if (head <= done) return; /* nothing new */
     unsigned long long slot = base + HEADER_SIZE + (done % VOLATILE32(r->slot_count)) * SLOT_SIZE;
     unsigned words[RECORD_WORDS];
@@ -194,7 +207,7 @@ __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
     }}
     unsigned long long seq = words[0] | ((unsigned long long)words[1] << 32);
     Ticket *ticket = seq == done && (words[2] & 0xffffu) == LAUNCH_KIND ? find(r, words) : 0;
-    if (ticket) {{
+    if (ticket) {{ /* the epochs are in device memory: no round trip */
         unsigned long long epoch = *(volatile unsigned long long *)VOLATILE64(ticket->epoch);
         if (epoch != VOLATILE64(ticket->value)) ticket = 0; /* revoked since */
     }}
@@ -224,7 +237,10 @@ __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
 /* One launcher instance: thread i watches ring i, round after round, until this run has
  * made ``per_run`` launches (a graph may make 120 fire-and-forget launches), ``rounds``
  * rounds passed (so an idle launcher ends and a device-wide wait is never held up for
- * long), or the host asks it to stop (looked at every 64 rounds). Each round acknowledges
+ * long), or the host asks it to stop (``stop`` is read with the generation, in one load).
+ * A run is over only once every graph it launched is (fire-and-forget children belong to
+ * it): a host that stops the runs and sees their streams idle knows none still runs. Each
+ * round acknowledges
  * the generation it began at: a host that revoked or detached something and saw every
  * instance acknowledge its new generation knows no launch checked against the old tables
  * can still be made. */
@@ -240,14 +256,18 @@ extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *con
         atomicAdd(&stats->runs, 1ull);
     }}
     int round = 0;
+    unsigned stop = 0;
     for (;; round++) {{
-        if (i == 0) generation = VOLATILE32(control->generation);
+        if (i == 0) {{ /* stop and generation: one 8-byte word, one round trip */
+            unsigned long long word = VOLATILE64(*(unsigned long long *)control);
+            stop = (unsigned)word;
+            generation = (unsigned)(word >> 32);
+        }}
         __syncthreads();
         if (i < MAX_RINGS) serve(&rings[i], stats, &used, per_run);
         __syncthreads(); /* every look of this round is over */
         if (i == 0) {{
             VOLATILE32(control->ack[instance]) = generation;
-            int stop = (round & 63) == 63 && VOLATILE32(control->stop);
             if (used >= per_run || round + 1 >= rounds || stop) quit = 1;
         }}
         __syncthreads();
@@ -272,6 +292,7 @@ def source() -> str:
     return SOURCE.format(
         head=layout.HEAD,
         done=layout.DONE,
+        left=layout.LEFT,
         header=layout.HEADER_SIZE,
         slot=layout.SLOT_SIZE,
         key=KEY,

@@ -487,7 +487,7 @@ class LaunchServicer:
                 field="slots",
             )
         _need_local(call, "ring", "slots")
-        offer = self.rings.offer(client_id, request.slots)
+        offer = self.rings.offer(client_id, request.slots, device_waits=request.device_waits)
         return pb.OpenRingResponse(
             ring_id=offer.ring_id,
             ticket=offer.ticket,

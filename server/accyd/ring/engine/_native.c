@@ -44,6 +44,7 @@
 #define CLIENT_WAITS_OFF 256
 #define DAEMON_WAITS_OFF 320
 #define CLOSED_OFF 448
+#define LEFT_OFF 456
 #define HEADER_SIZE 16384
 #define SLOT_SIZE 256
 #define KIND_OFF 8
@@ -179,6 +180,7 @@ typedef struct ring {
     uint32_t slots;
     int submit_fd, complete_fd;
     int notify_always; /* a ring carried over a stream: wake its reader whenever it moves */
+    int device;        /* served by the device launcher: take only the records it left */
     uint32_t counters[2]; /* the client's and the tenant's in-flight counters */
     Py_buffer view;
     /* owned by its worker thread from here on */
@@ -510,10 +512,31 @@ static void give_events(worker_t *w, flight_t *f, int count) {
 
 /* Take what a ring published: launch a run of records matching live tickets, park at the
  * first that does not. Returns whether anything moved. */
+/* A device-served ring's one record the launcher left to this path (``left`` is its seq + 1),
+ * or 0. The launcher leaves record seq only once every record before it is over (``done`` is
+ * seq), so the records between the tail and it were the device's: the tail moves up to it. */
+static uint64_t device_left(engine_t *e, ring_t *r) {
+    uint64_t left = ring_load64(r, LEFT_OFF);
+    if (left == 0 || left - 1 < r->tail) return 0; /* nothing left, or taken already */
+    if (left > ring_load64(r, HEAD_OFF)) { /* not the GPU's doing: the client broke the rules */
+        r->broken = 1;
+        slow_push(e, SLOW_BROKEN, r, r->tail, 0, -1);
+        return 0;
+    }
+    if (left - 1 > r->tail) {
+        if (r->fcount > 0) return 0; /* ours are still in flight: the client wrote ``left`` */
+        r->tail = r->done = left - 1;
+        publish_tail(r);
+    }
+    return left;
+}
+
 static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
     engine_t *e = w->engine;
     if (r->parked || r->broken || r->fcount >= MAX_FLIGHTS - 1) return 0; /* room for a resume */
-    uint64_t head = ring_load64(r, HEAD_OFF);
+    /* A device-served ring's head, for this path, is just past the record left to it. */
+    uint64_t head = r->device ? device_left(e, r) : ring_load64(r, HEAD_OFF);
+    if (r->device && head == 0) return 0;
     uint64_t ahead = head - r->tail;
     if (ahead == 0) return 0;
     atomic_store_explicit(&r->touched, 1, memory_order_relaxed);
@@ -695,8 +718,17 @@ static void activate(worker_t *w, ring_t *r) {
     w->active = r;
 }
 
+/* Whether the ring has records for this path to take (a device-served ring: one left to it). */
+static int ring_has_input(ring_t *r) {
+    if (r->device) {
+        uint64_t left = ring_load64(r, LEFT_OFF);
+        return left != 0 && left - 1 >= r->tail;
+    }
+    return ring_load64(r, HEAD_OFF) != r->tail;
+}
+
 static int ring_has_work(ring_t *r) {
-    return r->fcount > 0 || (!r->parked && !r->broken && ring_load64(r, HEAD_OFF) != r->tail);
+    return r->fcount > 0 || (!r->parked && !r->broken && ring_has_input(r));
 }
 
 static void apply_commands(worker_t *w);
@@ -910,9 +942,10 @@ static void lane_round(worker_t *w, uint8_t *copy, uint64_t now, int *busy, int 
         } else if (r->idle_since == 0) {
             r->idle_since = now;
         } else if (now - r->idle_since > e->spin_ns) {
-            /* Off the active list: the client kicks submit_fd once it sees this flag. */
-            ring_store32(r, DAEMON_WAITS_OFF, 1);
-            if (ring_load64(r, HEAD_OFF) == r->tail) {
+            /* Off the active list: the client kicks submit_fd once it sees this flag (a
+             * device-served ring's client kicks only when the launcher left it a record). */
+            if (!r->device) ring_store32(r, DAEMON_WAITS_OFF, 1);
+            if (!ring_has_input(r)) {
                 r->active = 0;
                 w->nactive--;
                 *link = r->next_active;
@@ -1241,13 +1274,13 @@ static PyObject *engine_start(engine_t *e, PyObject *unused) {
 
 static PyObject *engine_add_ring(engine_t *e, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"ring_id", "memory", "slots", "submit_fd", "complete_fd", "counters",
-                         "notify_always", NULL};
+                         "notify_always", "device", NULL};
     long long id;
     PyObject *memory;
     unsigned int slots, c0, c1;
-    int submit_fd, complete_fd, notify_always = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LOIii(II)|p", kw, &id, &memory, &slots,
-                                     &submit_fd, &complete_fd, &c0, &c1, &notify_always))
+    int submit_fd, complete_fd, notify_always = 0, device = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LOIii(II)|pp", kw, &id, &memory, &slots,
+                                     &submit_fd, &complete_fd, &c0, &c1, &notify_always, &device))
         return NULL;
     if (slots == 0 || slots > MAX_SLOTS || (slots & (slots - 1))) {
         PyErr_Format(PyExc_ValueError, "slots must be a power of two up to %d", MAX_SLOTS);
@@ -1284,6 +1317,7 @@ static PyObject *engine_add_ring(engine_t *e, PyObject *args, PyObject *kwds) {
     r->submit_fd = submit_fd;
     r->complete_fd = complete_fd;
     r->notify_always = notify_always;
+    r->device = device;
     r->counters[0] = c0;
     r->counters[1] = c1;
     r->tail = ring_load64(r, TAIL_OFF);
@@ -1912,8 +1946,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisi}", "HEAD", HEAD_OFF, "TAIL", TAIL_OFF, "DONE", DONE_OFF,
+        "{sisisisisisisisisisisisisisisisisi}", "HEAD", HEAD_OFF, "TAIL", TAIL_OFF, "DONE", DONE_OFF,
         "CLIENT_WAITS", CLIENT_WAITS_OFF, "DAEMON_WAITS", DAEMON_WAITS_OFF, "CLOSED", CLOSED_OFF,
+        "LEFT", LEFT_OFF,
         "HEADER_SIZE", HEADER_SIZE, "SLOT_SIZE", SLOT_SIZE, "KIND", KIND_OFF, "FLAGS", FLAGS_OFF,
         "KEY", KEY_OFF, "KEY_END", KEY_END, "LAUNCH", KIND_LAUNCH, "NOTIFY", FLAG_NOTIFY,
         "MAX_SLOTS", MAX_SLOTS, "NOT_READY", ERR_NOT_READY);

@@ -60,6 +60,7 @@ class Engine:
         complete_fd: int,
         counters: tuple[int, int],
         notify_always: bool = False,
+        device: bool = False,
     ) -> None: ...
     def remove_ring(self, ring_id: int, /) -> None: ...
     def resume(

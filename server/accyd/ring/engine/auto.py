@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import structlog
@@ -77,6 +78,8 @@ def open_engine(
     timings: bool = False,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
+    device_launch: bool = False,
+    whole_device: Callable[[str], bool] | None = None,
 ) -> RingEngine:
     """The engine for ``core``'s rings (``kind`` ``None``: from ``ACCYD_ENGINE``, else auto).
 
@@ -92,6 +95,10 @@ def open_engine(
 
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
+
+    ``device_launch`` (the native engine only; the Python loop says it is off) lets the
+    GPU launch the ticketed records of the rings whose clients ask for it, of tenants
+    ``whole_device`` says have no SM partition.
     """
     wanted = kind or os.environ.get(ENGINE_ENV, "auto")
     if wanted not in ("auto", "native", "python"):
@@ -130,7 +137,11 @@ def open_engine(
                 flight_spin_seconds=flight_spin,
                 observer=observer,
                 launches_per_client=launches_per_client,
+                device_launch=device_launch,
+                whole_device=whole_device,
             )
+    if device_launch:
+        log.warning("device launch is off: it needs the native ring engine")
     return PythonLoop(
         core, spin_seconds=idle_spin, flight_spin_seconds=flight_spin, observer=observer
     )

@@ -7,6 +7,8 @@ through the core, installs the tickets the core allows, and resumes the ring. It
 the core's ``Revoker`` (epoch slots, revocation with a barrier) and its
 ``EngineCounts`` (in-flight counters per client and tenant, against the ledger's
 limits). It owns the rings added to it and closes each once the C threads let it go.
+With ``device_launch`` it also owns the device launcher's part (``device_serving``): the
+GPU itself launches the ticketed records of the rings it serves.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from accyd.backends.base import Backend
+from accyd.backends.base import Backend, BackendKind
 from accyd.core.clients import Client
 from accyd.core.device import DeviceHealth
 from accyd.core.interface import UNKNOWN_PIPELINE, Core
@@ -34,6 +36,9 @@ from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, IDLE_SPIN_SECONDS
 from accyd.ring.observer import RingObserver
 from accyd.ring.records import KEY, KEY_END
 from accyd.ring.ring import Handled, Pending, ServerRing
+
+if TYPE_CHECKING:
+    from accyd.ring.engine.device_serving import DeviceServing
 
 __all__ = ["HOUSEKEEPING_SECONDS", "NativeEngine"]
 
@@ -75,7 +80,12 @@ class NativeEngine:
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
         timings: bool = False,
+        device_launch: bool = False,
+        whole_device: Callable[[str], bool] | None = None,
     ) -> None:
+        """``device_launch``: the GPU launches the ticketed records of the rings whose
+        clients asked for it, of tenants that ``whole_device`` says run on the whole device
+        (no SM partition), with no in-flight quota (``device_serving``)."""
         self._core = core
         self._observer = observer
         self._launches_per_client = launches_per_client
@@ -113,6 +123,8 @@ class NativeEngine:
         self._free_tokens: list[int] = []
         self._next_token = 0
         self._stopping = False
+        self._whole_device = whole_device or (lambda tenant: True)
+        self._device = _device_serving(core) if device_launch else None
         self._thread = threading.Thread(target=self._run, name="accyd-engine-slow", daemon=True)
         core.attach_engine(self, self, self._watch)
 
@@ -136,13 +148,18 @@ class NativeEngine:
             self._thread.join(5.0)
         self._engine.stop()
         log.info("ring engine stopped", **self._engine.stats())
+        if self._device is not None:  # first: it holds the rings' memory registered
+            self._device.close()
         with self._lock:
             rings, self._rings = list(self._rings.values()), {}
         for entry in rings:
             entry.ring.close()
 
     def stats(self) -> dict[str, Any]:
-        return self._engine.stats()
+        stats: dict[str, Any] = self._engine.stats()
+        if self._device is not None:
+            stats["device_launcher"] = self._device.stats()
+        return stats
 
     def settled(self) -> bool:
         with self._lock:
@@ -161,15 +178,31 @@ class NativeEngine:
             index = next(self._ring_ids)
             self._rings[index] = _Ring(ring, index)
             ring.engine_index = index
-        self._engine.add_ring(
-            index,
-            memory.map,
-            memory.slot_count,
-            memory.submit_fd,
-            memory.complete_fd,
-            counters,
-            notify_always,
+        device = self._device
+        served = (
+            device is not None
+            and ring.device_waits
+            and not notify_always
+            and client.tenant.quotas.launches_in_flight is None
+            and self._whole_device(client.tenant.name)
+            and device.attach(index, memory)
         )
+        try:
+            self._engine.add_ring(
+                index,
+                memory.map,
+                memory.slot_count,
+                memory.submit_fd,
+                memory.complete_fd,
+                counters,
+                notify_always,
+                device=served,
+            )
+        except BaseException:
+            if served and device is not None:
+                device.detach(index)
+            raise
+        ring.device_served = served
 
     def remove(self, ring: ServerRing) -> None:
         """Let ``ring`` go: returns once no engine thread holds it, then closes it."""
@@ -181,6 +214,8 @@ class NativeEngine:
             return
         ring.memory.mark_closed()
         self._engine.remove_ring(index)
+        if ring.device_served and self._device is not None:
+            self._device.detach(index)
         ring.close()
 
     def close_client(self, client_id: str) -> None:
@@ -212,6 +247,8 @@ class NativeEngine:
         for epoch in epochs:
             self._engine.bump(epoch)
         self._engine.quiesce()
+        if self._device is not None:  # after the engine's: see device_serving
+            self._device.revoke(epochs)
 
     def free_epoch(self, epoch: int) -> None:
         self._epochs.append(epoch)
@@ -349,12 +386,22 @@ class NativeEngine:
                     tickets.append(
                         (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
                     )
+                    self._put_device_ticket(entry, key, fast)
+            if handled.clear and entry.ring.device_served and self._device is not None:
+                self._device.clear(entry.index)
         except Exception:
             log.exception("a ticket could not be made", ring_id=entry.ring.id, seq=seq)
             tickets = []
         finally:
             with contextlib.suppress(KeyError):  # the ring was removed meanwhile
                 self._engine.resume(entry.index, seq + 1, streams, tickets, handled.clear)
+
+    def _put_device_ticket(self, entry: _Ring, key: bytes, fast: Any) -> None:
+        """The engine's new ticket, also as a device ticket where the GPU serves the ring."""
+        device = self._device
+        if device is None or not entry.ring.device_served or fast.device != device.device:
+            return
+        device.put(entry.index, key, fast.launch, fast.epoch, fast.value, self._engine.epoch)
 
     def _token(self, client_id: str, session_id: str, device: int) -> int:
         token = self._tokens.get(session_id)
@@ -406,3 +453,21 @@ class NativeEngine:
             for session_id in list(entry.reap):
                 if not self._core.reap(entry.ring.client_id, session_id):
                     entry.reap.discard(session_id)
+
+
+def _device_serving(core: Core) -> DeviceServing | None:
+    """The device launcher of ``core``'s first CUDA device, or ``None`` (said once, why)."""
+    cuda = [(d, b) for d, b in core.backends.items() if b.kind is BackendKind.CUDA]
+    if not cuda:
+        log.warning("device launch is off: no CUDA device here (the host backend serves)")
+        return None
+    device, backend = cuda[0]
+    try:
+        from accyd.ring.engine.device_serving import DeviceServing
+
+        serving = DeviceServing(device, backend)
+    except Exception as error:
+        log.warning("device launch is off: the device launcher could not start", error=str(error))
+        return None
+    log.info("device launch is on: the GPU launches served rings' ticketed records", device=device)
+    return serving

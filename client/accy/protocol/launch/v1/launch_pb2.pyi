@@ -418,10 +418,12 @@ class RunResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
 
 class OpenRingRequest(_message.Message):
-    __slots__ = ("slots",)
+    __slots__ = ("slots", "device_waits")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_WAITS_FIELD_NUMBER: _ClassVar[int]
     slots: int
-    def __init__(self, slots: _Optional[int] = ...) -> None: ...
+    device_waits: bool
+    def __init__(self, slots: _Optional[int] = ..., device_waits: _Optional[bool] = ...) -> None: ...
 
 class OpenRingResponse(_message.Message):
     __slots__ = ("ring_id", "ticket", "handoff_name", "slots")
