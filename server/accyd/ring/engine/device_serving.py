@@ -164,6 +164,13 @@ class DeviceServing:
             for place in places.values():
                 place.graph.close()
 
+    def stop_launching(self) -> None:
+        """The daemon stopped serving (draining, or its device faulted): no device ticket
+        launches again (every record then goes to the engine, which refuses it)."""
+        with self._lock:
+            for index in list(self._served):
+                self.clear(index)
+
     def revoke(self, epochs: Collection[int]) -> None:
         """The engine bumped ``epochs``: bump their device epochs, then wait until nothing
         checked against them can launch and none of their graphs runs, and free those."""
@@ -200,7 +207,8 @@ class DeviceServing:
     # Reporting and lifecycle ------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        return self._launcher.stats()
+        """The launcher's counts (``DeviceLauncher.stats``); none once closed."""
+        return {} if self._closed else self._launcher.stats()
 
     @property
     def failure(self) -> str | None:

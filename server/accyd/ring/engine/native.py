@@ -147,7 +147,7 @@ class NativeEngine:
         if self._thread.is_alive():
             self._thread.join(5.0)
         self._engine.stop()
-        log.info("ring engine stopped", **self._engine.stats())
+        log.info("ring engine stopped", **self.stats())
         if self._device is not None:  # first: it holds the rings' memory registered
             self._device.close()
         with self._lock:
@@ -310,6 +310,12 @@ class NativeEngine:
         self._engine.set_serving(state.serving)
         for device in self._drivers:
             self._engine.set_device_ok(device, device not in state.lost)
+        serving = self._device
+        if serving is not None and (not state.serving or serving.device in state.lost):
+            try:
+                serving.stop_launching()
+            except Exception as error:  # a faulted device refuses the drain: nothing launches
+                log.warning("the device launcher could not be drained", error=str(error))
 
     # The slow thread ----------------------------------------------------------------------
 
