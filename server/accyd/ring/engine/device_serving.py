@@ -57,9 +57,10 @@ class _Served:
 class DeviceServing:
     """One device's launcher and the rings it serves (see the module's docstring)."""
 
-    def __init__(self, device: int, backend: Any) -> None:
+    def __init__(self, device: int, backend: Any, launcher: Any = None) -> None:
+        """``launcher``: one made already (the tests' stand-in); else made on ``backend``."""
         self.device = device
-        self._launcher = DeviceLauncher(backend)
+        self._launcher = DeviceLauncher(backend) if launcher is None else launcher
         self._lock = threading.RLock()
         """Held by every change to the rings and their tickets (the engine's slow thread
         puts and clears, the core's threads revoke)."""
