@@ -53,7 +53,9 @@ class Launcher:
         self.log.append(("value", epoch))
         return self.values[epoch]
 
-    def put_ticket(self, slot: int, key: bytes, graph: Graph, epoch: int, value: int, at: int) -> int:
+    def put_ticket(
+        self, slot: int, key: bytes, graph: Graph, epoch: int, value: int, at: int
+    ) -> int:
         self.log.append(("put", slot, epoch, value, at))
         return at
 
@@ -93,10 +95,8 @@ def serving() -> Any:
 def test_a_ticket_mirrors_the_engines_with_the_device_value_read_first(serving: Any) -> None:
     served, launcher = serving
     engine_epochs = {3: 7}
-    checked: list[str] = []
 
     def current(epoch: int) -> int:
-        checked.append("engine")
         launcher.log.append(("engine", epoch))
         return engine_epochs[epoch]
 
@@ -113,7 +113,7 @@ def test_a_ticket_revoked_since_python_checked_it_is_not_put(serving: Any) -> No
 
 
 def test_work_in_an_sm_partition_or_an_unserved_ring_gets_no_device_ticket(serving: Any) -> None:
-    served, launcher = serving
+    served, _ = serving
     partitioned = Launch()
     partitioned.device_launchable = False
     assert not served.put(1, KEY, partitioned, 3, 7, lambda epoch: 7)
