@@ -35,6 +35,7 @@ class Launcher:
         self.log: list[tuple[Any, ...]] = []
         self.values = [0] * 8
         self.epochs = 0
+        self.made = [0] * 8
 
     def attach(self, memory: object, slots: int) -> int:
         return 5
@@ -58,6 +59,9 @@ class Launcher:
     ) -> int:
         self.log.append(("put", slot, epoch, value, at))
         return at
+
+    def ticket_launches(self, slot: int) -> list[int]:
+        return list(self.made)
 
     def drop_ticket(self, slot: int, at: int, *, barrier: bool = True) -> None:
         self.log.append(("drop", slot, at, barrier))
@@ -86,7 +90,7 @@ def serving() -> Any:
     memory = RingMemory(16)
     launcher = Launcher()
     served = DeviceServing(0, None, launcher)
-    assert served.attach(1, memory)
+    assert served.attach(1, memory, "client")
     yield served, launcher
     served.close()
     memory.close()
@@ -104,6 +108,17 @@ def test_a_ticket_mirrors_the_engines_with_the_device_value_read_first(serving: 
     kinds = [entry[0] for entry in launcher.log]
     assert kinds.index("value") < kinds.index("engine") < kinds.index("put")
     assert ("put", 5, 0, 0, 0) in launcher.log
+
+
+def test_the_gpus_launches_are_counted_for_their_session_once(serving: Any) -> None:
+    served, launcher = serving
+    assert served.launches() == {}
+    assert served.put(1, KEY, Launch(), 3, 7, lambda epoch: 7, "session-a")
+    launcher.made[0] = 5
+    assert served.launches() == {("client", "session-a"): 5}
+    assert served.launches() == {}  # counted once
+    launcher.made[0] = 9
+    assert served.launches() == {("client", "session-a"): 4}
 
 
 def test_a_ticket_revoked_since_python_checked_it_is_not_put(serving: Any) -> None:

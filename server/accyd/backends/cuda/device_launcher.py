@@ -355,6 +355,16 @@ class DeviceLauncher:
         if barrier:
             self._barrier(timeout)
 
+    def ticket_launches(self, slot: int) -> list[int]:
+        """How many launches each of ring ``slot``'s ticket places made since it was put
+        (its ``next`` word; a launch the device refused is counted too, and left)."""
+        raw = bytearray(lay.RING_BYTES)
+        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
+        at = lay.TICKET_OFFSET + lay.KEY_BYTES + 4
+        return [
+            struct.unpack_from("<I", raw, at + t * lay.TICKET_BYTES)[0] for t in range(lay.TICKETS)
+        ]
+
     def _tickets_live(self, slot: int) -> set[int]:
         raw = bytearray(lay.RING_BYTES)
         self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")

@@ -45,11 +45,15 @@ class _Place:
     graph: DeviceGraph
     epoch: int
     """The engine's epoch the ticket was checked against."""
+    session_id: str
+    counted: int = 0
+    """Its launches already reported (``launches``)."""
 
 
 @dataclass(slots=True)
 class _Served:
     slot: int
+    client_id: str
     places: dict[int, _Place] = field(default_factory=dict)
     """Ticket index -> what it holds (live, unless its epoch was revoked since)."""
 
@@ -72,9 +76,9 @@ class DeviceServing:
 
     # Rings -------------------------------------------------------------------------------
 
-    def attach(self, index: int, memory: RingMemory) -> bool:
-        """Serve ring ``index`` from the device; False where the launcher serves as many
-        rings as it can (the engine then takes it all)."""
+    def attach(self, index: int, memory: RingMemory, client_id: str) -> bool:
+        """Serve ring ``index`` (of ``client_id``) from the device; False where the launcher
+        serves as many rings as it can (the engine then takes it all)."""
         if self._launcher.failure is not None:
             return False
         try:
@@ -83,7 +87,7 @@ class DeviceServing:
             log.info("ring not served by the device", ring_index=index, reason=str(error))
             return False
         with self._lock:
-            self._served[index] = _Served(slot)
+            self._served[index] = _Served(slot, client_id)
         return True
 
     def detach(self, index: int) -> None:
@@ -106,13 +110,15 @@ class DeviceServing:
         epoch: int,
         value: int,
         current: Callable[[int], int],
+        session_id: str = "",
     ) -> bool:
-        """Mirror the engine's new ticket of ring ``index`` (``key``, a ``GraphLaunch``
-        checked against ``epoch`` at ``value``; ``current`` reads an engine epoch now) as a
-        device ticket; False where it cannot be one (the ring is not served, the launch runs
-        in an SM partition, no place is free): the engine's ticket then serves it."""
+        """Mirror the engine's new ticket of ring ``index`` (``key``, a ``GraphLaunch`` of
+        ``session_id`` checked against ``epoch`` at ``value``; ``current`` reads an engine
+        epoch now) as a device ticket; False where it cannot be one (the ring is not served,
+        the launch runs in an SM partition, no place is free): the engine's ticket then
+        serves it."""
         with self._lock:
-            return self._put(index, key, launch, epoch, value, current)
+            return self._put(index, key, launch, epoch, value, current, session_id)
 
     def _put(
         self,
@@ -122,6 +128,7 @@ class DeviceServing:
         epoch: int,
         value: int,
         current: Callable[[int], int],
+        session_id: str,
     ) -> bool:
         served = self._served.get(index)
         if served is None or not getattr(launch, "device_launchable", False):
@@ -148,7 +155,7 @@ class DeviceServing:
             self._launcher.drain()
             old.graph.close()
         self._launcher.put_ticket(served.slot, key, graph, device_epoch, device_value, at)
-        served.places[at] = _Place(key, graph, epoch)
+        served.places[at] = _Place(key, graph, epoch, session_id)
         return True
 
     def clear(self, index: int) -> None:
@@ -206,6 +213,22 @@ class DeviceServing:
             return device_epoch
 
     # Reporting and lifecycle ------------------------------------------------------------------
+
+    def launches(self) -> dict[tuple[str, str], int]:
+        """Launches the GPU made since the last call, by (client id, session id): for the
+        launch counts and the clients' liveness (a ring's records count as calls)."""
+        counts: dict[tuple[str, str], int] = {}
+        with self._lock:
+            for served in self._served.values():
+                if not served.places:
+                    continue
+                made = self._launcher.ticket_launches(served.slot)
+                for at, place in served.places.items():
+                    if made[at] != place.counted:
+                        key = (served.client_id, place.session_id)
+                        counts[key] = counts.get(key, 0) + (made[at] - place.counted) % (1 << 32)
+                        place.counted = made[at]
+        return counts
 
     def stats(self) -> dict[str, int]:
         """The launcher's counts (``DeviceLauncher.stats``); none once closed."""

@@ -185,7 +185,7 @@ class NativeEngine:
             and not notify_always
             and client.tenant.quotas.launches_in_flight is None
             and self._whole_device(client.tenant.name)
-            and device.attach(index, memory)
+            and device.attach(index, memory, ring.client_id)
         )
         try:
             self._engine.add_ring(
@@ -392,7 +392,7 @@ class NativeEngine:
                     tickets.append(
                         (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
                     )
-                    self._put_device_ticket(entry, key, fast)
+                    self._put_device_ticket(entry, key, fast, handled.session_id)
             if handled.clear and entry.ring.device_served and self._device is not None:
                 self._device.clear(entry.index)
         except Exception:
@@ -402,12 +402,13 @@ class NativeEngine:
             with contextlib.suppress(KeyError):  # the ring was removed meanwhile
                 self._engine.resume(entry.index, seq + 1, streams, tickets, handled.clear)
 
-    def _put_device_ticket(self, entry: _Ring, key: bytes, fast: Any) -> None:
+    def _put_device_ticket(self, entry: _Ring, key: bytes, fast: Any, session_id: str) -> None:
         """The engine's new ticket, also as a device ticket where the GPU serves the ring."""
         device = self._device
         if device is None or not entry.ring.device_served or fast.device != device.device:
             return
-        device.put(entry.index, key, fast.launch, fast.epoch, fast.value, self._engine.epoch)
+        launch, epoch, value = fast.launch, fast.epoch, fast.value
+        device.put(entry.index, key, launch, epoch, value, self._engine.epoch, session_id)
 
     def _token(self, client_id: str, session_id: str, device: int) -> int:
         token = self._tokens.get(session_id)
@@ -448,6 +449,8 @@ class NativeEngine:
             entry = self._rings.get(index)
             if entry is not None:
                 clients.add(entry.ring.client_id)
+        device = self._device.launches() if self._device is not None else {}
+        clients.update(client_id for client_id, _ in device)
         for client_id in clients:
             self._core.touch(client_id)
         if self._observer is not None:
@@ -455,6 +458,8 @@ class NativeEngine:
                 known = self._sessions.get(token)
                 if known is not None:
                     self._observer.launched(known[0], known[1], count)
+            for (client_id, session_id), count in device.items():
+                self._observer.launched(client_id, session_id, count)
         for entry in list(self._rings.values()):
             for session_id in list(entry.reap):
                 if not self._core.reap(entry.ring.client_id, session_id):
