@@ -91,3 +91,11 @@ def test_a_left_word_past_the_head_breaks_only_that_ring(served: Harness) -> Non
     h.client._kick()
     [item] = h.slow()
     assert item[0] == native.SLOW_BROKEN
+
+
+def test_a_head_past_the_window_breaks_a_served_ring_without_a_kick(served: Harness) -> None:
+    h = served
+    h.publish()
+    struct.pack_into("<Q", h.memory.map, layout.HEAD, 64 + 5)  # past done + slots
+    [item] = h.slow(timeout=3.0)  # found by the engine's look at idle rings, not a kick
+    assert item[0] == native.SLOW_BROKEN

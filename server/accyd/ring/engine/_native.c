@@ -515,14 +515,21 @@ static void give_events(worker_t *w, flight_t *f, int count) {
 /* A device-served ring's one record the launcher left to this path (``left`` is its seq + 1),
  * or 0. The launcher leaves record seq only once every record before it is over (``done`` is
  * seq), so the records between the tail and it were the device's: the tail moves up to it. */
+/* A device-served ring whose client broke the rules: its head more than a ring past ``done``
+ * (its window), or a ``left`` past its head (not the GPU's doing). */
+static int device_ring_broken(ring_t *r) {
+    uint64_t head = ring_load64(r, HEAD_OFF);
+    return head - ring_load64(r, DONE_OFF) > r->slots || ring_load64(r, LEFT_OFF) > head;
+}
+
 static uint64_t device_left(engine_t *e, ring_t *r) {
-    uint64_t left = ring_load64(r, LEFT_OFF);
-    if (left == 0 || left - 1 < r->tail) return 0; /* nothing left, or taken already */
-    if (left > ring_load64(r, HEAD_OFF)) { /* not the GPU's doing: the client broke the rules */
+    if (device_ring_broken(r)) {
         r->broken = 1;
         slow_push(e, SLOW_BROKEN, r, r->tail, 0, -1);
         return 0;
     }
+    uint64_t left = ring_load64(r, LEFT_OFF);
+    if (left == 0 || left - 1 < r->tail) return 0; /* nothing left, or taken already */
     if (left - 1 > r->tail) {
         if (r->fcount > 0) return 0; /* ours are still in flight: the client wrote ``left`` */
         r->tail = r->done = left - 1;
@@ -722,7 +729,7 @@ static void activate(worker_t *w, ring_t *r) {
 static int ring_has_input(ring_t *r) {
     if (r->device) {
         uint64_t left = ring_load64(r, LEFT_OFF);
-        return left != 0 && left - 1 >= r->tail;
+        return (left != 0 && left - 1 >= r->tail) || device_ring_broken(r);
     }
     return ring_load64(r, HEAD_OFF) != r->tail;
 }
