@@ -47,8 +47,10 @@ def test_launches_the_gpu_serves_run_in_order_and_are_counted() -> None:
             ones.free()  # its tickets revoked: the GPU must not launch on it again
             session.launch(operands=[acc, other], results=[acc], wait=True, n=n, a=0.5)
             np.testing.assert_allclose(acc.read(), 0.5 * expected + 1, rtol=1e-5)
+        daemon.stop()  # its log goes with the context
         log = daemon.log_text()
-        assert "device launch is on" in log
-    line = next(ln for ln in daemon.log_text().splitlines() if "ring engine stopped" in ln)
+        print(log)  # shown where an assertion below fails
+    assert "device launch is on" in log
+    line = next(ln for ln in log.splitlines() if "ring engine stopped" in ln)
     made = re.search(r"device_launcher\W+\{[^}]*?launched\W+(\d+)", line)
     assert made is not None and int(made.group(1)) > 0, line

@@ -260,6 +260,7 @@ class DeviceLauncher:
                 self._u32[lay.STOP_OFFSET // 4] = 0 if not self._stopping else 1
 
     def ring_state(self, slot: int) -> RingState:
+        self._device._enter()
         raw = bytearray(_RING_HEAD.size)
         self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
         _, _, _, claimed, left, launched = _RING_HEAD.unpack(raw)
@@ -282,6 +283,7 @@ class DeviceLauncher:
 
     def _copy(self, address: int, host: int, size: int) -> None:
         cu, check = self._cu, self._check
+        self._device._enter()  # any thread may revoke: the context made current on this one
         check(cu.cuMemcpyHtoDAsync(address, host, size, self._writes), "cuMemcpyHtoDAsync")
         check(cu.cuStreamSynchronize(self._writes), "cuStreamSynchronize")
 
@@ -358,6 +360,7 @@ class DeviceLauncher:
     def ticket_launches(self, slot: int) -> list[int]:
         """How many launches each of ring ``slot``'s ticket places made since it was put
         (its ``next`` word; a launch the device refused is counted too, and left)."""
+        self._device._enter()
         raw = bytearray(lay.RING_BYTES)
         self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
         at = lay.TICKET_OFFSET + lay.KEY_BYTES + 4
@@ -408,6 +411,7 @@ class DeviceLauncher:
         """Bump the generation and wait until every running instance began a round after
         it (an instance whose stream is idle looks at nothing)."""
         cu = self._cu
+        self._device._enter()
         with self._lock:  # the relauncher starts no instance meanwhile
             generation = (self._u32[lay.GENERATION_OFFSET // 4] + 1) & 0xFFFFFFFF
             self._u32[lay.GENERATION_OFFSET // 4] = generation
@@ -448,6 +452,7 @@ class DeviceLauncher:
     def stats(self) -> dict[str, int]:
         """Its counters since it started; ``round_ns``: an instance's mean time per look at
         every ring."""
+        self._device._enter()
         raw = bytearray(_STATS.size)
         self._check(self._cu.cuMemcpyDtoH(raw, self._stats_dev, len(raw)), "cuMemcpyDtoH")
         launched, errors, runs, left, rounds, round_ns, last_error = _STATS.unpack(raw)

@@ -118,6 +118,8 @@ class DeviceServing:
         the launch runs in an SM partition, no place is free): the engine's ticket then
         serves it."""
         with self._lock:
+            if self._closed:
+                return False
             return self._put(index, key, launch, epoch, value, current, session_id)
 
     def _put(
@@ -162,7 +164,7 @@ class DeviceServing:
         """Ring ``index``'s handles were let go (UNBIND): none of its tickets launches again."""
         with self._lock:
             served = self._served.get(index)
-            if served is None or not served.places:
+            if self._closed or served is None or not served.places:
                 return
             for at in served.places:
                 self._launcher.drop_ticket(served.slot, at, barrier=False)
@@ -184,7 +186,7 @@ class DeviceServing:
         checked against them can launch and none of their graphs runs, and free those."""
         with self._lock:
             mirrored = [self._epochs[e] for e in epochs if e in self._epochs]
-            if not mirrored:
+            if self._closed or not mirrored:  # closed: nothing launches any more
                 return
             self._launcher.revoke(mirrored)
             gone = set(epochs)
@@ -241,11 +243,11 @@ class DeviceServing:
     def close(self) -> None:
         """Stop the launcher and free every graph (the rings were detached or are let go
         with it). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._launcher.close()
-        with self._lock:
+        with self._lock:  # a revoke or put after this finds it closed
+            if self._closed:
+                return
+            self._closed = True
+            self._launcher.close()
             served, self._served = list(self._served.values()), {}
         for ring in served:
             for place in ring.places.values():

@@ -279,7 +279,9 @@ class NativeEngine:
             engine.set_limit(tenant.counter, -1 if quota is None else quota)
 
     def launched(self) -> int:
-        return int(self._engine.stats()["launches"])
+        """Launches made without Python: the engine's, and the GPU's own."""
+        device = self._device.stats().get("launched", 0) if self._device is not None else 0
+        return int(self._engine.stats()["launches"]) + device
 
     def _counter_of(self, client: Client) -> int:
         if client.counter < 0:
