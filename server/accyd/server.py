@@ -223,7 +223,7 @@ class Server:
                 observer=ring_counts,
                 wait_budget=config.wait_budget,
                 engine_timings=config.engine_timings,
-                device_launch=config.device_launch,
+                device_launch=config.device_launch,  # type: ignore[arg-type]
             )
         socket = _first_unix_socket(config.listen_addresses)
         if self.ring_doors is not None and socket is not None:

@@ -26,7 +26,7 @@ def test_launches_the_gpu_serves_run_in_order_and_are_counted() -> None:
     sight, so the GPU launches the rest; any reordering changes the result."""
     n, steps = 4096, 400
     factors = (np.float32(0.5), np.float32(-1.25))
-    with running_daemon(backend="cuda", extra=["--device-launch"]) as daemon:
+    with running_daemon(backend="cuda", extra=["--device-launch", "always"]) as daemon:
         expected = np.zeros(n, np.float32)
         with Client(daemon.unix_target) as client, client.load(SAXPY) as session:
             acc = client.buffer(expected)

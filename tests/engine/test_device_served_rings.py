@@ -99,3 +99,44 @@ def test_a_head_past_the_window_breaks_a_served_ring_without_a_kick(served: Harn
     struct.pack_into("<Q", h.memory.map, layout.HEAD, 64 + 5)  # past done + slots
     [item] = h.slow(timeout=3.0)  # found by the engine's look at idle rings, not a kick
     assert item[0] == native.SLOW_BROKEN
+
+
+def test_a_ring_handed_back_to_the_engine_goes_on_from_what_the_device_finished(
+    served: Harness,
+) -> None:
+    h = served
+    first = h.publish()
+    device_serves(h, done=0, left=1)
+    h.client._kick()
+    h.slow()
+    h.engine.resume(1, first + 1, [(0, STREAM, TOKEN)], [h.ticket(first)])
+    h.finish(first)
+    assert eventually(lambda: word(h, layout.DONE) == 1)  # the device goes on only then
+    later = [h.publish() for _ in range(4)]
+    device_serves(h, done=3)  # the device served 1 and 2, then was stopped and drained
+    h.engine.set_device(1, False)
+    # 3 and 4, on the ticket; not 1 and 2 again: what the device took counts as taken
+    assert eventually(lambda: len(h.driver.launches) == 2 and word(h, layout.TAIL) == 5)
+    time.sleep(0.05)
+    assert len(h.driver.launches) == 2
+    h.finish(later[-1])
+    assert eventually(lambda: word(h, layout.DONE) == later[-1] + 1)
+
+
+def test_a_ring_given_to_the_device_is_no_longer_taken_by_the_engine() -> None:
+    h = Harness()
+    try:
+        first = h.publish()
+        h.slow()
+        assert not h.engine.set_device(1, True)  # refused: its record is with Python
+        h.engine.resume(1, first + 1, [(0, STREAM, TOKEN)], [h.ticket(first)])
+        h.finish(first)
+        assert eventually(lambda: h.engine.set_device(1, True))  # once its flight is over
+        assert word(h, layout.DONE) == word(h, layout.TAIL) == 1
+        h.publish()  # the same launch: the engine's ticket matches, yet it is the device's
+        time.sleep(0.05)
+        assert h.driver.launches == [] and word(h, layout.TAIL) == 1
+        with pytest.raises(KeyError):
+            h.engine.set_device(9, True)
+    finally:
+        h.close()

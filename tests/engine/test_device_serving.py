@@ -74,6 +74,9 @@ class Launcher:
     def drain(self) -> None:
         self.log.append(("drain",))
 
+    def stats(self) -> dict[str, int]:
+        return {"launched": 0}
+
     def close(self) -> None:
         self.log.append(("launcher closed",))
 

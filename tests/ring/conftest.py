@@ -51,7 +51,12 @@ def door(tmp_path: Path, where: tuple[str, str]) -> Iterator[tuple[Daemon, RingD
     else:
         daemon, _ = host_daemon()
     kind: EngineKind = "native" if device else engine_kind  # type: ignore[assignment]
-    engine = open_engine(daemon, kind=kind, device_launch=device, whole_device=daemon.whole_device)
+    engine = open_engine(
+        daemon,
+        kind=kind,
+        device_launch="always" if device else "off",
+        whole_device=daemon.whole_device,
+    )
     work = DeviceWork(2)
     waits = WaitBudget(engine.threads + 2) if device else None
     ring_door = RingDoor(daemon, tmp_path / "accyd.sock", engine, work=work, waits=waits)

@@ -11,20 +11,28 @@ import os
 import select
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from accy._ring import Ring
 from accy.protocol import ring as layout
+from accyd.catalog.dtypes import DType
+from accyd.ring import RingDoor
+from accyd.ring.engine import device_rings
 from accyd.ring.engine.auto import open_engine
 from accyd.ring.memory import RingMemory
 from accyd.ring.waiting import DEVICE_SPIN_US, WaitBudget
+from accyd.scheduling import DeviceWork
 from tests.core.daemon_fixtures import host_daemon
+from tests.waiting import eventually
 
-native = pytest.importorskip("accyd.ring.engine.native", reason="the native engine is not built")
+pytest.importorskip("accyd.ring.engine._native", reason="the native engine is not built")
 
 SCALARS = struct.Struct("<I4xf4x48x")
+SAXPY, N = "accy.kernel.saxpy", 256
 SERVED = layout.SPIN_SET | layout.SPIN_DEVICE | 100
 
 
@@ -107,10 +115,10 @@ def test_device_launch_without_a_gpu_says_so_once_and_serves_on_the_cpu(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     said = Said()  # the module's own logger may be cached by now: no capture reaches it
-    monkeypatch.setattr(native, "log", said)
+    monkeypatch.setattr(device_rings, "log", said)
     daemon, _ = host_daemon()
     try:
-        engine = open_engine(daemon, kind="native", device_launch=True)
+        engine = open_engine(daemon, kind="native", device_launch="always")
         try:
             about = [line for line in said.lines if line[1].startswith("device launch")]
             assert about == [
@@ -121,3 +129,58 @@ def test_device_launch_without_a_gpu_says_so_once_and_serves_on_the_cpu(
             engine.close()
     finally:
         daemon.close()
+
+
+def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path) -> None:
+    """``--device-launch crowd`` on the host backend with a stand-in launcher (it launches
+    nothing): once crowded, the engine lets a quiet ring go and its client is told; a record
+    then waits for the GPU; once the crowd is gone the engine takes the ring back and that
+    record runs."""
+    from accyd.ring.engine.device_rings import DeviceRings
+    from accyd.ring.engine.device_serving import DeviceServing
+    from tests.engine.test_device_serving import Launcher
+
+    daemon, _ = host_daemon()
+    engine = open_engine(daemon, kind="native")
+    launcher = Launcher()
+    served = DeviceRings(engine._engine, daemon, "crowd", DeviceServing(0, None, launcher))  # type: ignore[attr-defined]
+    engine._device = served  # type: ignore[attr-defined]
+    work = DeviceWork(2)
+    waits = WaitBudget(1, cpus=4)
+    engine.watch_served(waits.set_device)
+    door = RingDoor(daemon, tmp_path / "accyd.sock", engine, work=work, waits=waits)
+    daemon.extend(door)
+    engine.start()
+    door.start()
+    try:
+        client = daemon.attach("crowd").id
+        session = daemon.load_pipeline(client, SAXPY).session_id
+        x = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        y = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        offer = door.offer(client, 64, device_waits=True)
+        ring = Ring.connect(door.path, offer.ring_id, offer.ticket)
+        try:
+            s, hx, hy = (ring.new_handle() for _ in range(3))
+            ring.bind(layout.Kind.BIND_SESSION, s, session, 1.0)
+            ring.bind(layout.Kind.BIND_BUFFER, hx, x, 1.0)
+            ring.bind(layout.Kind.BIND_BUFFER, hy, y, 1.0)
+            scalars = struct.pack("<I4xf4x", N, 1.0)
+            ring.wait(ring.launch(s, [hx, hy], [hy], scalars, 2, notify=True, timeout=5), 5)
+            assert not ring.device_served
+            engine.crowded(True)
+            assert eventually(lambda: ring.device_served, 5.0)
+            waiting = ring.launch(s, [hx, hy], [hy], scalars, 2, notify=True, timeout=5)
+            time.sleep(0.1)
+            assert ring.done == waiting  # the GPU's now, and this stand-in launches nothing
+            engine.crowded(False)
+            ring.wait(waiting, 5)  # the engine took the ring back, and this record with it
+            assert eventually(lambda: not ring.device_served)  # told just after
+            assert [kind for kind, *_ in launcher.log if kind == "detach"] == ["detach"]
+            assert ring.errors() == []
+        finally:
+            ring.close()
+    finally:
+        door.close()
+        engine.close()
+        daemon.close()
+        work.close()

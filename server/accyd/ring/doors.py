@@ -11,6 +11,7 @@ from accyd.doors.hostmem import Segments
 from accyd.ring.charges import RingCharges
 from accyd.ring.door import RingDoor
 from accyd.ring.engine.auto import EngineKind, RingEngine, open_engine
+from accyd.ring.engine.device_rings import DeviceLaunch
 from accyd.ring.observer import RingObserver
 from accyd.ring.stream import StreamRings
 from accyd.ring.waiting import WaitBudget
@@ -40,7 +41,7 @@ class RingDoors:
         observer: RingObserver,
         wait_budget: bool = True,
         engine_timings: bool = False,
-        device_launch: bool = False,
+        device_launch: DeviceLaunch = "off",
     ) -> None:
         self._daemon = daemon
         self._observer = observer
@@ -71,6 +72,7 @@ class RingDoors:
             enabled=wait_budget,
             on_crowded=self.engine.crowded,
         )
+        self.engine.watch_served(self.waits.set_device)
 
     def open_door(self, socket_path: Path) -> tuple[RingDoor, Segments]:
         """The shared ring door beside ``socket_path`` (its mode: who may call may take a

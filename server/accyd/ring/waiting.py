@@ -98,6 +98,16 @@ class WaitBudget:
                 self._device.add(memory)
             self._publish()
 
+    def set_device(self, memory: RingMemory, served: bool) -> None:
+        """Whether the GPU serves the ring now (its client is told, once it is attached)."""
+        with self._lock:
+            if served:
+                self._device.add(memory)
+            else:
+                self._device.discard(memory)
+            if memory in self._rings:
+                self._publish()
+
     def detach(self, memory: RingMemory) -> None:
         """A ring let go (idempotent)."""
         with self._lock:

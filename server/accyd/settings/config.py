@@ -210,11 +210,13 @@ class Config:
         "serve them all otherwise (0: twice the automatic --engine-threads on a GPU, else "
         "--engine-threads)", int_text, metavar="N", group="tuning", shown_default="0 (auto)",
     )  # fmt: skip
-    device_launch: bool = setting(
-        False, "let the GPU itself launch the checked, ticketed launches of ring clients "
-        "that wait for them (a resident launcher kernel; no daemon CPU on their path): for "
-        "tenants on the whole device with no in-flight quota (docs/device-launch.md)",
-        bool_text, switch=True, group="tuning",
+    device_launch: str = setting(
+        "off", "when the GPU itself launches the checked, ticketed launches of ring clients "
+        "that wait for them (a resident launcher kernel; no daemon CPU on their path), for "
+        "tenants on the whole device with no in-flight quota: crowd (while more clients "
+        "wait than fit on the CPUs left, where it is faster), always, or off "
+        "(docs/device-launch.md)",
+        choice("off", "crowd", "always"), metavar="off|crowd|always", group="tuning",
     )  # fmt: skip
     engine_timings: bool = setting(
         False, "time the native engine's driver calls and client wakes (two clock reads "

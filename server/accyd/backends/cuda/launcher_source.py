@@ -41,6 +41,7 @@ __all__ = [
     "EPOCHS",
     "EPOCH_OFFSET",
     "GENERATION_OFFSET",
+    "GENERATION_ROUNDS",
     "INSTANCES",
     "KEY_BYTES",
     "LAUNCHERS",
@@ -70,6 +71,8 @@ MAX_RINGS = 128
 """Rings one launcher serves: one thread of each instance's block per ring."""
 LAUNCHERS = 4
 """Launcher instances polling at once, each on its own stream (``Control``'s acks)."""
+GENERATION_ROUNDS = 4
+"""An instance reads ``Control``'s stop and generation word once in this many rounds."""
 TICKET_BYTES = 192
 TICKET_OFFSET = 64
 """Where a ring's tickets start in its ``Ring``."""
@@ -102,6 +105,7 @@ SOURCE = r"""
 #define TICKETS {tickets}
 #define MAX_RINGS {max_rings}
 #define LAUNCHERS {launchers}
+#define GENERATION_ROUNDS {generation_rounds}
 
 struct Ticket {{
     unsigned key[KEY_WORDS];
@@ -142,9 +146,9 @@ static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
  * seen older than its ``head`` says. Everything else is a plain volatile load: a stale
  * ``done`` only skips a round, and the tables and epochs are ordered by the round's
  * generation read (the host's copy into device memory is over before it writes the
- * generation; a round reads the generation first). A look that serves a record makes three
- * round trips over PCIe: the generation (once a round, for every ring), ``done`` with
- * ``head``, and the record. */
+ * generation; a round reads the generation first). A look that serves a record makes two
+ * round trips over PCIe, ``done`` with ``head``, then the record, and every fourth round one
+ * more for the generation, for every ring at once. */
 __device__ __forceinline__ unsigned long long load_acquire(unsigned long long address) {{
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
@@ -258,7 +262,10 @@ extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *con
     int round = 0;
     unsigned stop = 0;
     for (;; round++) {{
-        if (i == 0) {{ /* stop and generation: one 8-byte word, one round trip */
+        /* Stop and generation: one 8-byte word, read every GENERATION_ROUNDS rounds (each
+         * read is a round trip every look waits for). A round acknowledges the generation
+         * read before it began, so a barrier waits a few rounds longer, never less. */
+        if (i == 0 && round % GENERATION_ROUNDS == 0) {{
             unsigned long long word = VOLATILE64(*(unsigned long long *)control);
             stop = (unsigned)word;
             generation = (unsigned)(word >> 32);
@@ -302,6 +309,7 @@ def source() -> str:
         tickets=TICKETS,
         max_rings=MAX_RINGS,
         launchers=LAUNCHERS,
+        generation_rounds=GENERATION_ROUNDS,
         ticket_bytes=TICKET_BYTES,
         ticket_offset=TICKET_OFFSET,
         ring_bytes=RING_BYTES,

@@ -199,12 +199,12 @@ typedef struct ring {
 } ring_t;
 
 /* Commands from Python, applied by the owning thread between rounds. */
-enum { CMD_ADD = 1, CMD_REMOVE, CMD_RESUME, CMD_FAULT_DONE, CMD_BARRIER };
+enum { CMD_ADD = 1, CMD_REMOVE, CMD_RESUME, CMD_FAULT_DONE, CMD_BARRIER, CMD_DEVICE };
 typedef struct command {
     int kind;
     ring_t *ring;
     uint64_t tail;
-    int clear;
+    int clear; /* CMD_RESUME: drop the ring's tickets; CMD_DEVICE: to the device (else back) */
     int nstreams;
     flight_event_t *streams; /* CMD_RESUME: where the handled records' completion is */
     int ntickets;
@@ -822,6 +822,25 @@ static void apply_commands(worker_t *w) {
         } else if (c->kind == CMD_FAULT_DONE && r->attached) {
             r->fault_pending = 0;
             activate(w, r);
+        } else if (c->kind == CMD_DEVICE && r->attached) {
+            if (c->clear && (r->parked || r->held || r->fault_pending || r->broken ||
+                             r->fcount > 0)) {
+                /* To the device only when quiet: nothing of ours in flight or with Python,
+                 * so every record before the tail is over and the launcher may go on from
+                 * there. Python asks again later. */
+                if (c->done) atomic_store_explicit(c->done, 2, memory_order_release);
+                c->done = NULL;
+            } else {
+                if (!c->clear) { /* back from the device, which Python stopped and drained */
+                    uint64_t done = ring_load64(r, DONE_OFF);
+                    if (r->fcount == 0 && done > r->tail) { /* what the device took is over */
+                        r->tail = r->done = done;
+                        publish_tail(r);
+                    }
+                }
+                r->device = c->clear; /* to the device: from now on only what it leaves */
+                activate(w, r);
+            }
         }
     applied:
         if (c->done) atomic_store_explicit(c->done, 1, memory_order_release);
@@ -1521,6 +1540,42 @@ fail:
     return NULL;
 }
 
+/* Serve ring ``id`` as the device launcher's (``on``: take only the records it leaves) or as
+ * the engine's own again; returns once its thread applied it, with whether it did: ``on``
+ * is refused while the ring is busy (records in flight, or with Python). Then every record
+ * before the tail is over, and Python lets the launcher watch the ring from there. Before
+ * ``off`` Python stops and drains the launcher. */
+static PyObject *engine_set_device(engine_t *e, PyObject *args) {
+    long long id;
+    int on;
+    if (!PyArg_ParseTuple(args, "Lp", &id, &on)) return NULL;
+    atomic_int done;
+    atomic_init(&done, 0);
+    command_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return PyErr_NoMemory();
+    c->kind = CMD_DEVICE;
+    c->clear = on;
+    int wait = 0;
+    pthread_mutex_lock(&e->rings_lock);
+    ring_t *r = ring_lookup(e, id, NULL);
+    if (r) {
+        worker_t *owner = owner_of(e, r);
+        /* Waited for only where a thread will apply it (else it is applied at start). */
+        wait = e->started && !atomic_load(&e->stopping) && owner->started;
+        c->done = wait ? &done : NULL;
+        c->ring = r;
+        post(owner, c);
+    }
+    pthread_mutex_unlock(&e->rings_lock);
+    if (!r) {
+        free(c);
+        PyErr_Format(PyExc_KeyError, "no ring %lld", id);
+        return NULL;
+    }
+    if (wait) await_done(e, &done);
+    return PyBool_FromLong(!wait || atomic_load(&done) == 1);
+}
+
 static PyObject *engine_fault_done(engine_t *e, PyObject *args) {
     long long id;
     if (!PyArg_ParseTuple(args, "L", &id)) return NULL;
@@ -1900,6 +1955,8 @@ static PyMethodDef engine_methods[] = {
      "Stop taking a ring; returns once no engine thread holds it."},
     {"resume", (PyCFunction)(void (*)(void))engine_resume, METH_VARARGS | METH_KEYWORDS,
      "Python handled a parked ring's records up to tail: take it again."},
+    {"set_device", (PyCFunction)engine_set_device, METH_VARARGS,
+     "set_device(ring_id, on): the device launcher serves the ring (on) or the engine again"},
     {"fault_done", (PyCFunction)engine_fault_done, METH_VARARGS,
      "Python wrote a ring's fault entry: its done may advance."},
     {"take_slow", (PyCFunction)engine_take_slow, METH_VARARGS,

@@ -10,6 +10,7 @@ import structlog
 
 from accyd.backends.base import Backend, BackendKind
 from accyd.core.interface import Core
+from accyd.ring.engine.device_rings import DeviceLaunch, Served
 from accyd.ring.engine.pyloop import (
     FLIGHT_SPIN_SECONDS,
     IDLE_SPIN_SECONDS,
@@ -51,6 +52,11 @@ class RingEngine(Protocol):
 
     def add(self, ring: ServerRing, *, notify_always: bool = False) -> None: ...
 
+    def watch_served(self, told: Served) -> None:
+        """``told`` hears whether the GPU serves a ring, each time that changes (never,
+        where the engine has no device launch)."""
+        ...
+
     def remove(self, ring: ServerRing) -> None: ...
 
     def close_client(self, client_id: str) -> None:
@@ -78,7 +84,7 @@ def open_engine(
     timings: bool = False,
     observer: RingObserver | None = None,
     launches_per_client: int | None = None,
-    device_launch: bool = False,
+    device_launch: DeviceLaunch = "off",
     whole_device: Callable[[str], bool] | None = None,
 ) -> RingEngine:
     """The engine for ``core``'s rings (``kind`` ``None``: from ``ACCYD_ENGINE``, else auto).
@@ -96,9 +102,9 @@ def open_engine(
     A native engine that cannot be loaded where ``auto`` asked for it leaves the Python
     loop serving, with one warning; where ``native`` was asked for by name it raises.
 
-    ``device_launch`` (the native engine only; the Python loop says it is off) lets the
-    GPU launch the ticketed records of the rings whose clients ask for it, of tenants
-    ``whole_device`` says have no SM partition.
+    ``device_launch`` (``off``, ``crowd`` or ``always``; the native engine only, the Python
+    loop says it is off) lets the GPU launch the ticketed records of the rings whose clients
+    ask for it, of tenants ``whole_device`` says have no SM partition (``device_rings``).
     """
     wanted = kind or os.environ.get(ENGINE_ENV, "auto")
     if wanted not in ("auto", "native", "python"):
@@ -140,7 +146,7 @@ def open_engine(
                 device_launch=device_launch,
                 whole_device=whole_device,
             )
-    if device_launch:
+    if device_launch != "off":
         log.warning("device launch is off: it needs the native ring engine")
     return PythonLoop(
         core, spin_seconds=idle_spin, flight_spin_seconds=flight_spin, observer=observer

@@ -7,8 +7,8 @@ through the core, installs the tickets the core allows, and resumes the ring. It
 the core's ``Revoker`` (epoch slots, revocation with a barrier) and its
 ``EngineCounts`` (in-flight counters per client and tenant, against the ledger's
 limits). It owns the rings added to it and closes each once the C threads let it go.
-With ``device_launch`` it also owns the device launcher's part (``device_serving``): the
-GPU itself launches the ticketed records of the rings it serves.
+With ``device_launch`` it also owns the device launcher's part (``device_rings``): the GPU
+itself launches the ticketed records of the rings it serves.
 """
 
 from __future__ import annotations
@@ -20,25 +20,23 @@ import time
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
-from accyd.backends.base import Backend, BackendKind
+from accyd.backends.base import Backend
 from accyd.core.clients import Client
 from accyd.core.device import DeviceHealth
 from accyd.core.interface import UNKNOWN_PIPELINE, Core
 from accyd.core.tenants import Tenant
 from accyd.errors import AccyError, DeviceFault, LaunchFailed
 from accyd.ring.engine import _native
+from accyd.ring.engine.device_rings import DeviceLaunch, DeviceRings, Served
 from accyd.ring.engine.drivers import Driver, driver_for
 from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, IDLE_SPIN_SECONDS
 from accyd.ring.observer import RingObserver
 from accyd.ring.records import KEY, KEY_END
 from accyd.ring.ring import Handled, Pending, ServerRing
-
-if TYPE_CHECKING:
-    from accyd.ring.engine.device_serving import DeviceServing
 
 __all__ = ["HOUSEKEEPING_SECONDS", "NativeEngine"]
 
@@ -80,12 +78,12 @@ class NativeEngine:
         observer: RingObserver | None = None,
         launches_per_client: int | None = None,
         timings: bool = False,
-        device_launch: bool = False,
+        device_launch: DeviceLaunch = "off",
         whole_device: Callable[[str], bool] | None = None,
     ) -> None:
-        """``device_launch``: the GPU launches the ticketed records of the rings whose
+        """``device_launch``: when the GPU launches the ticketed records of the rings whose
         clients asked for it, of tenants that ``whole_device`` says run on the whole device
-        (no SM partition), with no in-flight quota (``device_serving``)."""
+        (no SM partition), with no in-flight quota (``device_rings``)."""
         self._core = core
         self._observer = observer
         self._launches_per_client = launches_per_client
@@ -124,7 +122,8 @@ class NativeEngine:
         self._next_token = 0
         self._stopping = False
         self._whole_device = whole_device or (lambda tenant: True)
-        self._device = _device_serving(core) if device_launch else None
+        served = None if device_launch == "off" else DeviceRings(self._engine, core, device_launch)
+        self._device = served if served is not None and served.serving is not None else None
         self._thread = threading.Thread(target=self._run, name="accyd-engine-slow", daemon=True)
         core.attach_engine(self, self, self._watch)
 
@@ -136,8 +135,16 @@ class NativeEngine:
 
     def crowded(self, crowded: bool) -> None:
         """Every one of ``max_threads`` serves its own lane while crowded; else the first
-        ``threads`` serve them all (each ring is on the lane holding the fewest)."""
+        ``threads`` serve them all (each ring is on the lane holding the fewest). With
+        ``--device-launch crowd`` the GPU serves the rings while crowded."""
         self._engine.crowded = crowded
+        if self._device is not None:
+            self._device.crowded(crowded)
+
+    def watch_served(self, told: Served) -> None:
+        """``told`` hears whether the GPU serves a ring, each time that changes."""
+        if self._device is not None:
+            self._device.on_served = told
 
     def close(self) -> None:
         """Stop the threads and close every ring still held; idempotent."""
@@ -179,14 +186,13 @@ class NativeEngine:
             self._rings[index] = _Ring(ring, index)
             ring.engine_index = index
         device = self._device
-        served = (
-            device is not None
-            and ring.device_waits
+        servable = (
+            ring.device_waits
             and not notify_always
             and client.tenant.quotas.launches_in_flight is None
             and self._whole_device(client.tenant.name)
-            and device.attach(index, memory, ring.client_id)
         )
+        served = device is not None and device.added(index, ring, servable)
         try:
             self._engine.add_ring(
                 index,
@@ -199,10 +205,9 @@ class NativeEngine:
                 device=served,
             )
         except BaseException:
-            if served and device is not None:
-                device.detach(index)
+            if device is not None:
+                device.removed(index)
             raise
-        ring.device_served = served
 
     def remove(self, ring: ServerRing) -> None:
         """Let ``ring`` go: returns once no engine thread holds it, then closes it."""
@@ -214,8 +219,8 @@ class NativeEngine:
             return
         ring.memory.mark_closed()
         self._engine.remove_ring(index)
-        if ring.device_served and self._device is not None:
-            self._device.detach(index)
+        if self._device is not None:
+            self._device.removed(index)
         ring.close()
 
     def close_client(self, client_id: str) -> None:
@@ -280,7 +285,7 @@ class NativeEngine:
 
     def launched(self) -> int:
         """Launches made without Python: the engine's, and the GPU's own."""
-        device = self._device.stats().get("launched", 0) if self._device is not None else 0
+        device = self._device.launched() if self._device is not None else 0
         return int(self._engine.stats()["launches"]) + device
 
     def _counter_of(self, client: Client) -> int:
@@ -312,7 +317,7 @@ class NativeEngine:
         self._engine.set_serving(state.serving)
         for device in self._drivers:
             self._engine.set_device_ok(device, device not in state.lost)
-        serving = self._device
+        serving = None if self._device is None else self._device.serving
         if serving is not None and (not state.serving or serving.device in state.lost):
             try:
                 serving.stop_launching()
@@ -327,6 +332,8 @@ class NativeEngine:
             try:
                 for item in self._engine.take_slow(HOUSEKEEPING_SECONDS):
                     self._slow(*item)
+                if self._device is not None:
+                    self._device.switch()
                 now = time.monotonic()
                 if now >= next_housekeeping:
                     next_housekeeping = now + HOUSEKEEPING_SECONDS
@@ -394,23 +401,16 @@ class NativeEngine:
                     tickets.append(
                         (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
                     )
-                    self._put_device_ticket(entry, key, fast, handled.session_id)
-            if handled.clear and entry.ring.device_served and self._device is not None:
-                self._device.clear(entry.index)
+                    if self._device is not None:
+                        self._device.ticket(entry.index, key, fast, handled.session_id)
+            if handled.clear and self._device is not None:
+                self._device.cleared(entry.index)
         except Exception:
             log.exception("a ticket could not be made", ring_id=entry.ring.id, seq=seq)
             tickets = []
         finally:
             with contextlib.suppress(KeyError):  # the ring was removed meanwhile
                 self._engine.resume(entry.index, seq + 1, streams, tickets, handled.clear)
-
-    def _put_device_ticket(self, entry: _Ring, key: bytes, fast: Any, session_id: str) -> None:
-        """The engine's new ticket, also as a device ticket where the GPU serves the ring."""
-        device = self._device
-        if device is None or not entry.ring.device_served or fast.device != device.device:
-            return
-        launch, epoch, value = fast.launch, fast.epoch, fast.value
-        device.put(entry.index, key, launch, epoch, value, self._engine.epoch, session_id)
 
     def _token(self, client_id: str, session_id: str, device: int) -> int:
         token = self._tokens.get(session_id)
@@ -466,21 +466,3 @@ class NativeEngine:
             for session_id in list(entry.reap):
                 if not self._core.reap(entry.ring.client_id, session_id):
                     entry.reap.discard(session_id)
-
-
-def _device_serving(core: Core) -> DeviceServing | None:
-    """The device launcher of ``core``'s first CUDA device, or ``None`` (said once, why)."""
-    cuda = [(d, b) for d, b in core.backends.items() if b.kind is BackendKind.CUDA]
-    if not cuda:
-        log.warning("device launch is off: no CUDA device here (the host backend serves)")
-        return None
-    device, backend = cuda[0]
-    try:
-        from accyd.ring.engine.device_serving import DeviceServing
-
-        serving = DeviceServing(device, backend)
-    except Exception as error:
-        log.warning("device launch is off: the device launcher could not start", error=str(error))
-        return None
-    log.info("device launch is on: the GPU launches served rings' ticketed records", device=device)
-    return serving

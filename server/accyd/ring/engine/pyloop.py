@@ -32,6 +32,7 @@ from accyd.backends.base import Backend
 from accyd.core.interface import Core
 from accyd.core.marks import Mark
 from accyd.errors import AccyError, DeviceFault
+from accyd.ring.memory import RingMemory
 from accyd.ring.observer import RingObserver
 from accyd.ring.ring import Handled, Pending, ServerRing
 
@@ -115,6 +116,9 @@ class PythonLoop:
 
     def crowded(self, crowded: bool) -> None:
         """Nothing: one thread takes every ring."""
+
+    def watch_served(self, told: Callable[[RingMemory, bool], None]) -> None:
+        """Nothing: the GPU serves no ring of this loop's."""
 
     def stats(self) -> dict[str, int]:
         return {"slow_records": self.taken, "rings": len(self._rings), "threads": 1}
