@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a GPU machine for device launch through the daemon (accyd serve --device-launch):
+# One call on a GPU machine for device launch through the daemon (accyd serve --device-launch
+# always, and crowd):
 # bench/scale.py's client processes, each waiting for every launch, against the same daemon
 # without it and MPS at the same counts, in one run. Tables last. CLIENTS, SECONDS_EACH and
 # BUDGET change the run's size.
@@ -10,7 +11,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/env.txt
 nproc >> "$OUT/env.txt"
 step scale ${SCALE_TIMEOUT:-560} $PY bench/scale.py --out "$OUT/scale.json" \
   --clients "${CLIENTS:-1,8,32}" --seconds "${SECONDS_EACH:-0.8}" --budget "${BUDGET:-400}" \
-  --skip ceiling --variants "device=--device-launch"
+  --skip ceiling --variants "always=--device-launch always;crowd=--device-launch crowd"
 pgrep -a -x nvidia-cuda-mps-control > "$OUT/mps_left.txt" 2>&1 || echo "none" > "$OUT/mps_left.txt"
 
 echo "==== env"; cat "$OUT/env.txt"
