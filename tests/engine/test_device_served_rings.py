@@ -7,7 +7,6 @@ writes ``left`` for the one it leaves to the CPU path, as the launcher's kernel 
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Iterator
 
@@ -28,14 +27,14 @@ def served() -> Iterator[Harness]:
 
 
 def word(h: Harness, offset: int) -> int:
-    return int(struct.unpack_from("<Q", h.memory.map, offset)[0])
+    return h.memory.u64(offset)
 
 
 def device_serves(h: Harness, done: int, left: int = 0) -> None:
     """What the launcher writes: ``done`` for the records it served, then ``left``."""
-    struct.pack_into("<Q", h.memory.map, layout.DONE, done)
+    h.memory.set_u64(layout.DONE, done)  # one store each, as the GPU's (not a memset)
     if left:
-        struct.pack_into("<Q", h.memory.map, layout.LEFT, left)
+        h.memory.set_u64(layout.LEFT, left)
 
 
 def test_the_engine_takes_nothing_the_device_did_not_leave(served: Harness) -> None:
@@ -96,7 +95,7 @@ def test_a_left_word_past_the_head_breaks_only_that_ring(served: Harness) -> Non
 def test_a_head_past_the_window_breaks_a_served_ring_without_a_kick(served: Harness) -> None:
     h = served
     h.publish()
-    struct.pack_into("<Q", h.memory.map, layout.HEAD, 64 + 5)  # past done + slots
+    h.memory.set_u64(layout.HEAD, 64 + 5)  # past done + slots
     [item] = h.slow(timeout=3.0)  # found by the engine's look at idle rings, not a kick
     assert item[0] == native.SLOW_BROKEN
 
