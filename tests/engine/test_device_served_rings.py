@@ -37,6 +37,18 @@ def device_serves(h: Harness, done: int, left: int = 0) -> None:
         h.memory.set_u64(layout.LEFT, left)
 
 
+def left_first_then_ticketed(h: Harness) -> None:
+    """Record 0 left by the GPU, decided by Python with a ticket for its launch, and over
+    (the GPU goes on only then)."""
+    first = h.publish()
+    device_serves(h, done=0, left=1)
+    h.client._kick()
+    h.slow()
+    h.engine.resume(1, first + 1, [(0, STREAM, TOKEN)], [h.ticket(first)])
+    h.finish(first)
+    assert eventually(lambda: word(h, layout.DONE) == 1)
+
+
 def test_the_engine_takes_nothing_the_device_did_not_leave(served: Harness) -> None:
     h = served
     for _ in range(3):
@@ -65,13 +77,7 @@ def test_a_left_record_with_a_ticket_launches_from_the_cpu_without_python(
     served: Harness,
 ) -> None:
     h = served
-    first = h.publish()
-    device_serves(h, done=0, left=1)
-    h.client._kick()
-    h.slow()
-    h.engine.resume(1, first + 1, [(0, STREAM, TOKEN)], [h.ticket(first)])
-    h.finish(first)
-    assert eventually(lambda: word(h, layout.DONE) == 1)
+    left_first_then_ticketed(h)
     later = [h.publish() for _ in range(3)]  # the same launch: the ticket matches
     time.sleep(0.05)
     assert h.driver.launches == []  # the device's to serve, not the engine's
@@ -104,13 +110,7 @@ def test_a_ring_handed_back_to_the_engine_goes_on_from_what_the_device_finished(
     served: Harness,
 ) -> None:
     h = served
-    first = h.publish()
-    device_serves(h, done=0, left=1)
-    h.client._kick()
-    h.slow()
-    h.engine.resume(1, first + 1, [(0, STREAM, TOKEN)], [h.ticket(first)])
-    h.finish(first)
-    assert eventually(lambda: word(h, layout.DONE) == 1)  # the device goes on only then
+    left_first_then_ticketed(h)
     later = [h.publish() for _ in range(4)]
     device_serves(h, done=3)  # the device served 1 and 2, then was stopped and drained
     h.engine.set_device(1, False)

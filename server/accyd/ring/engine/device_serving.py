@@ -118,47 +118,34 @@ class DeviceServing:
         the launch runs in an SM partition, no place is free): the engine's ticket then
         serves it."""
         with self._lock:
-            if self._closed:
+            served = None if self._closed else self._served.get(index)
+            if served is None or not getattr(launch, "device_launchable", False):
                 return False
-            return self._put(index, key, launch, epoch, value, current, session_id)
-
-    def _put(
-        self,
-        index: int,
-        key: bytes,
-        launch: Any,
-        epoch: int,
-        value: int,
-        current: Callable[[int], int],
-        session_id: str,
-    ) -> bool:
-        served = self._served.get(index)
-        if served is None or not getattr(launch, "device_launchable", False):
-            return False
-        device_epoch = self._device_epoch(epoch)
-        if device_epoch is None:
-            return False
-        device_value = self._launcher.epoch_value(device_epoch)
-        if current(epoch) != value:  # revoked since Python checked it: stale on both
-            return False
-        at = next((t for t, p in served.places.items() if p.key == key), None)
-        if at is None:
-            at = next((t for t in range(launcher_source.TICKETS) if t not in served.places), None)
-        if at is None:
-            return False
-        try:
-            graph = self._launcher.graph(served.slot, launch.enqueue)
-        except AccyError as error:  # not launchable from the device: the engine serves it
-            log.info("no device ticket", ring_index=index, reason=str(error))
-            return False
-        old = served.places.get(at)
-        if old is not None:  # the same key, checked again: no launch may take the old graph
-            self._launcher.drop_ticket(served.slot, at)
-            self._launcher.drain()
-            old.graph.close()
-        self._launcher.put_ticket(served.slot, key, graph, device_epoch, device_value, at)
-        served.places[at] = _Place(key, graph, epoch, session_id)
-        return True
+            device_epoch = self._device_epoch(epoch)
+            if device_epoch is None:
+                return False
+            device_value = self._launcher.epoch_value(device_epoch)
+            if current(epoch) != value:  # revoked since Python checked it: stale on both
+                return False
+            at = next((t for t, p in served.places.items() if p.key == key), None)
+            if at is None:
+                free = (t for t in range(launcher_source.TICKETS) if t not in served.places)
+                at = next(free, None)
+            if at is None:
+                return False
+            try:
+                graph = self._launcher.graph(served.slot, launch.enqueue)
+            except AccyError as error:  # not launchable from the device: the engine serves it
+                log.info("no device ticket", ring_index=index, reason=str(error))
+                return False
+            old = served.places.get(at)
+            if old is not None:  # the same key checked again: no launch may take the old graph
+                self._launcher.drop_ticket(served.slot, at)
+                self._launcher.drain()
+                old.graph.close()
+            self._launcher.put_ticket(served.slot, key, graph, device_epoch, device_value, at)
+            served.places[at] = _Place(key, graph, epoch, session_id)
+            return True
 
     def clear(self, index: int) -> None:
         """Ring ``index``'s handles were let go (UNBIND): none of its tickets launches again."""
