@@ -71,8 +71,10 @@ MAX_RINGS = 128
 """Rings one launcher serves: one thread of each instance's block per ring."""
 LAUNCHERS = 4
 """Launcher instances polling at once, each on its own stream (``Control``'s acks)."""
-GENERATION_ROUNDS = 4
-"""An instance reads ``Control``'s stop and generation word once in this many rounds."""
+GENERATION_ROUNDS = 1
+"""An instance reads ``Control``'s stop and generation word once in this many rounds: every
+round, as measured on the device. Four would save that round trip in three rounds of four
+(and hold a barrier up to three rounds longer); it has not run on a GPU yet."""
 TICKET_BYTES = 192
 TICKET_OFFSET = 64
 """Where a ring's tickets start in its ``Ring``."""
@@ -147,8 +149,8 @@ static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
  * ``done`` only skips a round, and the tables and epochs are ordered by the round's
  * generation read (the host's copy into device memory is over before it writes the
  * generation; a round reads the generation first). A look that serves a record makes two
- * round trips over PCIe, ``done`` with ``head``, then the record, and every fourth round one
- * more for the generation, for every ring at once. */
+ * round trips over PCIe, ``done`` with ``head``, then the record, and every
+ * GENERATION_ROUNDS rounds one more for the generation, for every ring at once. */
 __device__ __forceinline__ unsigned long long load_acquire(unsigned long long address) {{
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
