@@ -59,6 +59,8 @@ RELAUNCH_POLL_SECONDS = 20e-6
 ACK_TIMEOUT_SECONDS = 5.0
 _RING_HEAD = struct.Struct(lay.RING_FIELDS)
 _STATS = struct.Struct(lay.STATS_FIELDS)
+_LIVE_NEXT = struct.Struct("<II")
+"""A ticket's ``live`` and ``next`` words, right after its key."""
 _TICKET_HEAD = struct.Struct(f"<{lay.KEY_BYTES}sIIQQ{lay.INSTANCES}Q")
 
 
@@ -260,11 +262,17 @@ class DeviceLauncher:
                 self._u32[lay.STOP_OFFSET // 4] = 0 if not self._stopping else 1
 
     def ring_state(self, slot: int) -> RingState:
-        self._device._enter()
-        raw = bytearray(_RING_HEAD.size)
-        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
-        _, _, _, claimed, left, launched = _RING_HEAD.unpack(raw)
+        _, _, _, claimed, left, launched = _RING_HEAD.unpack(
+            self._read(self._ring_dev(slot), _RING_HEAD.size)
+        )
         return RingState(claimed, left, launched)
+
+    def _read(self, address: int, size: int) -> bytearray:
+        """``size`` bytes of the launcher's device memory at ``address`` (synchronous)."""
+        self._device._enter()
+        raw = bytearray(size)
+        self._check(self._cu.cuMemcpyDtoH(raw, address, size), "cuMemcpyDtoH")
+        return raw
 
     def _ring_dev(self, slot: int) -> int:
         return self._rings_dev + slot * lay.RING_BYTES
@@ -360,24 +368,16 @@ class DeviceLauncher:
     def ticket_launches(self, slot: int) -> list[int]:
         """How many launches each of ring ``slot``'s ticket places made since it was put
         (its ``next`` word; a launch the device refused is counted too, and left)."""
-        self._device._enter()
-        raw = bytearray(lay.RING_BYTES)
-        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
-        at = lay.TICKET_OFFSET + lay.KEY_BYTES + 4
-        return [
-            struct.unpack_from("<I", raw, at + t * lay.TICKET_BYTES)[0] for t in range(lay.TICKETS)
-        ]
+        return [launches for _, launches in self._ticket_words(slot)]
 
     def _tickets_live(self, slot: int) -> set[int]:
-        raw = bytearray(lay.RING_BYTES)
-        self._check(self._cu.cuMemcpyDtoH(raw, self._ring_dev(slot), len(raw)), "cuMemcpyDtoH")
-        return {
-            t
-            for t in range(lay.TICKETS)
-            if struct.unpack_from(
-                "<I", raw, lay.TICKET_OFFSET + t * lay.TICKET_BYTES + lay.KEY_BYTES
-            )[0]
-        }
+        return {t for t, (live, _) in enumerate(self._ticket_words(slot)) if live}
+
+    def _ticket_words(self, slot: int) -> list[tuple[int, int]]:
+        """Each of ring ``slot``'s ticket places' ``live`` and ``next`` words."""
+        raw = self._read(self._ring_dev(slot), lay.RING_BYTES)
+        at = lay.TICKET_OFFSET + lay.KEY_BYTES
+        return [_LIVE_NEXT.unpack_from(raw, at + t * lay.TICKET_BYTES) for t in range(lay.TICKETS)]
 
     def _ticket_dev(self, slot: int, index: int) -> int:
         return self._ring_dev(slot) + lay.TICKET_OFFSET + index * lay.TICKET_BYTES
@@ -452,9 +452,7 @@ class DeviceLauncher:
     def stats(self) -> dict[str, int]:
         """Its counters since it started; ``round_ns``: an instance's mean time per look at
         every ring."""
-        self._device._enter()
-        raw = bytearray(_STATS.size)
-        self._check(self._cu.cuMemcpyDtoH(raw, self._stats_dev, len(raw)), "cuMemcpyDtoH")
+        raw = self._read(self._stats_dev, _STATS.size)
         launched, errors, runs, left, rounds, round_ns, last_error = _STATS.unpack(raw)
         return {
             "launched": launched,
