@@ -140,9 +140,15 @@ class DeviceRings:
         if self.serving is not None:
             self.serving.revoke(epochs)
 
-    def stop_launching(self) -> None:
-        if self.serving is not None:
+    def watch(self, serving: bool, lost: Collection[int]) -> None:
+        """The core's device state changed: where it stopped serving (draining) or the
+        launcher's device was lost, no device ticket launches again."""
+        if self.serving is None or (serving and self.serving.device not in lost):
+            return
+        try:
             self.serving.stop_launching()
+        except Exception as error:  # a faulted device refuses the drain: nothing launches
+            log.warning("the device launcher could not be drained", error=str(error))
 
     # Handing rings over (the engine's slow thread) --------------------------------------------
 

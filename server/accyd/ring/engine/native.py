@@ -317,12 +317,8 @@ class NativeEngine:
         self._engine.set_serving(state.serving)
         for device in self._drivers:
             self._engine.set_device_ok(device, device not in state.lost)
-        serving = None if self._device is None else self._device.serving
-        if serving is not None and (not state.serving or serving.device in state.lost):
-            try:
-                serving.stop_launching()
-            except Exception as error:  # a faulted device refuses the drain: nothing launches
-                log.warning("the device launcher could not be drained", error=str(error))
+        if self._device is not None:
+            self._device.watch(state.serving, state.lost)
 
     # The slow thread ----------------------------------------------------------------------
 
