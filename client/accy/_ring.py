@@ -348,6 +348,9 @@ class Ring:
                 continue
             if self.abandoned is not None and self.abandoned():
                 raise RingClosed("the daemon went away")
+            if self.device_served:  # handed to the GPU while we waited (we were woken)
+                self._await_device(check, deadline - now, error)
+                return
             self._halves[layout.CLIENT_WAITS_HALF] = 1
             try:
                 if not check():

@@ -75,6 +75,24 @@ def test_a_wait_on_a_served_ring_kicks_once_per_left_record_and_ends_with_done(
     assert not waited.is_alive()
 
 
+def test_a_wait_asleep_when_its_ring_goes_to_the_gpu_follows_it(
+    ring: tuple[RingMemory, Ring],
+) -> None:
+    memory, client = ring
+    client.spin_seconds = 0.0  # asleep on ``complete`` at once
+    seq = client.launch_fixed(Ring.fixed_part(1, [2], [3], 2), SCALARS, (4, 1.0), True, 1.0)
+    waited = threading.Thread(target=client.wait, args=(seq, 5.0))
+    waited.start()
+    time.sleep(0.05)
+    memory.set_u32(layout.WAIT_SPIN, SERVED)  # the daemon hands the ring to the GPU...
+    memory.wake_client()  # ...and wakes its client once
+    memory.set_u64(layout.LEFT, seq + 1)
+    assert kicks(memory, 1.0) == 1  # the wait now follows the served ring's rules
+    memory.set_u64(layout.DONE, seq + 1)
+    waited.join(2.0)
+    assert not waited.is_alive()
+
+
 def test_a_served_ring_counts_done_as_taken(ring: tuple[RingMemory, Ring]) -> None:
     memory, client = ring
     memory.set_u64(layout.DONE, 3)  # the GPU served three; the CPU path's tail did not move
