@@ -7,6 +7,7 @@ see ``done`` move by itself and kick ``submit`` once for each record left to the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import struct
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,11 +151,13 @@ def test_device_launch_without_a_gpu_says_so_once_and_serves_on_the_cpu(
         daemon.close()
 
 
-def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path) -> None:
-    """``--device-launch crowd`` on the host backend with a stand-in launcher (it launches
-    nothing): once crowded, the engine lets a quiet ring go and its client is told; a record
-    then waits for the GPU; once the crowd is gone the engine takes the ring back and that
-    record runs."""
+@contextlib.contextmanager
+def stand_in_served(
+    tmp_path: Path, mode: device_rings.DeviceLaunch
+) -> Iterator[tuple[Any, Ring, Callable[[], int], Any]]:
+    """A native engine on the host backend whose device launcher is a stand-in (it launches
+    nothing), and a client's ring that asked for device waits, bound to saxpy: (the engine,
+    the ring, a function that publishes one launch, the stand-in)."""
     from accyd.ring.engine.device_rings import DeviceRings
     from accyd.ring.engine.device_serving import DeviceServing
     from tests.engine.test_device_serving import Launcher
@@ -161,7 +165,7 @@ def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path
     daemon, _ = host_daemon()
     engine = open_engine(daemon, kind="native")
     launcher = Launcher()
-    served = DeviceRings(engine._engine, daemon, "crowd", DeviceServing(0, None, launcher))  # type: ignore[attr-defined]
+    served = DeviceRings(engine._engine, daemon, mode, DeviceServing(0, None, launcher))  # type: ignore[attr-defined]
     engine._device = served  # type: ignore[attr-defined]
     work = DeviceWork(2)
     waits = WaitBudget(1, cpus=4)
@@ -183,17 +187,11 @@ def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path
             ring.bind(layout.Kind.BIND_BUFFER, hx, x, 1.0)
             ring.bind(layout.Kind.BIND_BUFFER, hy, y, 1.0)
             scalars = struct.pack("<I4xf4x", N, 1.0)
-            ring.wait(ring.launch(s, [hx, hy], [hy], scalars, 2, notify=True, timeout=5), 5)
-            assert not ring.device_served
-            engine.crowded(True)
-            assert eventually(lambda: ring.device_served, 5.0)
-            waiting = ring.launch(s, [hx, hy], [hy], scalars, 2, notify=True, timeout=5)
-            time.sleep(0.1)
-            assert ring.done == waiting  # the GPU's now, and this stand-in launches nothing
-            engine.crowded(False)
-            ring.wait(waiting, 5)  # the engine took the ring back, and this record with it
-            assert eventually(lambda: not ring.device_served)  # told just after
-            assert [kind for kind, *_ in launcher.log if kind == "detach"] == ["detach"]
+
+            def launch() -> int:
+                return ring.launch(s, [hx, hy], [hy], scalars, 2, notify=True, timeout=5)
+
+            yield engine, ring, launch, launcher
             assert ring.errors() == []
         finally:
             ring.close()
@@ -202,3 +200,40 @@ def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path
         engine.close()
         daemon.close()
         work.close()
+
+
+def test_a_crowd_hands_rings_to_the_device_and_back_to_the_engine(tmp_path: Path) -> None:
+    """``--device-launch crowd`` on the host backend with a stand-in launcher (it launches
+    nothing): once crowded, the engine lets a quiet ring go and its client is told; a record
+    then waits for the GPU; once the crowd is gone the engine takes the ring back and that
+    record runs."""
+    with stand_in_served(tmp_path, "crowd") as (engine, ring, launch, launcher):
+        ring.wait(launch(), 5)
+        assert not ring.device_served
+        engine.crowded(True)
+        assert eventually(lambda: ring.device_served, 5.0)
+        waiting = launch()
+        time.sleep(0.1)
+        assert ring.done == waiting  # the GPU's now, and this stand-in launches nothing
+        engine.crowded(False)
+        ring.wait(waiting, 5)  # the engine took the ring back, and this record with it
+        assert eventually(lambda: not ring.device_served)  # told just after
+        assert [kind for kind, *_ in launcher.log if kind == "detach"] == ["detach"]
+
+
+def test_a_served_ring_whose_client_pipelines_goes_to_the_engine_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher serves a ring's records one at a time: a client seen several records
+    ahead of ``done`` at consecutive looks is handed to the engine, which runs what it
+    published; once the hold is over, a quiet ring goes back to the device."""
+    monkeypatch.setattr(device_rings, "PIPELINED_SECONDS", 0.5)
+    with stand_in_served(tmp_path, "always") as (_, ring, launch, launcher):
+        assert ring.device_served
+        published = [launch() for _ in range(3)]  # the stand-in launches none of them
+        ring.wait(published[-1], 5)  # the engine took the ring and ran all three
+        assert not ring.device_served
+        held_at = time.monotonic()
+        assert eventually(lambda: ring.device_served, 5.0)  # the hold is over, the ring quiet
+        assert time.monotonic() - held_at >= 0.3
+        assert [kind for kind, *_ in launcher.log if kind == "detach"] == ["detach"]

@@ -7,6 +7,12 @@ while the rings' clients are a crowd (more wait than fit on the CPUs the engine 
 ``off`` never. A ring is *servable* where its client asked for device waits and its tenant
 runs on the whole device with no in-flight quota.
 
+The launcher serves one record of a ring at a time, so a client that pipelines (launches
+without waiting, and waits every so often) is served better by the engine, which keeps its
+records in flight on the session's stream. A served ring whose client is seen two or more
+records ahead of ``done`` at ``PIPELINED_LOOKS`` housekeeping looks in a row goes back to the
+engine for ``PIPELINED_SECONDS``; then the policy may hand it to the device again.
+
 Handing a ring over (on the engine's slow thread, ``switch``):
 
 - *to the device*: the engine stops taking the ring's records only when it is quiet (none in
@@ -24,12 +30,14 @@ failed hands every ring back.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
+from accy.protocol import ring as layout
 from accyd.backends.base import BackendKind
 from accyd.core.interface import Core
 from accyd.ring.memory import RingMemory
@@ -47,6 +55,13 @@ DeviceLaunch = Literal["off", "crowd", "always"]
 TICKETS_KEPT = 1024
 """The engine tickets kept per ring for mirroring (the engine's own table holds as many)."""
 
+PIPELINED_LOOKS = 2
+"""Housekeeping looks in a row that see a served ring's client two or more records ahead of
+``done`` before the engine takes the ring back (one look may catch a bind beside a launch)."""
+PIPELINED_SECONDS = 5.0
+"""How long a ring that pipelined stays with the engine before the device may serve it again
+(a hand-over drains the launcher: not to be done at every look)."""
+
 Served = Callable[[RingMemory, bool], None]
 """Told whether the GPU serves a ring now (``WaitBudget.set_device``)."""
 
@@ -56,6 +71,10 @@ class _Servable:
     ring: ServerRing
     tickets: dict[bytes, tuple[Any, str]] = field(default_factory=dict)
     """The engine tickets Python made for the ring: key -> (fast launch, session id)."""
+    deep: int = 0
+    """Looks in a row that saw its client pipelining while the device served it."""
+    engine_until: float = 0.0
+    """It pipelined: the engine keeps it until then (``time.monotonic``); 0: no hold."""
 
 
 class DeviceRings:
@@ -158,21 +177,48 @@ class DeviceRings:
         if self.serving is not None and self.serving.failure is not None and not self._failed:
             self._failed = self._pending = True
             log.error("the device launcher failed: its rings go back to the engine")
+        now = time.monotonic()
+        self._look_at_depth(now)
         if not self._pending:
             return
         want = self.wanted
         left = False
         with self._lock:
             for index, held in list(self._rings.items()):
-                if held.ring.device_served == want or held.ring.abandoned:
+                target = want and not held.engine_until
+                if held.ring.device_served == target or held.ring.abandoned:
                     continue
                 try:
-                    moved = self._to_device(index, held) if want else self._to_engine(index, held)
+                    moved = self._to_device(index, held) if target else self._to_engine(index, held)
                 except Exception as error:
                     log.warning("a ring could not be handed over", index=index, error=str(error))
                     moved = False
                 left = left or not moved
         self._pending = left
+
+    def _look_at_depth(self, now: float) -> None:
+        """Count the looks that see a served ring's client pipelining (``PIPELINED_LOOKS`` in
+        a row: the engine takes it for ``PIPELINED_SECONDS``); end the holds that are over."""
+        with self._lock:
+            for held in self._rings.values():
+                ring = held.ring
+                if ring.abandoned:
+                    continue
+                if held.engine_until:
+                    if now >= held.engine_until:
+                        held.engine_until, self._pending = 0.0, True
+                    continue
+                if not ring.device_served:
+                    continue
+                try:
+                    ahead = ring.memory.u64(layout.HEAD) - ring.memory.u64(layout.DONE)
+                except ValueError:  # its memory closed as the client went
+                    continue
+                held.deep = held.deep + 1 if ahead >= 2 else 0
+                if held.deep >= PIPELINED_LOOKS:
+                    held.deep, held.engine_until = 0, now + PIPELINED_SECONDS
+                    self._pending = True
+                    log.debug("a served ring pipelines: the engine takes it", ring_id=ring.id)
 
     def _to_device(self, index: int, held: _Servable) -> bool:
         serving, ring = self.serving, held.ring
