@@ -30,3 +30,35 @@ def test_metrics_are_served_over_http() -> None:
         'accy_launch_seconds_bucket{le="0.0005",pipeline="accy.kernel.device_scan",'
         'waited="true"} 1.0' in text
     )
+
+
+def test_the_device_launchers_figures_are_read_at_each_scrape_and_absent_without_it() -> None:
+    """What only the launcher knows (records left to the CPU path, failed device launches,
+    relaunches, where a launch's time goes) is read from its counters at each scrape; with
+    no launcher, or one whose device is lost, the scrape still answers without them."""
+    metrics = Metrics()
+    stats: dict[str, int] = {}
+    broken = False
+
+    def read() -> dict[str, int]:
+        if broken:
+            raise RuntimeError("device lost")
+        return stats
+
+    metrics.watch_launcher(read)
+    assert "accy_device_launcher" not in metrics.render()
+    stats.update(launched=1200, left=3, errors=1, runs=40, relaunches=36, served_rings=5)
+    stats.update(round_ns=3000, look_ns=4500, launch_ns=2000, graph_ns=11000)
+    text = metrics.render()
+    assert "accy_device_launcher_launches_total 1200.0" in text
+    assert "accy_device_launcher_left_total 3.0" in text
+    assert "accy_device_launcher_launch_errors_total 1.0" in text
+    assert "accy_device_launcher_relaunches_total 36.0" in text
+    assert "accy_device_launcher_rings 5.0" in text
+    assert 'accy_device_launcher_step_seconds{step="graph"} 1.1e-05' in text
+    assert 'accy_device_launcher_step_seconds{step="look"} 4.5e-06' in text
+    stats["launched"] = 1500  # read again, not kept from the first scrape
+    assert "accy_device_launcher_launches_total 1500.0" in metrics.render()
+    broken = True
+    text = metrics.render()
+    assert "accy_device_launcher" not in text and "accy_clients" in text

@@ -225,6 +225,8 @@ class Server:
                 engine_timings=config.engine_timings,
                 device_launch=config.device_launch,  # type: ignore[arg-type]
             )
+            engine = self.ring_doors.engine
+            metrics.watch_launcher(lambda: engine.stats().get("device_launcher") or {})
         socket = _first_unix_socket(config.listen_addresses)
         if self.ring_doors is not None and socket is not None:
             self.rings, self._segments = self.ring_doors.open_door(socket)

@@ -3,13 +3,14 @@
 Beside the daemon's own (``accy_*``): the standard process and Python figures
 (``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``...,
 ``python_info``, ``python_gc_*``) and the KServe door's per-model figures under Triton's
-names (``accyd.telemetry.triton``).
+names (``accyd.telemetry.triton``), and the device launcher's own where it serves rings
+(``accyd.telemetry.launcher``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -27,6 +28,7 @@ from prometheus_client.metrics_core import Metric
 
 from accyd.core.interface import UNKNOWN_PIPELINE
 from accyd.errors import AccyError
+from accyd.telemetry.launcher import LauncherFigures
 from accyd.telemetry.triton import TritonFigures
 
 if TYPE_CHECKING:
@@ -164,6 +166,11 @@ class Metrics:
     def watch(self, status: Callable[[], DaemonStatus]) -> None:
         """Read clients, sessions, buffers and memory per tenant from ``status`` at each scrape."""
         self._before_scrape.callbacks.append(lambda: self.show(status()))
+
+    def watch_launcher(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        """Show the device launcher's figures (``accy_device_launcher_*``) from ``stats`` at
+        each scrape; nothing while it returns an empty mapping."""
+        self.registry.register(LauncherFigures(stats))
 
     def show(self, status: DaemonStatus) -> None:
         """Set the gauges from a daemon's status."""
