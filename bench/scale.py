@@ -169,10 +169,14 @@ def engine_stats(log: str) -> dict[str, Any]:
 
 
 def variants(plan: Plan, args: argparse.Namespace, kernels: dict[str, Any]) -> dict[str, Any]:
-    """The ``--variant-ways`` series (waited unless told) at the smallest and largest count of
-    8 or more, on daemons started with each variant's flags (``--variants 'name=flags;...'``)."""
-    counts = sorted({c for c in args.clients if c >= 8})
-    counts = [counts[0], counts[-1]] if len(counts) > 1 else counts
+    """The ``--variant-ways`` series (waited unless told) at ``--variant-clients`` (default the
+    smallest and largest count of 8 or more), on daemons started with each variant's flags
+    (``--variants 'name=flags;...'``)."""
+    if args.variant_clients:
+        counts = [int(n) for n in args.variant_clients.split(",")]
+    else:
+        counts = sorted({c for c in args.clients if c >= 8})
+        counts = [counts[0], counts[-1]] if len(counts) > 1 else counts
     ways = [way for way in args.variant_ways.split(",") if way]
     unknown = set(ways) - set(WAYS)
     if unknown:
@@ -437,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--variant-ways", default="waited", help="the variants' series: waited and/or every16"
+    )
+    parser.add_argument(
+        "--variant-clients", default="", help="the variants' client counts (comma-separated)"
     )
     parser.add_argument(
         "--perf-dir", type=Path, help="perf record the daemon in the largest waited series here"
