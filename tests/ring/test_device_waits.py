@@ -151,13 +151,27 @@ def test_device_launch_without_a_gpu_says_so_once_and_serves_on_the_cpu(
         daemon.close()
 
 
+def leave_every_record(ring: Ring, stop: threading.Event) -> None:
+    """Play a launcher that has no ticket for anything: leave each record to the CPU path
+    (its ``left`` word) once everything before it is done, as the GPU does."""
+    words = ring._words  # the ring's memory, as the GPU maps it
+    while not stop.is_set():
+        head, done, left = (
+            words[w] for w in (layout.HEAD_WORD, layout.DONE_WORD, layout.LEFT_WORD)
+        )
+        if head > done and left <= done:
+            words[layout.LEFT_WORD] = done + 1
+        time.sleep(20e-6)
+
+
 @contextlib.contextmanager
 def stand_in_served(
-    tmp_path: Path, mode: device_rings.DeviceLaunch
+    tmp_path: Path, mode: device_rings.DeviceLaunch, *, leaving: bool = False
 ) -> Iterator[tuple[Any, Ring, Callable[[], int], Any]]:
     """A native engine on the host backend whose device launcher is a stand-in (it launches
-    nothing), and a client's ring that asked for device waits, bound to saxpy: (the engine,
-    the ring, a function that publishes one launch, the stand-in)."""
+    nothing; with ``leaving``, it leaves every record to the CPU path), and a client's ring
+    that asked for device waits, bound to saxpy: (the engine, the ring, a function that
+    publishes one launch, the stand-in)."""
     from accyd.ring.engine.device_rings import DeviceRings
     from accyd.ring.engine.device_serving import DeviceServing
     from tests.engine.test_device_serving import Launcher
@@ -181,6 +195,9 @@ def stand_in_served(
         y = daemon.allocate_buffer(client, 4 * N, DType.F32).id
         offer = door.offer(client, 64, device_waits=True)
         ring = Ring.connect(door.path, offer.ring_id, offer.ticket)
+        stop = threading.Event()
+        if leaving:
+            threading.Thread(target=leave_every_record, args=(ring, stop), daemon=True).start()
         try:
             s, hx, hy = (ring.new_handle() for _ in range(3))
             ring.bind(layout.Kind.BIND_SESSION, s, session, 1.0)
@@ -194,6 +211,7 @@ def stand_in_served(
             yield engine, ring, launch, launcher
             assert ring.errors() == []
         finally:
+            stop.set()
             ring.close()
     finally:
         door.close()
@@ -237,3 +255,19 @@ def test_a_served_ring_whose_client_pipelines_goes_to_the_engine_for_a_while(
         assert eventually(lambda: ring.device_served, 5.0)  # the hold is over, the ring quiet
         assert time.monotonic() - held_at >= 0.3
         assert [kind for kind, *_ in launcher.log if kind == "detach"] == ["detach"]
+
+
+def test_a_served_ring_stays_served_through_the_records_it_leaves_to_the_cpu(
+    tmp_path: Path,
+) -> None:
+    """A client's first launch comes after its binds, which the launcher leaves to the CPU
+    path one at a time, so for a moment it is several records ahead of ``done``: that is not
+    pipelining, and its ring stays with the device (the engine's slow path runs after each
+    left record; the looks for pipelining must not)."""
+    with stand_in_served(tmp_path, "always", leaving=True) as (_, ring, launch, launcher):
+        for _ in range(20):
+            ring.wait(launch(), 5)  # waited: never more than one ahead
+            assert ring.device_served
+        time.sleep(3 * device_rings.DEPTH_LOOK_SECONDS)
+        assert ring.device_served
+        assert [kind for kind, *_ in launcher.log if kind == "detach"] == []

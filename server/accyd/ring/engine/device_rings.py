@@ -10,8 +10,9 @@ runs on the whole device with no in-flight quota.
 The launcher serves one record of a ring at a time, so a client that pipelines (launches
 without waiting, and waits every so often) is served better by the engine, which keeps its
 records in flight on the session's stream. A served ring whose client is seen two or more
-records ahead of ``done`` at ``PIPELINED_LOOKS`` housekeeping looks in a row goes back to the
-engine for ``PIPELINED_SECONDS``; then the policy may hand it to the device again.
+records ahead of ``done`` at ``PIPELINED_LOOKS`` looks in a row (``DEPTH_LOOK_SECONDS`` apart)
+goes back to the engine for ``PIPELINED_SECONDS``; then the policy may hand it to the device
+again.
 
 Handing a ring over (on the engine's slow thread, ``switch``):
 
@@ -58,6 +59,9 @@ TICKETS_KEPT = 1024
 PIPELINED_LOOKS = 2
 """Housekeeping looks in a row that see a served ring's client two or more records ahead of
 ``done`` before the engine takes the ring back (one look may catch a bind beside a launch)."""
+DEPTH_LOOK_SECONDS = 0.05
+"""How often served rings are looked at for pipelining (``switch`` runs after every batch of
+slow records too: a burst of binds the launcher left would otherwise look deep twice)."""
 PIPELINED_SECONDS = 5.0
 """How long a ring that pipelined stays with the engine before the device may serve it again
 (a hand-over drains the launcher: not to be done at every look)."""
@@ -100,6 +104,7 @@ class DeviceRings:
         self._rings: dict[int, _Servable] = {}
         self._pending = False
         """Some ring is not where the policy wants it: ``switch`` looks again."""
+        self._next_depth_look = 0.0
 
     # What the engine tells it ----------------------------------------------------------------
 
@@ -178,7 +183,9 @@ class DeviceRings:
             self._failed = self._pending = True
             log.error("the device launcher failed: its rings go back to the engine")
         now = time.monotonic()
-        self._look_at_depth(now)
+        if now >= self._next_depth_look:
+            self._next_depth_look = now + DEPTH_LOOK_SECONDS
+            self._look_at_depth(now)
         if not self._pending:
             return
         want = self.wanted
