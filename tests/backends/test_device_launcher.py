@@ -149,6 +149,7 @@ def test_ticketed_records_launch_from_the_device_and_publish_done(rig: Rig) -> N
     np.testing.assert_array_equal(rig.y_values(), np.full(N, 2.0 * rounds, np.float32))
     stats = rig.launcher.stats()
     assert stats["launched"] == rounds and stats["errors"] == 0 and stats["left"] == 0, stats
+    assert stats["graph_ns"] > 0 and stats["launch_ns"] > 0 and stats["look_ns"] > 0, stats
     assert rig.launcher.ring_state(rig.slot).launched == rounds
     print(f"device-launched waited axpy: p50 {statistics.median(took) * 1e6:.1f} µs", stats)
     rig.launcher.detach(rig.slot)

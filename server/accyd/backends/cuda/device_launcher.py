@@ -1,18 +1,16 @@
 """The device launcher: rings served by a resident kernel that launches checked graphs itself.
 
-The first step of building the device-side scheduler into accy (``docs/device-launch.md``):
-the launcher, its tables and its host side, driven through real rings. The ring engine
-does not hand it records yet; what it does with a record is in ``launcher_source``.
+The device-side scheduler built into accy (``docs/device-launch.md``): the launcher and its
+host side. The ring engine hands it the rings it serves (``ring/engine/device_serving.py``);
+what it does with a record is in ``launcher_source``.
 
 Ownership, all on the one CUDA device whose backend made it:
 
 - The module (NVRTC, relocatable, linked with ``libcudadevrt.a`` by the driver's linker),
-  the ring table, the epoch words and the counters (``cuMemAlloc``), the control page
-  (``cuMemHostAlloc``, mapped), the stream the host's table writes go on, and
-  ``LAUNCHERS`` instance graphs, each on a non-blocking stream of its own: made here, freed
-  by ``close()`` (idempotent, with a ``weakref.finalize`` net) once every instance stopped.
-- Every host write to the tables is copied from the control page (pinned) on the write
-  stream and waited for, so it is in device memory before a barrier's generation is.
+  the tables (``launcher_tables``: device memory, the mapped control page, the stream the
+  host's writes go on) and ``LAUNCHERS`` instance graphs, each on a non-blocking stream of
+  its own: made here, freed by ``close()`` (idempotent, with a ``weakref.finalize`` net)
+  once every instance stopped.
 - A ring's memory is registered (``cuMemHostRegister``, mapped) by ``attach`` and
   unregistered by ``detach``, which first makes sure no launcher looks at it and no graph
   it launched still runs (``drain``).
@@ -44,6 +42,7 @@ from accyd.backends.cuda.compile_cache import CompileCache
 from accyd.backends.cuda.devrt import find_devrt, link_devrt
 from accyd.backends.cuda.driver import ErrorCheck
 from accyd.backends.cuda.graphs import DeviceGraph
+from accyd.backends.cuda.launcher_tables import LauncherTables
 from accyd.errors import LaunchFailed, RuntimeUnavailable
 
 __all__ = ["DeviceLauncher", "RingState"]
@@ -134,36 +133,14 @@ class DeviceLauncher:
         owned.append(functools.partial(cu.cuModuleUnload, module))
         launcher = check(cu.cuModuleGetFunction(module, b"accy_launcher"), "accy_launcher")
         self._done_fn = check(cu.cuModuleGetFunction(module, b"accy_done"), "accy_done")
-        # The frees hold the values, not ``self``: the finalizer must not keep it alive.
-        rings_dev = int(check(cu.cuMemAlloc(lay.MAX_RINGS * lay.RING_BYTES), "cuMemAlloc"))
-        owned.append(functools.partial(cu.cuMemFree, rings_dev))
-        stats_dev = int(check(cu.cuMemAlloc(lay.STATS_BYTES), "cuMemAlloc"))
-        owned.append(functools.partial(cu.cuMemFree, stats_dev))
-        epochs_dev = int(check(cu.cuMemAlloc(8 * lay.EPOCHS), "cuMemAlloc"))
-        owned.append(functools.partial(cu.cuMemFree, epochs_dev))
-        self._rings_dev, self._stats_dev, self._epochs_dev = rings_dev, stats_dev, epochs_dev
-        check(cu.cuMemsetD8(self._rings_dev, 0, lay.MAX_RINGS * lay.RING_BYTES), "cuMemsetD8")
-        check(cu.cuMemsetD8(self._stats_dev, 0, lay.STATS_BYTES), "cuMemsetD8")
-        check(cu.cuMemsetD8(self._epochs_dev, 0, 8 * lay.EPOCHS), "cuMemsetD8")
-        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
-        host = int(check(cu.cuMemHostAlloc(lay.CONTROL_BYTES, flags), "cuMemHostAlloc"))
-        owned.append(functools.partial(cu.cuMemFreeHost, host))
-        ctypes.memset(host, 0, lay.CONTROL_BYTES)
-        control_dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "device pointer"))
-        self._u32 = (ctypes.c_uint32 * (lay.STAGING_OFFSET // 4)).from_address(host)
-        self._staging = host + lay.STAGING_OFFSET
-        self._epochs_host = host + lay.EPOCH_OFFSET
-        self._epochs = (ctypes.c_uint64 * lay.EPOCHS).from_address(self._epochs_host)
-        non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-        self._writes = check(cu.cuStreamCreate(non_blocking), "cuStreamCreate")
-        owned.append(functools.partial(cu.cuStreamDestroy, self._writes))
-        self._write_lock = threading.Lock()
+        tables = self._tables = LauncherTables(cu, check, self._device._enter, owned)
         self._instances: list[tuple[Any, Any]] = []
         types = (*(ctypes.c_void_p,) * 3, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+        non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
         for k in range(lay.LAUNCHERS):
             stream = check(cu.cuStreamCreate(non_blocking), "cuStreamCreate")
             owned.append(functools.partial(cu.cuStreamDestroy, stream))
-            args = (rings_dev, stats_dev, control_dev, k, per_run, rounds)
+            args = (tables.rings, tables.stats, tables.control, k, per_run, rounds)
             run = functools.partial(
                 self._launch, launcher, lay.MAX_RINGS, args, types, "accy_launcher"
             )
@@ -224,11 +201,11 @@ class DeviceLauncher:
             check(cu.cuMemHostRegister(address, len(memory), flags), "cuMemHostRegister")
             try:
                 mapped = int(check(cu.cuMemHostGetDevicePointer(address, 0), "device pointer"))
-                entry = self._ring_dev(slot)
+                entry = self._tables.ring(slot)
                 done = _done(memory)
                 head = _RING_HEAD.pack(mapped, slot_count, 0, done, 0, 0)
-                self._write(entry, head.ljust(lay.RING_BYTES, b"\0"))  # no ticket is live
-                self._put_u32(entry + lay.RING_LIVE_OFFSET, 1)  # live, once the rest is in place
+                self._tables.write(entry, head.ljust(lay.RING_BYTES, b"\0"))  # no ticket live
+                self._tables.put_u32(entry + lay.RING_LIVE_OFFSET, 1)  # live, once all is there
             except BaseException:
                 cu.cuMemHostUnregister(address)
                 raise
@@ -239,7 +216,7 @@ class DeviceLauncher:
         """Stop watching ring ``slot``, wait until none of the graphs it launched still runs,
         and unregister its memory (its map may be closed after)."""
         self._device._enter()
-        self._put_u32(self._ring_dev(slot) + lay.RING_LIVE_OFFSET, 0)
+        self._tables.put_u32(self._tables.ring(slot) + lay.RING_LIVE_OFFSET, 0)
         self._barrier(timeout)
         self.drain()
         with self._lock:
@@ -254,46 +231,18 @@ class DeviceLauncher:
         cu, check = self._cu, self._check
         self._device._enter()
         with self._lock:  # the relauncher starts no instance meanwhile
-            self._u32[lay.STOP_OFFSET // 4] = 1
+            self._tables.set_signal(stop=1)
             try:
                 for stream, _ in self._instances:
                     check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize(launcher)")
             finally:
-                self._u32[lay.STOP_OFFSET // 4] = 0 if not self._stopping else 1
+                self._tables.set_signal(stop=1 if self._stopping else 0)
 
     def ring_state(self, slot: int) -> RingState:
         _, _, _, claimed, left, launched = _RING_HEAD.unpack(
-            self._read(self._ring_dev(slot), _RING_HEAD.size)
+            self._tables.read(self._tables.ring(slot), _RING_HEAD.size)
         )
         return RingState(claimed, left, launched)
-
-    def _read(self, address: int, size: int) -> bytearray:
-        """``size`` bytes of the launcher's device memory at ``address`` (synchronous)."""
-        self._device._enter()
-        raw = bytearray(size)
-        self._check(self._cu.cuMemcpyDtoH(raw, address, size), "cuMemcpyDtoH")
-        return raw
-
-    def _ring_dev(self, slot: int) -> int:
-        return self._rings_dev + slot * lay.RING_BYTES
-
-    def _put_u32(self, address: int, value: int) -> None:
-        self._write(address, struct.pack("<I", value))
-
-    def _write(self, address: int, data: bytes) -> None:
-        """Copy ``data`` to device ``address`` through the pinned staging, and wait until it
-        is there (a copy from pageable memory may return before it lands)."""
-        if len(data) > lay.EPOCH_OFFSET - lay.STAGING_OFFSET:
-            raise ValueError(f"{len(data)} bytes do not fit the launcher's staging")
-        with self._write_lock:
-            ctypes.memmove(self._staging, data, len(data))
-            self._copy(address, self._staging, len(data))
-
-    def _copy(self, address: int, host: int, size: int) -> None:
-        cu, check = self._cu, self._check
-        self._device._enter()  # any thread may revoke: the context made current on this one
-        check(cu.cuMemcpyHtoDAsync(address, host, size, self._writes), "cuMemcpyHtoDAsync")
-        check(cu.cuStreamSynchronize(self._writes), "cuStreamSynchronize")
 
     # -- graphs and tickets ----------------------------------------------------------------
 
@@ -306,11 +255,12 @@ class DeviceLauncher:
         self._device._enter()
         stream = self._device.create_stream(None)
         flags = int(cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH)
-        ring = self._ring_dev(slot)
+        ring = self._tables.ring(slot)
 
         def with_done(s: Any) -> None:
             enqueue(stream)
-            self._launch(self._done_fn, 1, (ring,), (ctypes.c_void_p,), "accy_done", s)
+            args, types = (ring, self._tables.stats), (ctypes.c_void_p, ctypes.c_void_p)
+            self._launch(self._done_fn, 1, args, types, "accy_done", s)
 
         execs: list[Any] = []
         try:
@@ -346,12 +296,10 @@ class DeviceLauncher:
                 index = next((t for t in range(lay.TICKETS) if t not in taken), None)
             if index is None:
                 raise RuntimeUnavailable(f"ring {slot} holds {lay.TICKETS} device tickets")
-            entry = self._ticket_dev(slot, index)
-            packed = _TICKET_HEAD.pack(
-                key, 0, 0, self._epochs_dev + 8 * epoch, value, *graph.handles
-            )
-            self._write(entry, packed)
-            self._put_u32(entry + lay.KEY_BYTES, 1)  # live, once the rest is in place
+            entry = self._tables.ticket(slot, index)
+            packed = _TICKET_HEAD.pack(key, 0, 0, self._tables.epoch(epoch), value, *graph.handles)
+            self._tables.write(entry, packed)
+            self._tables.put_u32(entry + lay.KEY_BYTES, 1)  # live, once the rest is in place
             return index
 
     def drop_ticket(
@@ -361,7 +309,7 @@ class DeviceLauncher:
         may still run: ``drain`` waits for that); ``barrier=False`` for a ticket already stale
         (its epoch was revoked), which only frees its place."""
         self._device._enter()
-        self._put_u32(self._ticket_dev(slot, index) + lay.KEY_BYTES, 0)
+        self._tables.put_u32(self._tables.ticket(slot, index) + lay.KEY_BYTES, 0)
         if barrier:
             self._barrier(timeout)
 
@@ -375,12 +323,9 @@ class DeviceLauncher:
 
     def _ticket_words(self, slot: int) -> list[tuple[int, int]]:
         """Each of ring ``slot``'s ticket places' ``live`` and ``next`` words."""
-        raw = self._read(self._ring_dev(slot), lay.RING_BYTES)
+        raw = self._tables.read(self._tables.ring(slot), lay.RING_BYTES)
         at = lay.TICKET_OFFSET + lay.KEY_BYTES
         return [_LIVE_NEXT.unpack_from(raw, at + t * lay.TICKET_BYTES) for t in range(lay.TICKETS)]
-
-    def _ticket_dev(self, slot: int, index: int) -> int:
-        return self._ring_dev(slot) + lay.TICKET_OFFSET + index * lay.TICKET_BYTES
 
     # -- epochs ------------------------------------------------------------------------------
 
@@ -391,15 +336,13 @@ class DeviceLauncher:
             return self._epochs_free.pop()
 
     def epoch_value(self, epoch: int) -> int:
-        return int(self._epochs[epoch])
+        return self._tables.epoch_value(epoch)
 
     def revoke(self, epochs: list[int], timeout: float = ACK_TIMEOUT_SECONDS) -> None:
         """Make every ticket checked against ``epochs`` stale; returns once no launch
         checked against their old values can still be made."""
         for epoch in epochs:
-            self._epochs[epoch] += 1
-            with self._write_lock:
-                self._copy(self._epochs_dev + 8 * epoch, self._epochs_host + 8 * epoch, 8)
+            self._tables.bump_epoch(epoch)
         self._barrier(timeout)
 
     def free_epoch(self, epoch: int) -> None:
@@ -413,12 +356,12 @@ class DeviceLauncher:
         cu = self._cu
         self._device._enter()
         with self._lock:  # the relauncher starts no instance meanwhile
-            generation = (self._u32[lay.GENERATION_OFFSET // 4] + 1) & 0xFFFFFFFF
-            self._u32[lay.GENERATION_OFFSET // 4] = generation
+            generation = (self._tables.generation + 1) & 0xFFFFFFFF
+            self._tables.set_signal(generation=generation)
             deadline = time.monotonic() + timeout
             for k, (stream, _) in enumerate(self._instances):
                 while True:
-                    acked = self._u32[lay.ACK_OFFSET // 4 + k]
+                    acked = self._tables.ack(k)
                     if (acked - generation) & 0x80000000 == 0:
                         break
                     if int(cu.cuStreamQuery(stream)[0]) == 0:  # not running
@@ -450,10 +393,14 @@ class DeviceLauncher:
             log.error("the device launcher stopped", error=self.failure)
 
     def stats(self) -> dict[str, int]:
-        """Its counters since it started; ``round_ns``: an instance's mean time per look at
-        every ring."""
-        raw = self._read(self._stats_dev, _STATS.size)
-        launched, errors, runs, left, rounds, round_ns, last_error = _STATS.unpack(raw)
+        """Its counters since it started. Means, in nanoseconds: ``round_ns``, an instance's
+        look at every ring; per launch made, ``look_ns`` from the look's start to the launch
+        call, ``launch_ns`` in it, and ``graph_ns`` from its return to the graph's end."""
+        raw = self._tables.read(self._tables.stats, _STATS.size)
+        launched, errors, runs, left, rounds, round_ns, look, call, graph, last_error = (
+            _STATS.unpack(raw)
+        )
+        made = max(launched, 1)
         return {
             "launched": launched,
             "errors": errors,
@@ -461,6 +408,9 @@ class DeviceLauncher:
             "left": left,
             "last_error": last_error,
             "round_ns": round_ns // max(rounds, 1),
+            "look_ns": look // made,
+            "launch_ns": call // made,
+            "graph_ns": graph // made,
             "relaunches": self._relaunches,
             "rings": len(self._rings),
         }
@@ -472,8 +422,9 @@ class DeviceLauncher:
             return
         self._stopping = True
         self._thread.join()
-        self._u32[lay.STOP_OFFSET // 4] = 1
         self._device._enter()
+        with self._lock:
+            self._tables.set_signal(stop=1)
         for stream, _ in self._instances:  # the runs, and every graph they launched, end
             self._cu.cuStreamSynchronize(stream)
         for slot in list(self._rings):

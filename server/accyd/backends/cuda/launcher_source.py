@@ -18,9 +18,13 @@ What the GPU reads and writes:
   buffer handles, scalar bytes), the epoch word it was checked against and that word's
   value then, and ``INSTANCES`` instances of its graph (the device refuses to launch a graph
   while an earlier launch of it still runs).
-- ``Control`` (pinned host memory the GPU maps): ``stop``, the host's ``generation`` and each
-  launcher instance's acknowledgement of it; then, for the host only, the pinned staging its
-  writes to the tables go through, and its copy of the epoch words.
+- ``Control`` (pinned host memory the GPU maps): ``stop`` and the host's ``generation`` (one
+  8-byte word every instance reads each round), and each instance's acknowledgement of the
+  generation it read; then, for the host only, the pinned staging its writes to the tables
+  go through, and its copy of the epoch words. The word is read over PCIe on purpose: with
+  it in device memory a round took 2.6-3.2 µs instead of 6-10, yet a launch's latency grew
+  (p50 30.5-34.5 against 27.5 µs for one client, 0.86-0.91x the rate at 32; H100, both in
+  the same runs): a faster poll slowed the device's own graph launches.
 - The epoch words (device memory): a ticket holds while its word reads the ticket's value.
 - ``Stats`` (device memory): launches made, launch errors, runs, records left.
 
@@ -41,7 +45,6 @@ __all__ = [
     "EPOCHS",
     "EPOCH_OFFSET",
     "GENERATION_OFFSET",
-    "GENERATION_ROUNDS",
     "INSTANCES",
     "KEY_BYTES",
     "LAUNCHERS",
@@ -71,10 +74,6 @@ MAX_RINGS = 128
 """Rings one launcher serves: one thread of each instance's block per ring."""
 LAUNCHERS = 4
 """Launcher instances polling at once, each on its own stream (``Control``'s acks)."""
-GENERATION_ROUNDS = 1
-"""An instance reads ``Control``'s stop and generation word once in this many rounds: every
-round, as measured on the device. Four would save that round trip in three rounds of four
-(and hold a barrier up to three rounds longer); it has not run on a GPU yet."""
 TICKET_BYTES = 192
 TICKET_OFFSET = 64
 """Where a ring's tickets start in its ``Ring``."""
@@ -83,10 +82,11 @@ RING_FIELDS = "<QIIQQQ"
 """``Ring``'s head: base, slot_count, live, claimed, left, launched."""
 RING_LIVE_OFFSET = 12
 """Where ``Ring.live`` is: the host sets it last when a ring comes and first when it goes."""
-STATS_FIELDS = "<QQQQQQI"
-"""``Stats``: launched, errors, runs, left, rounds, their nanoseconds, the last launch
-error's code."""
-STATS_BYTES = 64
+STATS_FIELDS = "<QQQQQQQQQI"
+"""``Stats``: launched, errors, runs, left, rounds, their nanoseconds; for the launches made,
+the nanoseconds from the look's start to the launch call, in the launch call, and from its
+return to the graph's ``accy_done``; the last launch error's code."""
+STATS_BYTES = 128
 STOP_OFFSET, GENERATION_OFFSET, ACK_OFFSET, STAGING_OFFSET, EPOCH_OFFSET = 0, 4, 64, 1024, 4096
 """Where ``Control``'s words are; staging and the epochs' copy are the host's alone."""
 EPOCHS = 512
@@ -107,12 +107,11 @@ SOURCE = r"""
 #define TICKETS {tickets}
 #define MAX_RINGS {max_rings}
 #define LAUNCHERS {launchers}
-#define GENERATION_ROUNDS {generation_rounds}
 
 struct Ticket {{
     unsigned key[KEY_WORDS];
     unsigned live;
-    unsigned next;                      /* the instance the next launch takes */
+    unsigned next;                      /* launches tried (the host counts them) */
     unsigned long long epoch;           /* device address of the epoch word */
     unsigned long long value;           /* the ticket holds while the word reads this */
     unsigned long long exec[INSTANCES]; /* cudaGraphExec_t, instantiated for device launch */
@@ -124,11 +123,13 @@ struct Ring {{
     unsigned long long claimed;         /* records before it are taken */
     unsigned long long left;            /* seq + 1 of the last record left to the CPU path */
     unsigned long long launched;
-    unsigned long long pad[3];
+    unsigned long long launched_at;     /* when its last graph was launched (globaltimer) */
+    unsigned long long pad[2];
     Ticket tickets[TICKETS];
 }};
 struct Stats {{
     unsigned long long launched, errors, runs, left, rounds, round_ns;
+    unsigned long long look_ns, launch_ns, graph_ns;
     unsigned last_error;
 }};
 struct Control {{
@@ -148,9 +149,9 @@ static_assert(sizeof(Stats) <= {stats_bytes}, "Stats fit the host's");
  * seen older than its ``head`` says. Everything else is a plain volatile load: a stale
  * ``done`` only skips a round, and the tables and epochs are ordered by the round's
  * generation read (the host's copy into device memory is over before it writes the
- * generation; a round reads the generation first). A look that serves a record makes two
- * round trips over PCIe, ``done`` with ``head``, then the record, and every
- * GENERATION_ROUNDS rounds one more for the generation, for every ring at once. */
+ * generation; a round reads the generation first). A round makes one round trip over PCIe
+ * for the generation, and a look that serves a record two more: ``done`` with ``head``,
+ * then the record (with its claim). */
 __device__ __forceinline__ unsigned long long load_acquire(unsigned long long address) {{
     unsigned long long v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(address) : "memory");
@@ -195,14 +196,19 @@ __device__ Ticket *find(Ring *r, const unsigned *words) {{
 /* One look at ring ``r``: serve its next record if it may be served now. */
 __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
     if (!VOLATILE32(r->live)) return;
+    unsigned long long look = now_ns();
     unsigned long long base = VOLATILE64(r->base);
     unsigned long long claimed = VOLATILE64(r->claimed);
+    unsigned slots = VOLATILE32(r->slot_count);
     /* ``done`` and ``head`` are read together: one round trip over PCIe, not two. */
     unsigned long long done = *(volatile unsigned long long *)(base + DONE_OFF);
     unsigned long long head = load_acquire(base + HEAD_OFF);
     if (claimed > done) return; /* a record is in flight */
     if (head <= done) return; /* nothing new */
-    unsigned long long slot = base + HEADER_SIZE + (done % VOLATILE32(r->slot_count)) * SLOT_SIZE;
+    if (atomicAdd(used, 1) >= per_run) return; /* this run's launches are spent: the next's */
+    /* Claim it, and read its slot while the claim is answered (neither waits for the other). */
+    unsigned long long got = atomicCAS(&r->claimed, claimed, done + 1);
+    unsigned long long slot = base + HEADER_SIZE + (done % slots) * SLOT_SIZE;
     unsigned words[RECORD_WORDS];
     for (int q = 0; q < RECORD_WORDS / 4; q++) {{ /* 16 bytes a read, all sent at once */
         uint4 v = load16(slot + 16 * q);
@@ -211,28 +217,36 @@ __device__ void serve(Ring *r, Stats *stats, int *used, int per_run) {{
         words[4 * q + 2] = v.z;
         words[4 * q + 3] = v.w;
     }}
-    unsigned long long seq = words[0] | ((unsigned long long)words[1] << 32);
-    Ticket *ticket = seq == done && (words[2] & 0xffffu) == LAUNCH_KIND ? find(r, words) : 0;
-    if (ticket) {{ /* the epochs are in device memory: no round trip */
-        unsigned long long epoch = *(volatile unsigned long long *)VOLATILE64(ticket->epoch);
-        if (epoch != VOLATILE64(ticket->value)) ticket = 0; /* revoked since */
-    }}
-    if (!ticket) {{
-        if (atomicCAS(&r->claimed, claimed, done + 1) == claimed) leave(r, stats, done);
-        return;
-    }}
-    if (atomicAdd(used, 1) >= per_run) return; /* this run's launches are spent */
-    if (atomicCAS(&r->claimed, claimed, done + 1) != claimed) {{
+    if (got != claimed) {{
         atomicSub(used, 1); /* another instance took it */
         return;
     }}
-    unsigned k = atomicAdd(&ticket->next, 1u) % INSTANCES;
-    /* Not through L1: a ticket's place may have held another ticket earlier in this run. */
-    cudaGraphExec_t exec = (cudaGraphExec_t)VOLATILE64(ticket->exec[k]);
+    unsigned long long seq = words[0] | ((unsigned long long)words[1] << 32);
+    Ticket *ticket = seq == done && (words[2] & 0xffffu) == LAUNCH_KIND ? find(r, words) : 0;
+    unsigned k = (unsigned)(done % INSTANCES); /* one record in flight: never a running one */
+    cudaGraphExec_t exec = 0;
+    if (ticket) {{ /* the epochs are in device memory: no round trip */
+        unsigned long long address = VOLATILE64(ticket->epoch), value = VOLATILE64(ticket->value);
+        /* Not through L1: a ticket's place may have held another ticket earlier in this run. */
+        exec = (cudaGraphExec_t)VOLATILE64(ticket->exec[k]);
+        if (*(volatile unsigned long long *)address != value) ticket = 0; /* revoked since */
+    }}
+    if (!ticket) {{
+        atomicSub(used, 1);
+        leave(r, stats, done);
+        return;
+    }}
+    unsigned long long call = now_ns();
+    VOLATILE64(r->launched_at) = call; /* before the launch: its accy_done reads it */
     cudaError_t error = cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
+    unsigned long long back = now_ns();
+    atomicAdd(&ticket->next, 1u);
     if (error == cudaSuccess) {{
+        VOLATILE64(r->launched_at) = back;
         atomicAdd(&stats->launched, 1ull);
         atomicAdd(&r->launched, 1ull);
+        atomicAdd(&stats->look_ns, call - look);
+        atomicAdd(&stats->launch_ns, back - call);
     }} else {{
         atomicAdd(&stats->errors, 1ull);
         stats->last_error = (unsigned)error;
@@ -264,10 +278,9 @@ extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *con
     int round = 0;
     unsigned stop = 0;
     for (;; round++) {{
-        /* Stop and generation: one 8-byte word, read every GENERATION_ROUNDS rounds (each
-         * read is a round trip every look waits for). A round acknowledges the generation
-         * read before it began, so a barrier waits a few rounds longer, never less. */
-        if (i == 0 && round % GENERATION_ROUNDS == 0) {{
+        /* Stop and generation: one 8-byte word, read every round. A round acknowledges the
+         * generation read before it began. */
+        if (i == 0) {{
             unsigned long long word = VOLATILE64(*(unsigned long long *)control);
             stop = (unsigned)word;
             generation = (unsigned)(word >> 32);
@@ -288,8 +301,12 @@ extern "C" __global__ void accy_launcher(Ring *rings, Stats *stats, Control *con
     }}
 }}
 
-/* The last node of every device graph: the record's work is over, so publish ``done``. */
-extern "C" __global__ void accy_done(Ring *r) {{
+/* The last node of every device graph: the record's work is over, so publish ``done``, and
+ * count the time since its launch returned (never less than 0: the launcher stamps
+ * ``launched_at`` once its launch call returns, which may be after this ran). */
+extern "C" __global__ void accy_done(Ring *r, Stats *stats) {{
+    unsigned long long at = VOLATILE64(r->launched_at), now = now_ns();
+    atomicAdd(&stats->graph_ns, now > at ? now - at : 0ull);
     __threadfence_system();
     *(volatile unsigned long long *)(VOLATILE64(r->base) + DONE_OFF) = VOLATILE64(r->claimed);
 }}
@@ -311,7 +328,6 @@ def source() -> str:
         tickets=TICKETS,
         max_rings=MAX_RINGS,
         launchers=LAUNCHERS,
-        generation_rounds=GENERATION_ROUNDS,
         ticket_bytes=TICKET_BYTES,
         ticket_offset=TICKET_OFFSET,
         ring_bytes=RING_BYTES,
