@@ -23,7 +23,9 @@ SAXPY = "accy.kernel.saxpy"
 
 def test_launches_the_gpu_serves_run_in_order_and_are_counted() -> None:
     """acc = a * acc + 1 in place, two factors in turn: each is one ticket after its first
-    sight, so the GPU launches the rest; any reordering changes the result."""
+    sight, so the GPU launches the rest; any reordering changes the result. The last 100
+    launches pipeline (two of three not waited for), which hands the ring back to the
+    engine: the order holds across that too."""
     n, steps = 4096, 400
     factors = (np.float32(0.5), np.float32(-1.25))
     with running_daemon(backend="cuda", extra=["--device-launch", "always"]) as daemon:
@@ -34,7 +36,7 @@ def test_launches_the_gpu_serves_run_in_order_and_are_counted() -> None:
             before = client.status().launches_total
             for k in range(steps):
                 a = factors[k % 2]
-                wait = k % 3 == 0  # waited launches and pipelined ones
+                wait = k < 300 or k % 3 == 0  # waited launches, then pipelined ones
                 session.launch(operands=[acc, ones], results=[acc], wait=wait, n=n, a=float(a))
                 expected = a * expected + np.float32(1)
             got = acc.read()  # ordered after every launch, none waited for last

@@ -47,8 +47,10 @@ def test_replayed_launches_compute_every_step_in_order(
         assert daemon.status().launches_total == 40
         if engine_of.kind == "native":  # the first checked by the core, the rest its ticket's
             stats = engine_of.stats()
-            gpu = stats.get("device_launcher")  # the GPU launched them (--device-launch)
-            assert (stats["fast_records"] if gpu is None else gpu["launched"]) >= 35, stats
+            # With --device-launch the GPU launched some: a client that pipelines goes back
+            # to the engine, whose own tickets launch the rest.
+            gpu = stats.get("device_launcher", {}).get("launched", 0)
+            assert stats["fast_records"] + gpu >= 35, stats
         daemon.wait_launch(client, session)
         assert eventually(lambda: daemon.status().tenants[0].usage.launches_in_flight == 0)
     finally:
