@@ -23,10 +23,11 @@ What the GPU reads and writes:
   generation it read; then, for the host only, the pinned staging its writes to the tables
   go through, and its copy of the epoch words. The word is read over PCIe on purpose: with
   it in device memory a round took 2.6-3.2 µs instead of 6-10, yet a launch's latency grew
-  (p50 30.5-34.5 against 27.5 µs for one client, 0.86-0.91x the rate at 32; H100, both in
+  (p50 30.5-34.5 against 26.5-27.5 µs for one client, 0.86-0.91x the rate at 32; H100, both in
   the same runs): a faster poll slowed the device's own graph launches.
 - The epoch words (device memory): a ticket holds while its word reads the ticket's value.
-- ``Stats`` (device memory): launches made, launch errors, runs, records left.
+- ``Stats`` (device memory): launches made, launch errors, runs, records left, rounds, and the
+  time of each step of the launches made.
 
 A record is served when everything before it is over (``done == seq``: one in flight per
 ring), nobody took it (``claimed <= seq``), it is a launch, and its bytes equal a live
