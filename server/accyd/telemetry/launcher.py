@@ -55,7 +55,7 @@ class LauncherFigures:
             counter.add_metric([], float(stats.get(key, 0)))
             yield counter
         rings = GaugeMetricFamily("accy_device_launcher_rings", "Rings the launcher serves now.")
-        rings.add_metric([], float(stats.get("served_rings", stats.get("rings", 0))))
+        rings.add_metric([], float(stats.get("served_rings", 0)))
         yield rings
         steps = GaugeMetricFamily(
             "accy_device_launcher_step_seconds",
