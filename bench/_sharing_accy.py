@@ -115,8 +115,9 @@ def prepare_rtt(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
 
 
 def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """device_scan at ``n``, scratch allocated once, launched and waited: p50/p99."""
-    n, iterations = int(spec["n"]), int(spec["iterations"])
+    """device_scan at ``n``, scratch allocated once, launched and waited: p50/p99 (after
+    ``warmup`` launches, default 20)."""
+    n, iterations, warmup = int(spec["n"]), int(spec["iterations"]), int(spec.get("warmup", 20))
     client = Client(spec["target"], client_name="bench-scan")
     session = client.load(SCAN)
     session.allocate_intermediates(n=n)
@@ -127,7 +128,7 @@ def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         session.launch([x], [y], n=n)
 
     def run() -> dict[str, Any]:
-        found = _percentiles(_timed(launch, iterations, warmup=20))
+        found = _percentiles(_timed(launch, iterations, warmup=warmup))
         want = np.cumsum(data, dtype=np.float64)
         error = float(np.linalg.norm(y.read() - want) / np.linalg.norm(want))
         if not error < 1e-5:

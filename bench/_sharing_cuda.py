@@ -43,18 +43,19 @@ class Rig:
         self.name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace").strip()
         self.context = check(d.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         check(d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        if image_path is None:
-            attribute = d.CUdevice_attribute
-            arch = tuple(
-                int(check(d.cuDeviceGetAttribute(a, self.device), "cuDeviceGetAttribute"))
-                for a in (
-                    attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                    attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                )
+        attribute = d.CUdevice_attribute
+        major, minor = (
+            int(check(d.cuDeviceGetAttribute(a, self.device), "cuDeviceGetAttribute"))
+            for a in (
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
             )
+        )
+        self.arch = (major, minor)
+        if image_path is None:
             with tempfile.TemporaryDirectory() as cache:
                 image = CompileCache(cache).compile(
-                    SOURCE.read_text(), arch=(arch[0], arch[1]), name=SOURCE.name
+                    SOURCE.read_text(), arch=self.arch, name=SOURCE.name
                 )
             self.image = image.data + b"\0" if image.kind == "ptx" else image.data
         else:

@@ -53,6 +53,7 @@ REMOTE_SYNC_EVERY = 256
 pipelined, where a wait every 16 launches would cost a network round trip per 16."""
 WORKERS: dict[str, tuple[str, str]] = {
     "cuda-inproc": ("_sharing_cuda", "prepare_inproc"),
+    "cuda-scan": ("_scan_cuda", "prepare_scan"),
     "cuda-rate": ("_sharing_cuda", "prepare_rate"),
     "accy-rate": ("_sharing_accy", "prepare_rate"),
     "accy-rtt": ("_sharing_accy", "prepare_rtt"),

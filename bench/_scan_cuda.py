@@ -1,0 +1,135 @@
+"""device_scan's three kernels launched in one process, raw: the fair baseline for its round trip.
+
+The worker (kind ``cuda-scan``) compiles the daemon's own ``scan.cu`` with the daemon's
+NVRTC options, allocates x, y and the tile scratch once, and times three ways of running
+the same three kernels on one stream, each waited for: three ``cuLaunchKernel`` and a
+``cuStreamSynchronize``; the three captured once in a CUDA graph, ``cuGraphLaunch`` and a
+synchronize (what accy's launch path replays); and the sharing benchmark's one tiny kernel
+launched and synchronized (the bound the issue states device_scan against). Every driver
+call's result is checked, and y is checked against numpy's cumulative sum.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from _sharing_cuda import Rig
+from bench_service import _percentiles, _timed
+
+from accyd.backends.cuda.compile_cache import CompileCache
+from accyd.backends.cuda.driver import check
+from accyd.catalog.catalog import BUILTIN_CATALOG
+
+SOURCE = BUILTIN_CATALOG / "cuda" / "scan.cu"
+TILE, TILE_THREADS, OFFSETS_THREADS = 4096, 256, 1024
+"""scan.cu's tile, the tile kernels' block and tile_offsets' block (one block)."""
+
+
+class ScanRig:
+    """scan.cu's module and device_scan's buffers for ``n`` elements on ``rig``'s context."""
+
+    def __init__(self, rig: Rig, n: int) -> None:
+        d, self.rig, self.n = rig.d, rig, n
+        with tempfile.TemporaryDirectory() as cache:
+            image = CompileCache(cache).compile(SOURCE.read_text(), arch=rig.arch, name=SOURCE.name)
+        data = image.data + b"\0" if image.kind == "ptx" else image.data
+        self.module = check(d.cuModuleLoadData(data), "cuModuleLoadData")
+        self.tiles = -(-n // TILE)
+        self.x_host = np.random.default_rng(1).random(n, dtype=np.float32)
+        self.x, self.y = self._alloc(n), self._alloc(n)
+        self.sums, self.offsets = self._alloc(self.tiles), self._alloc(self.tiles)
+        check(d.cuMemcpyHtoD(self.x, self.x_host.data, n * 4), "cuMemcpyHtoD")
+        self._keep: list[Any] = []
+        self.stages = [
+            self._stage("accy_scan_tile_sum", self.tiles, TILE_THREADS, self.sums, self.x, n),
+            self._stage(
+                "accy_scan_tile_offsets", 1, OFFSETS_THREADS, self.offsets, self.sums, self.tiles
+            ),
+            self._stage(
+                "accy_scan_tile_scan", self.tiles, TILE_THREADS, self.y, self.x, self.offsets, n
+            ),
+        ]
+
+    def _alloc(self, count: int) -> int:
+        return int(check(self.rig.d.cuMemAlloc(count * 4), "cuMemAlloc"))
+
+    def _stage(self, entry: str, grid: int, block: int, *args: int) -> tuple[Any, ...]:
+        """One kernel's launch: its function, shape and pre-packed arguments (pointers, then
+        one u32 last)."""
+        function = check(self.rig.d.cuModuleGetFunction(self.module, entry.encode()), entry)
+        storage = [ctypes.c_uint64(a) for a in args[:-1]] + [ctypes.c_uint32(args[-1])]
+        params = (ctypes.c_void_p * len(storage))(*(ctypes.addressof(s) for s in storage))
+        self._keep += [storage, params]
+        return function, grid, block, ctypes.addressof(params)
+
+    def launcher(self, stream: Any) -> Callable[[], None]:
+        """The three kernels on ``stream``, not waited for."""
+        launch = self.rig.d.cuLaunchKernel
+
+        def go() -> None:
+            for function, grid, block, params in self.stages:
+                result = launch(function, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+                if result[0]:
+                    check(result, "cuLaunchKernel")
+
+        return go
+
+    def graph_launcher(self, stream: Any) -> Callable[[], None]:
+        """The three kernels captured once into a graph; a launch of it on ``stream``."""
+        d = self.rig.d
+        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(d.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+        self.launcher(stream)()
+        graph = check(d.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        exec_ = check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        self._keep += [graph, exec_]
+        launch = d.cuGraphLaunch
+
+        def go() -> None:
+            result = launch(exec_, stream)
+            if result[0]:
+                check(result, "cuGraphLaunch")
+
+        return go
+
+    def error(self) -> float:
+        """y's relative L2 error against numpy's float64 cumulative sum."""
+        check(self.rig.d.cuCtxSynchronize(), "cuCtxSynchronize")
+        y = np.empty(self.n, dtype=np.float32)
+        check(self.rig.d.cuMemcpyDtoH(y.data, self.y, self.n * 4), "cuMemcpyDtoH")
+        want = np.cumsum(self.x_host, dtype=np.float64)
+        return float(np.linalg.norm(y - want) / np.linalg.norm(want))
+
+
+def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """One process: the tiny kernel, device_scan's kernels, and their graph, each waited."""
+    rig = Rig()
+    scan = ScanRig(rig, int(spec["n"]))
+    stream = rig.stream()
+    sync = rig.synchronizer(stream)
+    iterations, tiny = int(spec["iterations"]), int(spec["tiny_iters"])
+    ways = {
+        "tiny": rig.launcher(tiny, stream),
+        "scan": scan.launcher(stream),
+        "scan_graph": scan.graph_launcher(stream),
+    }
+
+    def run() -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for name, launch in ways.items():
+
+            def waited(launch: Callable[[], None] = launch) -> None:
+                launch()
+                sync()
+
+            found[name] = _percentiles(_timed(waited, iterations, warmup=200))
+        error = scan.error()
+        if not error < 1e-5:
+            raise RuntimeError(f"device_scan's kernels: relative error {error}")
+        return found | {"device": rig.name, "n": scan.n, "rel_err": error}
+
+    return run
