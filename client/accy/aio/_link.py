@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -33,16 +33,28 @@ from accy.errors import (
 from accy.protocol import CLIENT_ID_METADATA
 from accy.protocol.launch.v1 import launch_pb2 as pb
 
-if TYPE_CHECKING:
-    from accy.aio._ring import AioRing
-
-__all__ = ["AioLink", "AioStub"]
+__all__ = ["AioLink", "AioStub", "LinkRing"]
 
 LOSS_GRACE = 1.0
 """How long a call that found no daemon waits to learn whether the daemon went away (the
 Attach stream ends) rather than being out of reach for a moment."""
 
 _Req = TypeVar("_Req", bound=Message)
+
+
+class LinkRing(Protocol):
+    """What a link asks of its ring (``accy.aio._ring.AioRing``, which holds the link): the
+    link's calls wait for it to settle, and its objects' ends are forgotten there."""
+
+    async def wait(self, ticket: Any, session_id: str | None, timeout: Any) -> None: ...
+
+    async def settle(self) -> None: ...
+
+    def forget(self, object_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
 _Resp = TypeVar("_Resp", bound=Message)
 _T = TypeVar("_T")
 
@@ -121,7 +133,7 @@ class AioLink:
         self.lost: AccyError | None = None
         """Why the attachment ended, once it did: every call then raises it."""
         self.closed = False
-        self.ring: AioRing | None = None
+        self.ring: LinkRing | None = None
         """The ring launches go through (``accy.aio._ring``), once the first launch opened it."""
         self.ring_tried = False
         self.ring_lock = asyncio.Lock()

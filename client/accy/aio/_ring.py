@@ -146,13 +146,13 @@ def ring_wanted(target: str) -> bool:
 
 async def ring_of(link: AioLink) -> AioRing | None:
     """The link's ring, opened at its first launch; ``None``: its launches are calls."""
-    if link.ring_tried:
-        return link.ring
-    async with link.ring_lock:
-        if not link.ring_tried:
-            link.ring = await _open(link) if ring_wanted(link.target) else None
-            link.ring_tried = True
-    return link.ring
+    if not link.ring_tried:
+        async with link.ring_lock:
+            if not link.ring_tried:
+                link.ring = await _open(link) if ring_wanted(link.target) else None
+                link.ring_tried = True
+    ring = link.ring
+    return ring if isinstance(ring, AioRing) else None
 
 
 async def _open(link: AioLink) -> AioRing | None:
