@@ -58,23 +58,18 @@ class ScanRig:
         return int(check(self.rig.d.cuMemAlloc(count * 4), "cuMemAlloc"))
 
     def _stage(self, entry: str, grid: int, block: int, *args: int) -> tuple[Any, ...]:
-        """One kernel's launch: its function, shape and pre-packed arguments (pointers, then
-        one u32 last)."""
+        """One kernel: its function, shape and arguments (pointers, then one u32 last)."""
         function = check(self.rig.d.cuModuleGetFunction(self.module, entry.encode()), entry)
-        storage = [ctypes.c_uint64(a) for a in args[:-1]] + [ctypes.c_uint32(args[-1])]
-        params = (ctypes.c_void_p * len(storage))(*(ctypes.addressof(s) for s in storage))
-        self._keep += [storage, params]
-        return function, grid, block, ctypes.addressof(params)
+        values = [ctypes.c_uint64(a) for a in args[:-1]] + [ctypes.c_uint32(args[-1])]
+        return function, grid, block, values
 
     def launcher(self, stream: Any) -> Callable[[], None]:
         """The three kernels on ``stream``, not waited for."""
-        launch = self.rig.d.cuLaunchKernel
+        kernels = [self.rig.kernel(f, grid, block, stream, v) for f, grid, block, v in self.stages]
 
         def go() -> None:
-            for function, grid, block, params in self.stages:
-                result = launch(function, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
-                if result[0]:
-                    check(result, "cuLaunchKernel")
+            for kernel in kernels:
+                kernel()
 
         return go
 

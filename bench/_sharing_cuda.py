@@ -77,16 +77,24 @@ class Rig:
     ) -> Callable[[], None]:
         """A launch of fma.cu's ``entry`` (its fma kernel, or another with its parameters)
         on ``stream`` with pre-packed arguments (y, x, iters), ``grid`` blocks of BLOCK."""
-        storage = (ctypes.c_uint64 * 3)(self.y, self.x, iters)  # u32 iters: the low half, LE
-        params = (ctypes.c_void_p * 3)(*(ctypes.addressof(storage) + 8 * i for i in range(3)))
-        self._keep += [storage, params]
-        launch, pointer = self.d.cuLaunchKernel, ctypes.addressof(params)
         function = self.function
         if entry != ENTRY:
             function = check(self.d.cuModuleGetFunction(self.module, entry.encode()), entry)
+        # u32 iters: the low half of its 8 bytes, little-endian
+        args = [ctypes.c_uint64(self.y), ctypes.c_uint64(self.x), ctypes.c_uint64(iters)]
+        return self.kernel(function, grid, BLOCK, stream, args)
+
+    def kernel(
+        self, function: Any, grid: int, block: int, stream: Any, args: list[Any]
+    ) -> Callable[[], None]:
+        """A launch of ``function`` on ``stream``, ``grid`` blocks of ``block``, with ``args``
+        (ctypes values, kept alive here) packed once; its result checked."""
+        params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+        self._keep += [args, params]
+        launch, pointer = self.d.cuLaunchKernel, ctypes.addressof(params)
 
         def go() -> None:
-            result = launch(function, grid, 1, 1, BLOCK, 1, 1, 0, stream, pointer, 0)
+            result = launch(function, grid, 1, 1, block, 1, 1, 0, stream, pointer, 0)
             if result[0]:
                 check(result, "cuLaunchKernel")
 

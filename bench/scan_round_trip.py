@@ -47,9 +47,10 @@ def accy(plan: Plan, args: argparse.Namespace, flags: str) -> dict[str, Any]:
     timeout = 120.0
     extra = ["--catalog", str(CATALOG), "--log-format", "json", *flags.split()]
     found: dict[str, Any] = {}
+    label = f"accy {flags}".strip()
     with running_daemon(backend="cuda", tcp=False, extra=extra) as daemon:
         found["scan"] = plan.step(
-            f"accy{' ' + flags if flags else ''}: device_scan n={args.n}, waited",
+            f"{label}: device_scan n={args.n}, waited",
             functools.partial(
                 one,
                 {
@@ -63,7 +64,7 @@ def accy(plan: Plan, args: argparse.Namespace, flags: str) -> dict[str, Any]:
             ),
         )
         found["tiny"] = plan.step(
-            f"accy{' ' + flags if flags else ''}: tiny kernel, waited",
+            f"{label}: tiny kernel, waited",
             functools.partial(
                 one,
                 {
