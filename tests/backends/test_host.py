@@ -27,6 +27,7 @@ from accyd.testing import RecordingBackend
 
 KERNELS = """
 import threading
+import time
 gate = threading.Event()
 
 def append(grid, block, buffers, scalars):
@@ -41,6 +42,14 @@ def blocked(grid, block, buffers, scalars):
 
 def boom(grid, block, buffers, scalars):
     raise ZeroDivisionError("planted")
+
+ran_on = []
+
+def where(grid, block, buffers, scalars):
+    # Naps scalars[0] ms and notes (its scalar, the thread it ran on).
+    if scalars[0]:
+        time.sleep(int(scalars[0]) / 1000)
+    ran_on.append((int(scalars[0]), threading.current_thread().name))
 """
 
 ONE = FixedGeometry((1, 1, 1), (1, 1, 1))
@@ -141,6 +150,46 @@ def test_launches_run_in_order_on_one_stream_and_asynchronously(backend: HostBac
     assert list(got[1:]) == list(range(100))
     backend.destroy_event(event)
     backend.destroy_stream(stream)
+
+
+def test_a_short_kernel_on_an_idle_stream_runs_on_the_launching_thread_in_order(
+    backend: HostBackend,
+) -> None:
+    """Handing a kernel to the stream's thread costs two wake-ups; one known to be quicker
+    than that runs on the caller's thread, but only with nothing before it on the stream."""
+    _, where = kernel(backend, "where")
+    _, blocked = kernel(backend, "blocked")
+    ran_on = where.native.__globals__["ran_on"]
+    stream = backend.create_stream()
+    log = backend.allocate_buffer(4)
+    me = threading.current_thread().name
+
+    def launch(loaded, value: int) -> None:  # type: ignore[no-untyped-def]
+        backend.launch(LaunchRequest(None, loaded, [log], [Scalar.u32(value)], ONE, stream))
+
+    launch(where, 0)  # not yet known to be short: the stream's thread
+    backend.synchronize(stream)
+    assert ran_on[0] == (0, f"accy-host-stream-{stream.id}")
+    for _ in range(50):  # known short (unless a busy machine stretched the last run)
+        launch(where, 0)
+        if ran_on[-1] == (0, me):  # the stream idle: here, before launch returned
+            break
+        backend.synchronize(stream)
+    else:
+        pytest.fail(f"a short kernel never ran on the launching thread: {ran_on[-3:]}")
+    del ran_on[1:-1]
+    assert backend.event_done(backend.record_event(stream))  # a fence on an idle stream too
+    launch(where, 3)  # other scalars: not known, so not here
+    backend.synchronize(stream)
+    launch(where, 3)  # it took 3 ms: never here
+    backend.synchronize(stream)
+    assert [thread == me for value, thread in ran_on[2:]] == [False, False]
+    launch(blocked, 0)
+    launch(where, 0)  # short, but the stream is busy: it waits its turn on the stream
+    assert len(ran_on) == 4
+    blocked.native.__globals__["gate"].set()
+    backend.synchronize(stream)
+    assert ran_on[-1][0] == 0 and ran_on[-1][1] != me
 
 
 def test_notify_event_calls_back_once_the_work_before_the_event_is_over(

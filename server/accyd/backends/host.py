@@ -35,7 +35,7 @@ from accyd.backends.base import (
     round_up,
 )
 from accyd.backends.host_staging import host_staged_copies
-from accyd.backends.host_streams import Fence, Worker, call_quietly
+from accyd.backends.host_streams import Fence, RunTimes, Worker, call_quietly
 from accyd.backends.partitions import PartitionSpec, SmSplit
 from accyd.catalog.dtypes import DType
 from accyd.catalog.model import ArtifactFormat
@@ -93,6 +93,8 @@ class HostBackend:
             int(physical_memory() * DEFAULT_MEMORY_SHARE) if memory_limit is None else memory_limit
         )
         self._default: Stream | None = None
+        self._run_times = RunTimes()
+        """Which kernels are short enough to run on the launching thread (``launch``)."""
         self._fault: DeviceFault | None = None
         self._closed = False
         self._staged = host_staged_copies(self._view, self._worker, self._alive)
@@ -269,12 +271,13 @@ class HostBackend:
         views = [buffer.native for buffer in request.buffers]
         values = [scalar.value for scalar in request.scalars]
         worker = self._worker(request.stream)
+        key = (request.loaded.id, geometry, tuple(values))
 
         def run() -> None:
             if not worker.dropping:
-                function(geometry.grid, geometry.block, views, values)
+                self._run_times.call(key, function, geometry.grid, geometry.block, views, values)
 
-        worker.submit(run)
+        worker.submit(run, here=self._run_times.short(key))
 
     def destroy(self, obj: DeviceBuffer | LoadedKernel) -> None:
         with self._lock:
