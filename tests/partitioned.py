@@ -6,7 +6,11 @@ of ``ACCY_SUITE_PARTITION_SHARE`` of the SMs, default 0.5) and make every stream
 for none in it: the launch path runs as a confined tenant's would (graphs captured in the
 partition, ring launches on its streams). A backend that cannot make it fails the test that
 opened it, naming why: a run meant to be partitioned never passes unconfined. The tests of
-partitions themselves, which split the SMs their own way, are skipped.
+partitions themselves, which split the SMs their own way, are skipped, and so are the device
+launcher's own: the daemon runs it on the whole device only and never hands it a launch that
+runs in a partition (``device_launchable``), which the ring suite's ``cuda-device`` cases
+check here; driven into a partition by hand, its device-side graph launches never ran
+(H100, driver 580.159.04, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 
 NAME = "suite"
 SPLITS_THEIR_OWN = ("tests/backends/test_cuda_partitions.py",)
+WHOLE_DEVICE_ONLY = ("tests/backends/test_device_launcher.py",)
 _MADE = pytest.StashKey[list[str]]()
 """The size of each partition made, one entry per ``CudaBackend`` opened."""
 
@@ -57,10 +62,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(reason="splits the SMs its own way; the suite's partition is made")
+    own = pytest.mark.skip(reason="splits the SMs its own way; the suite's partition is made")
+    whole = pytest.mark.skip(reason="the device launcher runs on the whole device only")
     for item in items:
         if item.nodeid.startswith(SPLITS_THEIR_OWN):
-            item.add_marker(skip)
+            item.add_marker(own)
+        elif item.nodeid.startswith(WHOLE_DEVICE_ONLY):
+            item.add_marker(whole)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
