@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -127,7 +128,7 @@ def noisy(plan: Plan, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     for variant, sms in (("unconfined", None), ("confined", args.aggressor_sms)):
         path = folder / f"tokens-{variant}.toml"
         _tokens(path, tokens, sms)
-        extra = ["--catalog", str(CATALOG), "--tokens", str(path)]
+        extra = ["--catalog", str(CATALOG), "--tokens", str(path), *args.daemon_flags]
 
         def pair(extra: list[str] = extra, variant: str = variant) -> dict[str, Any]:
             with running_daemon(backend=args.backend, tcp=False, extra=extra) as daemon:
@@ -278,8 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", default="", help="crowd, noisy and/or mps (CUDA only), comma-separated"
     )
+    parser.add_argument(
+        "--daemon-flags",
+        default="",
+        help="more accyd serve flags for the noisy neighbour's daemons ('--device-launch always')",
+    )
     args = parser.parse_args(argv)
     args.clients = [int(n) for n in args.clients.split(",") if n]
+    args.daemon_flags = shlex.split(args.daemon_flags)
     plan = Plan(args.budget)
     shown = dict(vars(args), out=str(args.out))
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "args": shown}
