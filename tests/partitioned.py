@@ -22,8 +22,12 @@ from typing import Any
 import pytest
 
 NAME = "suite"
-SPLITS_THEIR_OWN = ("tests/backends/test_cuda_partitions.py",)
-WHOLE_DEVICE_ONLY = ("tests/backends/test_device_launcher.py",)
+SKIPPED = {
+    "tests/backends/test_cuda_partitions.py": "splits the SMs its own way; the suite's "
+    "partition is made",
+    "tests/backends/test_device_launcher.py": "the device launcher runs on the whole device only",
+}
+"""Test files the partitioned run skips (their node ids' prefix), and why."""
 _MADE = pytest.StashKey[list[str]]()
 """The size of each partition made, one entry per ``CudaBackend`` opened."""
 
@@ -62,13 +66,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    own = pytest.mark.skip(reason="splits the SMs its own way; the suite's partition is made")
-    whole = pytest.mark.skip(reason="the device launcher runs on the whole device only")
     for item in items:
-        if item.nodeid.startswith(SPLITS_THEIR_OWN):
-            item.add_marker(own)
-        elif item.nodeid.startswith(WHOLE_DEVICE_ONLY):
-            item.add_marker(whole)
+        reason = next((why for file, why in SKIPPED.items() if item.nodeid.startswith(file)), None)
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
