@@ -48,6 +48,22 @@ def request(**overrides: object) -> PipelineLaunch:
     return PipelineLaunch(**fields)  # type: ignore[arg-type]
 
 
+def test_a_zeroed_intermediate_is_zeros_when_made_and_the_rest_are_not() -> None:
+    """Rule 2: zeroed is asked of the backend at allocation, for that intermediate alone,
+    for a launch's own scratch and for a session's kept one."""
+    first, second = TEST_PIPELINE.intermediates
+    zeroed = dataclasses.replace(
+        TEST_PIPELINE, intermediates=(dataclasses.replace(first, zeroed=True), second)
+    )
+    state = RecordingBackend()
+    launch_pipeline(state, request(pipeline=zeroed))
+    with allocate_intermediates(state, zeroed, ARGS):
+        pass
+    launch_pipeline(state, request())
+    assert state.allocated_buffer_zeroed == [True, False, True, False, False, False]
+    assert state.live_ids == set()
+
+
 def test_derives_intermediates_scalars_and_geometry_per_stage() -> None:
     state = RecordingBackend()
     launch_pipeline(state, request())

@@ -91,7 +91,7 @@ def _read_pipeline(path: Path, index: int, raw: Any) -> Pipeline:
             field = f"{key}[{i}]"
             item = where.check(raw_item, dict, field)
             allowed = {"name", "dtype", "extent"} | (
-                {"shape"} if role is not BufferRole.INTERMEDIATE else set()
+                {"zeroed"} if role is BufferRole.INTERMEDIATE else {"shape"}
             )
             where.only(item, allowed, f"{field}.")
             name = where.get(item, "name", str, f"{field}.name")
@@ -104,9 +104,15 @@ def _read_pipeline(path: Path, index: int, raw: Any) -> Pipeline:
 
     operands = buffer_list("operands", BufferRole.OPERAND)
     results = buffer_list("results", BufferRole.RESULT)
+    specs = buffer_list("intermediates", BufferRole.INTERMEDIATE)  # each a table, checked
     intermediates = [
-        IntermediateSpec(spec.dtype, spec.extent, spec.name)
-        for spec in buffer_list("intermediates", BufferRole.INTERMEDIATE)
+        IntermediateSpec(
+            spec.dtype,
+            spec.extent,
+            spec.name,
+            zeroed=where.check(item.get("zeroed", False), bool, f"intermediates[{i}].zeroed"),
+        )
+        for i, (spec, item) in enumerate(zip(specs, table.get("intermediates", []), strict=True))
     ]
     stages = [
         _read_stage(where, i, raw_stage, buffers, names)

@@ -136,11 +136,17 @@ class BufferSpec:
 
 @dataclass(frozen=True, slots=True)
 class IntermediateSpec:
-    """A scratch buffer between stages, sized from the runtime scalars."""
+    """A scratch buffer between stages, sized from the runtime scalars.
+
+    ``zeroed``: filled with zeros when allocated, and never again: for a kernel that
+    keeps state in it from one launch to the next (scratch is one session's, whose
+    launches run in order on its stream).
+    """
 
     dtype: DType
     extent: Expr
     name: str = ""
+    zeroed: bool = False
 
     def element_count(self, args: Sequence[Scalar]) -> int:
         return extent_of(self.extent, args)

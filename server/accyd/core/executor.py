@@ -230,7 +230,8 @@ def intermediate_byte_sizes(pipeline: Pipeline, runtime_scalars: Sequence[Scalar
 def allocate_intermediates(
     backend: Backend, pipeline: Pipeline, runtime_scalars: Sequence[Scalar]
 ) -> Intermediates:
-    """Allocate each intermediate once, 256-byte aligned, for the caller to reuse.
+    """Allocate each intermediate once, 256-byte aligned (zeroed where its spec says), for
+    the caller to reuse.
 
     The runtime scalars are checked first; a failed allocation frees the
     buffers already made.
@@ -246,6 +247,7 @@ def allocate_intermediates(
                     alignment=BUFFER_ALIGNMENT,
                     dtype=spec.dtype,
                     element_count=spec.element_count(runtime_scalars),
+                    zero=spec.zeroed,
                 )
             )
     except BaseException:

@@ -57,6 +57,7 @@ class RecordingBackend:
     allocated_buffer_ids: list[int] = field(default_factory=list)
     allocated_buffer_byte_sizes: list[int] = field(default_factory=list)
     allocated_buffer_alignments: list[int] = field(default_factory=list)
+    allocated_buffer_zeroed: list[bool] = field(default_factory=list)
     destroyed_ids: list[int] = field(default_factory=list)
     launch_grids: list[tuple[int, int, int]] = field(default_factory=list)
     launch_blocks: list[tuple[int, int, int]] = field(default_factory=list)
@@ -136,6 +137,7 @@ class RecordingBackend:
         self.allocated_buffer_ids.append(buffer.id)
         self.allocated_buffer_byte_sizes.append(byte_size)
         self.allocated_buffer_alignments.append(alignment)
+        self.allocated_buffer_zeroed.append(zero)
         self._live[buffer.id] = buffer
         return buffer
 
