@@ -8,7 +8,7 @@ Run on a machine with a GPU, from the repository root:
     with the CUB accelerator) and a device-to-device copy of the same bytes, as
     effective bandwidth 2n*4 bytes / time, timed with CUDA events (median of the
     per-rep times of back-to-back reps after warm-up);
-(b) one pooled three-stage launch at n = 5000: through the executor, through
+(b) one pooled device_scan launch at n = 5000: through the executor, through
     ``CudaBackend.launch``, and straight through cuda-python with pre-packed or
     (values, types) arguments: p50/p99 of launch + synchronize, and enqueue time;
 (c) loading the device_scan pool with an empty kernel cache (NVRTC compiles) and a
@@ -181,20 +181,24 @@ def scan_bandwidth(
                     stream,
                 )
             )
-        stage_times: list[list[float]] = [[], [], []]
-        events = [ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT)) for _ in range(4)]
+        stage_times: list[list[float]] = [[] for _ in plans]
+        events = [
+            ok(d.cuEventCreate(d.CUevent_flags.CU_EVENT_DEFAULT)) for _ in range(len(plans) + 1)
+        ]
         for _ in range(reps):
             ok(d.cuEventRecord(events[0], stream.native))
             for i, plan in enumerate(plans):
                 be.launch(plan)
                 ok(d.cuEventRecord(events[i + 1], stream.native))
             ok(d.cuStreamSynchronize(stream.native))
-            for i in range(3):
+            for i in range(len(plans)):
                 stage_times[i].append(float(ok(d.cuEventElapsedTime(events[i], events[i + 1]))))
         for event in events:
             d.cuEventDestroy(event)
-        for name, times in zip(("tile_sum", "tile_offsets", "tile_scan"), stage_times, strict=True):
-            out[f"{name}_ms"] = statistics.median(times)
+        out["stages_ms"] = {
+            stage.target.rsplit(".", 1)[-1]: statistics.median(times)
+            for stage, times in zip(pipeline.stages, stage_times, strict=True)
+        }
         be.synchronize(stream)
         got = np.empty(n, dtype=np.float32)
         be.read_into(dy, 0, got, stream)
@@ -409,9 +413,9 @@ def table(results: dict[str, Any]) -> str:
         f"| device_scan n=2^28, accy (executor, pooled) | {a['accy_ms']:.3f} ms, "
         f"{a['accy_TBps']:.2f} TB/s effective |"
     )
+    stages = a["stages_ms"]
     rows.append(
-        f"| stages: tile_sum / tile_offsets / tile_scan | {a['tile_sum_ms']:.3f} / "
-        f"{a['tile_offsets_ms'] * 1e3:.1f} µs / {a['tile_scan_ms']:.3f} ms |"
+        f"| stages: {' / '.join(stages)} | {' / '.join(f'{ms:.3f}' for ms in stages.values())} ms |"
     )
     for key, label in (
         ("cupy_default", "CuPy cumsum (default)"),

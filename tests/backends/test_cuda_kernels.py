@@ -206,6 +206,62 @@ def test_tile_scan(backend: CudaBackend, run: Runner, n: int) -> None:
     assert rel_l2(tile_scan_pairs(got, x, offsets)) < 1e-5
 
 
+@pytest.fixture(scope="module")
+def scan_scratch(backend: CudaBackend) -> Iterator[list[DeviceBuffer]]:
+    """device_scan's state (zeroed) and partials for the largest size, kept across the tests
+    and their sizes as one session's scratch is kept across its launches."""
+    tiles = -(-max(N_SIZES) // TILE)
+    scratch = [
+        backend.allocate_buffer((tiles + 1) * 8, zero=True),
+        backend.allocate_buffer(2 * tiles * 4),
+    ]
+    yield scratch
+    for buffer in scratch:
+        backend.destroy(buffer)
+
+
+def repoison(be: CudaBackend, buffer: DeviceBuffer, count: int) -> None:
+    be.write(buffer, 0, memoryview(np.full(count + GUARD, np.nan, dtype=np.float32)), None)
+
+
+@pytest.mark.parametrize("n", N_SIZES)
+def test_single_pass_scan(
+    backend: CudaBackend, run: Runner, scan_scratch: list[DeviceBuffer], n: int
+) -> None:
+    """Each size three times on the same scratch: every launch leaves the next a good state."""
+    x = data(np.random.default_rng(), n)
+    dx, dy = upload(backend, x), poisoned(backend, n)
+    try:
+        for _ in range(3):
+            run("accy.kernel.scan.single_pass", [dy, *scan_scratch, dx], [Scalar.u32(n)])
+            got = download(backend, dy, n)
+            assert rel_l2(global_scan_pairs(got, x)) < 1e-5
+            repoison(backend, dy, n)
+    finally:
+        backend.destroy(dx)
+        backend.destroy(dy)
+
+
+def test_single_pass_scan_back_to_back(
+    backend: CudaBackend, run: Runner, scan_scratch: list[DeviceBuffer]
+) -> None:
+    """200 launches queued without a wait, sizes alternating, each into its own output."""
+    sizes = [5000, 2**20 + 3, 1, 4097, 2**16]
+    rng = np.random.default_rng()
+    inputs = {n: data(rng, n) for n in sizes}
+    dxs = {n: upload(backend, x) for n, x in inputs.items()}
+    dys = {n: poisoned(backend, n) for n in sizes}
+    try:
+        for i in range(200):
+            n = sizes[i % len(sizes)]
+            run("accy.kernel.scan.single_pass", [dys[n], *scan_scratch, dxs[n]], [Scalar.u32(n)])
+        for n in sizes:
+            assert rel_l2(global_scan_pairs(download(backend, dys[n], n), inputs[n])) < 1e-5
+    finally:
+        for buffer in [*dxs.values(), *dys.values()]:
+            backend.destroy(buffer)
+
+
 @pytest.mark.parametrize("m", M_SIZES)
 def test_final_sum(backend: CudaBackend, run: Runner, m: int) -> None:
     rng = np.random.default_rng()
@@ -278,6 +334,16 @@ def test_scan_and_reduce_chains_at_2_30(backend: CudaBackend, run: Runner) -> No
         run("accy.kernel.scan.tile_scan", [dy, dx, doffsets], [Scalar.u32(n)])
         total = download(backend, dtotal, 1)
         y = download(backend, dy, n)
+        assert rel_l2(global_scan_pairs(y, x)) < 1e-5
+        repoison(backend, dy, n)
+        state = backend.allocate_buffer((m + 1) * 8, zero=True)
+        partials = backend.allocate_buffer(2 * m * 4)
+        try:
+            run("accy.kernel.scan.single_pass", [dy, state, partials, dx], [Scalar.u32(n)])
+            y = download(backend, dy, n)
+        finally:
+            backend.destroy(state)
+            backend.destroy(partials)
     finally:
         for b in (dx, dsums, doffsets, dtotal, dy):
             backend.destroy(b)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accyd.catalog import ArtifactFormat, load_catalog
+from accyd.catalog import ArtifactFormat, DType, Scalar, load_catalog
 from accyd.catalog.expr import Arg, CeilDiv
 from accyd.errors import CatalogError, NotFound
 
@@ -53,12 +53,13 @@ def test_builtin_catalog_has_the_three_pipelines_in_host_format() -> None:
     scan = catalog.find_pipeline("accy.kernel.device_scan")
     assert ArtifactFormat.HOST_PY in catalog.formats_of(scan)
     assert scan.runtime_scalar_bounds[0].max_value >= 2**30
-    assert [s.target for s in scan.stages] == [
-        "accy.kernel.scan.tile_sum",
-        "accy.kernel.scan.tile_offsets",
-        "accy.kernel.scan.tile_scan",
-    ]
-    assert scan.intermediates[0].extent == CeilDiv(Arg(0), 4096)
+    assert [s.target for s in scan.stages] == ["accy.kernel.scan.single_pass"]
+    state, partials = scan.intermediates
+    assert (state.dtype, state.zeroed, partials.zeroed) == (DType.U64, True, False)
+    assert [spec.element_count([Scalar.u32(4097)]) for spec in scan.intermediates] == [3, 4]
+    reduce = catalog.find_pipeline("accy.kernel.reduce_sum")
+    assert reduce.intermediates[0].extent == CeilDiv(Arg(0), 4096)
+    assert not reduce.intermediates[0].zeroed
 
 
 def test_operator_catalog_loads_beside_the_builtin_one(tmp_path: Path) -> None:
@@ -174,6 +175,22 @@ def test_unknown_pipeline_is_not_found() -> None:
             "pipeline 'demo.copy'",
             "results[0].name",
             "names two things",
+        ),
+        (
+            PIPELINE.replace('extent = "n" }]\nresults', 'extent = "n", zeroed = true }]\nresults'),
+            "pipeline 'demo.copy'",
+            "operands[0].zeroed",
+            "not a known field",
+        ),
+        (
+            PIPELINE.replace(
+                "\n\n[[pipeline.stage]]",
+                '\nintermediates = [{ name = "s", dtype = "u64", extent = "2", zeroed = 1 }]'
+                "\n\n[[pipeline.stage]]",
+            ),
+            "pipeline 'demo.copy'",
+            "intermediates[0].zeroed",
+            "must be bool, not int",
         ),
     ],
 )

@@ -66,7 +66,9 @@ def scan_launch(n: int, x: int, y: int, **overrides: object) -> PipelineLaunch:
 def test_a_good_launch_passes_so_the_refusals_below_mean_something() -> None:
     state = RecordingBackend()
     launch_pipeline(state, scan_launch(5000, 20000, 20000))
-    assert state.launch_count == 3
+    assert state.launch_count == 1
+    assert state.allocated_buffer_byte_sizes == [3 * 8, 4 * 4]  # state and partials, 2 tiles
+    assert state.allocated_buffer_zeroed == [True, False]  # as the manifest says
     assert state.live_ids == set()
 
 
@@ -108,7 +110,7 @@ def test_a_good_launch_passes_so_the_refusals_below_mean_something() -> None:
         (
             scan_launch(5000, 20000, 20000, registry=example_registry(TEST_ENTRIES)),
             InvalidArtifact,
-            r"stage 0 \(accy.kernel.scan.tile_sum v1\) has no host_py entry",
+            r"stage 0 \(accy.kernel.scan.single_pass v1\) has no host_py entry",
         ),
         (
             scan_launch(
@@ -132,13 +134,13 @@ def test_bad_launches_are_refused_before_any_side_effect(
 def test_scratch_that_aliases_or_is_too_small_is_refused() -> None:
     state = RecordingBackend()
     operand, result = buffers(20000, 20000)
-    good = example_binding(1, 4 * 2), example_binding(2, 4 * 2)
+    good = example_binding(1, 8 * 3), example_binding(2, 4 * 4)  # state and partials, 2 tiles
     base = scan_launch(5000, 20000, 20000, operands=[operand], results=[result])
     for scratch, match in [
         ((good[0], good[0]), "aliases another scratch"),
         ((operand, good[1]), "aliases another scratch, operand or result"),
         ((good[0], result), "aliases"),
-        ((example_binding(1, 4), good[1]), "intermediate 0 holds 4 bytes; .* need 8"),
+        ((example_binding(1, 16), good[1]), "intermediate 0 holds 16 bytes; .* need 24"),
         ((good[0],), "needs 2 intermediates; got 1"),
     ]:
         refused(

@@ -1,7 +1,11 @@
-// Reduce-then-scan over tiles of 4096 float32 elements: tile_sum, tile_offsets, tile_scan.
+// Prefix sums over tiles of 4096 float32 elements.
 //
-// accy.kernel.device_scan = tile_sum -> tile_offsets -> tile_scan. Traffic: x read twice,
-// y written once (3n*4 bytes), plus 2*ceil(n/4096)*4 bytes of tile sums and offsets.
+// accy.kernel.device_scan = single_pass: one kernel, one read of x and one write of y
+// (2n*4 bytes), a single-pass scan with decoupled look-back (Merrill and Garland, 2016):
+// each block scans its tile, publishes its total, then reads its predecessors' published
+// totals back to the nearest whose inclusive prefix is known.
+// accy.kernel.reduce_sum uses tile_sum; tile_offsets and tile_scan are the reduce-then-
+// scan kernels (x read twice, y written once), kept for pipelines that name them.
 //
 // Layout: a block of 256 threads owns one tile of 4096 elements as 1024 float4 vectors;
 // thread t holds vectors k*256 + t for k = 0..3 ("striped"), so every load and store
@@ -230,4 +234,166 @@ accy_scan_tile_scan(float* y, const float* x, const float* __restrict__ offsets,
         v[k].w += p;
     }
     accy_store_striped<K, ACCY_TILE_THREADS>(y, v, base, limit, vec_ok, t);
+}
+
+// -- single pass ------------------------------------------------------------------------
+//
+// State kept across launches, in the pipeline's zeroed intermediates (one session's
+// scratch, whose launches run in order on its stream):
+//   state[0]      "base": this launch's number, the tiles of every earlier launch on this
+//                 scratch counted; the last block sets it to base + tiles for the next;
+//   state[1 + j]  tile j's status: ((base + j) << 2) | flag, flag 1: its total is
+//                 published, 2: its inclusive prefix is. A status of an earlier launch
+//                 carries a smaller number, so no launch ever needs the state cleared;
+//   partials[2j]  tile j's total, partials[2j + 1] its inclusive prefix: two words, so a
+//                 status read once names a value written once.
+// Each block reads base as it loads its tile; the fence in its first publish orders that
+// read before its status, and the last block writes base + tiles only once every earlier
+// tile's status is seen: so no block of a launch can read the next launch's base.
+// Block j holds tile j (blocks start in index order, as CUB's single-pass scan relies
+// on), so a block waits only on blocks that started before it. Should a tile's status
+// never come (a state this kernel did not keep), the block traps after 10 s: a fault the
+// daemon reports, instead of a stream held for ever.
+
+#define ACCY_TOTAL 1ull
+#define ACCY_INCLUSIVE 2ull
+#define ACCY_LOOK_BACK_LIMIT_NS 10000000000ull  // 10 s
+
+namespace {
+
+__device__ __forceinline__ unsigned long long accy_now_ns() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
+
+__device__ __forceinline__ void accy_publish(unsigned long long* status, float* partials,
+                                             unsigned tile, unsigned long long number,
+                                             unsigned long long flag, float value) {
+    volatile float* slot = partials + 2ull * tile + (flag == ACCY_INCLUSIVE ? 1ull : 0ull);
+    *slot = value;
+    __threadfence();
+    atomicExch(status + tile, (number << 2) | flag);
+}
+
+// Tile `mine`'s published value once its status names this launch (`want`).
+__device__ __forceinline__ float accy_wait_published(const unsigned long long* status,
+                                                     const float* partials, long long mine,
+                                                     unsigned long long want,
+                                                     unsigned long long& flag) {
+    const volatile unsigned long long* word = status + mine;
+    unsigned long long seen = *word;
+    if ((seen >> 2) != want || (seen & 3ull) == 0ull) {
+        const unsigned long long since = accy_now_ns();
+        do {
+            if (accy_now_ns() - since > ACCY_LOOK_BACK_LIMIT_NS) __trap();
+            seen = *word;
+        } while ((seen >> 2) != want || (seen & 3ull) == 0ull);
+    }
+    flag = seen & 3ull;
+    __threadfence();
+    const volatile float* slot =
+        partials + 2ull * static_cast<unsigned long long>(mine) + (flag == ACCY_INCLUSIVE ? 1ull : 0ull);
+    return *slot;
+}
+
+// The sum of the tiles before `tile`, by warp 0: lane i reads tile end - i, waits until it
+// is published, and the warp adds values up to the nearest inclusive prefix, or all 32
+// and moves 32 tiles back.
+__device__ __forceinline__ float accy_look_back(const unsigned long long* status,
+                                                const float* partials, unsigned tile,
+                                                unsigned long long base, unsigned lane) {
+    float exclusive = 0.0f;
+    long long end = static_cast<long long>(tile) - 1;
+    for (;;) {
+        const long long mine = end - static_cast<long long>(lane);
+        unsigned long long flag = ACCY_INCLUSIVE;  // before tile 0: an inclusive 0
+        float value = 0.0f;
+        if (mine >= 0)
+            value = accy_wait_published(status, partials, mine,
+                                        base + static_cast<unsigned long long>(mine), flag);
+        const unsigned inclusive = __ballot_sync(0xffffffffu, flag == ACCY_INCLUSIVE);
+        const unsigned last = inclusive ? static_cast<unsigned>(__ffs(inclusive) - 1) : 31u;
+        exclusive += accy_warp_sum(lane <= last ? value : 0.0f);
+        if (inclusive) return exclusive;
+        end -= 32;
+    }
+}
+
+}  // namespace
+
+// y = inclusive prefix sum of x[0:n]; grid ceil_div(n, 4096), block 256; state: u64,
+// ceil_div(n, 4096) + 1, zeroed when allocated, and partials: f32, 2 * ceil_div(n, 4096),
+// then left to this kernel (above). A grid past ceil_div(n, 4096) only adds empty tiles.
+extern "C" __global__ void __launch_bounds__(ACCY_TILE_THREADS)
+accy_scan_single_pass(float* y, unsigned long long* state, float* partials, const float* x,
+                      unsigned int n) {
+    constexpr unsigned WARPS = ACCY_TILE_THREADS / 32;
+    constexpr int K = 4;
+    const unsigned t = threadIdx.x, lane = t & 31u, warp = t >> 5;
+    const unsigned tile = blockIdx.x, tiles = gridDim.x;
+    __shared__ float totals[K * WARPS];  // 32 warp totals in tile order
+    __shared__ float carry_of_block;
+    // Thread 0 reads base while every warp loads its part of the tile.
+    unsigned long long base = 0;
+    if (t == 0) base = *static_cast<volatile unsigned long long*>(state);
+    const unsigned long long first = static_cast<unsigned long long>(tile) * ACCY_TILE;
+    const unsigned long long limit = first < n ? static_cast<unsigned long long>(n) - first : 0ull;
+    const bool vec_ok = accy_aligned16(x) && accy_aligned16(y);
+    float4 v[K];
+    accy_load_striped<K, ACCY_TILE_THREADS>(v, x, first, limit, vec_ok, t);
+    float inc[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        v[k].y += v[k].x;
+        v[k].z += v[k].y;
+        v[k].w += v[k].z;
+        inc[k] = v[k].w;
+    }
+    accy_warp_inclusive_scan<K>(inc, lane);
+    if (lane == 31) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) totals[k * WARPS + warp] = inc[k];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float s[1] = {totals[lane]};
+        accy_warp_inclusive_scan<1>(s, lane);
+        float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
+        if (lane == 0) ex = 0.0f;
+        totals[lane] = ex;
+        const float total = __shfl_sync(0xffffffffu, s[0], 31);
+        base = __shfl_sync(0xffffffffu, base, 0);  // the value lane 0's fence orders
+        unsigned long long* status = state + 1;
+        const unsigned long long number = base + tile;
+        float carry = 0.0f;
+        if (tile == 0) {
+            if (lane == 0) accy_publish(status, partials, tile, number, ACCY_INCLUSIVE, total);
+        } else {
+            if (lane == 0) accy_publish(status, partials, tile, number, ACCY_TOTAL, total);
+            carry = accy_look_back(status, partials, tile, base, lane);
+            if (lane == 0)
+                accy_publish(status, partials, tile, number, ACCY_INCLUSIVE, carry + total);
+        }
+        if (lane == 0) {
+            carry_of_block = carry;
+            if (tile == tiles - 1) {
+                __threadfence();
+                *static_cast<volatile unsigned long long*>(state) = base + tiles;
+            }
+        }
+    }
+    __syncthreads();
+    const float carry = carry_of_block;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
+        if (lane == 0) ex = 0.0f;
+        const float p = carry + (totals[k * WARPS + warp] + ex);
+        v[k].x += p;
+        v[k].y += p;
+        v[k].z += p;
+        v[k].w += p;
+    }
+    accy_store_striped<K, ACCY_TILE_THREADS>(y, v, first, limit, vec_ok, t);
 }

@@ -31,11 +31,10 @@ def _tiles(n: int, tiles: int) -> int:
     return tiles
 
 
-def tile_sum(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
-    """sums[b] = sum(x[b*TILE : min(n, (b+1)*TILE)])."""
-    n = int(scalars[0])
-    tiles = _tiles(n, grid[0])
-    sums, x = _f32(buffers[0], tiles), _f32(buffers[1], n)
+F32 = npt.NDArray[np.float32]
+
+
+def _sums_into(sums: F32, x: F32, n: int, tiles: int) -> None:
     for first in range(0, tiles, CHUNK_TILES):
         last = min(tiles, first + CHUNK_TILES)
         chunk = x[first * TILE : min(n, last * TILE)]
@@ -44,22 +43,13 @@ def tile_sum(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequenc
         sums[first:last] = padded.reshape(-1, TILE).sum(axis=1)
 
 
-def tile_offsets(
-    grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]
-) -> None:
-    """offsets = exclusive prefix sum of sums[:m]."""
-    m = int(scalars[0])
-    offsets, sums = _f32(buffers[0], m), _f32(buffers[1], m)
+def _offsets_into(offsets: F32, sums: F32) -> None:
     inclusive = np.cumsum(sums, dtype=np.float64)
     offsets[0] = 0.0
     offsets[1:] = inclusive[:-1]
 
 
-def tile_scan(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
-    """y[i] = offsets[i // TILE] + inclusive prefix sum of x within i's tile."""
-    n = int(scalars[0])
-    tiles = _tiles(n, grid[0])
-    y, x, offsets = _f32(buffers[0], n), _f32(buffers[1], n), _f32(buffers[2], tiles)
+def _scan_into(y: F32, x: F32, offsets: F32, n: int, tiles: int) -> None:
     for first in range(0, tiles, CHUNK_TILES):
         last = min(tiles, first + CHUNK_TILES)
         start, stop = first * TILE, min(n, last * TILE)
@@ -68,6 +58,46 @@ def tile_scan(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequen
         scanned = np.cumsum(padded.reshape(-1, TILE), axis=1)
         scanned += offsets[first:last, None]
         y[start:stop] = scanned.reshape(-1)[: stop - start]
+
+
+def tile_sum(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
+    """sums[b] = sum(x[b*TILE : min(n, (b+1)*TILE)])."""
+    n = int(scalars[0])
+    tiles = _tiles(n, grid[0])
+    _sums_into(_f32(buffers[0], tiles), _f32(buffers[1], n), n, tiles)
+
+
+def tile_offsets(
+    grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]
+) -> None:
+    """offsets = exclusive prefix sum of sums[:m]."""
+    m = int(scalars[0])
+    _offsets_into(_f32(buffers[0], m), _f32(buffers[1], m))
+
+
+def tile_scan(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
+    """y[i] = offsets[i // TILE] + inclusive prefix sum of x within i's tile."""
+    n = int(scalars[0])
+    tiles = _tiles(n, grid[0])
+    y, x, offsets = _f32(buffers[0], n), _f32(buffers[1], n), _f32(buffers[2], tiles)
+    _scan_into(y, x, offsets, n, tiles)
+
+
+def single_pass(
+    grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]
+) -> None:
+    """y = inclusive prefix sum of x[:n], in the CUDA kernel's tile order of additions.
+
+    ``buffers[1:3]`` are the CUDA kernel's look-back state and partials: one thread has
+    no look-back, so they are left as they are; the tile totals and offsets are its own.
+    """
+    n = int(scalars[0])
+    tiles = _tiles(n, grid[0])
+    y, x = _f32(buffers[0], n), _f32(buffers[3], n)
+    sums, offsets = np.empty(tiles, dtype=np.float32), np.empty(tiles, dtype=np.float32)
+    _sums_into(sums, x, n, tiles)
+    _offsets_into(offsets, sums)
+    _scan_into(y, x, offsets, n, tiles)
 
 
 def final_sum(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
