@@ -84,6 +84,7 @@ def _read_pipeline(path: Path, index: int, raw: Any) -> Pipeline:
     scalars, bounds = _runtime_scalars(where, table)
     names = {spec.name: i for i, spec in enumerate(scalars)}
     buffers: dict[str, BufferRef] = {}
+    zeroed: list[bool] = []  # each intermediate's, read with its table
 
     def buffer_list(key: str, role: BufferRole) -> list[BufferSpec]:
         out = []
@@ -100,19 +101,17 @@ def _read_pipeline(path: Path, index: int, raw: Any) -> Pipeline:
             buffers[name] = BufferRef(role, i)
             dtype = where.dtype(item, field)
             out.append(_sized(where, item, field, name, dtype, names))
+            if role is BufferRole.INTERMEDIATE:
+                zeroed.append(where.check(item.get("zeroed", False), bool, f"{field}.zeroed"))
         return out
 
     operands = buffer_list("operands", BufferRole.OPERAND)
     results = buffer_list("results", BufferRole.RESULT)
-    specs = buffer_list("intermediates", BufferRole.INTERMEDIATE)  # each a table, checked
     intermediates = [
-        IntermediateSpec(
-            spec.dtype,
-            spec.extent,
-            spec.name,
-            zeroed=where.check(item.get("zeroed", False), bool, f"intermediates[{i}].zeroed"),
+        IntermediateSpec(spec.dtype, spec.extent, spec.name, zeroed=zero)
+        for spec, zero in zip(
+            buffer_list("intermediates", BufferRole.INTERMEDIATE), zeroed, strict=True
         )
-        for i, (spec, item) in enumerate(zip(specs, table.get("intermediates", []), strict=True))
     ]
     stages = [
         _read_stage(where, i, raw_stage, buffers, names)
