@@ -37,7 +37,7 @@ SCAN = pb.PipelineInfo(
     runtime_scalars=[
         pb.ScalarInfo(name="n", dtype=pb.DTYPE_U32, has_min=True, min=1, has_max=True, max=2**30)
     ],
-    stage_count=3,
+    stage_count=1,
     formats=["host_py"],
 )
 
