@@ -10,6 +10,7 @@ import numpy as np
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
+from accyd.core.prepared import PREPARED_PER_SESSION
 from accyd.ring import RingDoor
 from accyd.ring.engine.auto import RingEngine
 from tests.ring.test_ring_core import open_ring, read, write
@@ -51,6 +52,47 @@ def test_replayed_launches_compute_every_step_in_order(
             # to the engine, whose own tickets launch the rest.
             gpu = stats.get("device_launcher", {}).get("launched", 0)
             assert stats["fast_records"] + gpu >= 35, stats
+        daemon.wait_launch(client, session)
+        assert eventually(lambda: daemon.status().tenants[0].usage.launches_in_flight == 0)
+    finally:
+        ring.close()
+
+
+def test_more_scalar_values_than_a_session_keeps_start_its_cache_over_in_order(
+    door: tuple[Daemon, RingDoor], engine_of: RingEngine
+) -> None:
+    """A new value of ``a`` at every launch, past the launches a session keeps prepared
+    (its cache starts over, revoking its tickets while records of it are in the ring),
+    then one value again and again: every step lands, in order, and the repeated value
+    is replayed (a ticket's) after each start-over."""
+    daemon, ring_door = door
+    client = daemon.attach("bound").id
+    session = daemon.load_pipeline(client, SAXPY).session_id
+    acc = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+    ones = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+    write(daemon, client, ones, np.ones(N, np.float32))
+    write(daemon, client, acc, np.zeros(N, np.float32))
+    ring = open_ring(ring_door, client)
+    expected, count, last = np.float32(0.0), 0, 0
+    try:
+        s, a, o = (ring.new_handle() for _ in range(3))
+        ring.bind(layout.Kind.BIND_SESSION, s, session, 1.0)
+        ring.bind(layout.Kind.BIND_BUFFER, a, acc, 1.0)
+        ring.bind(layout.Kind.BIND_BUFFER, o, ones, 1.0)
+        for round_ in range(3):  # acc = value * 1 + acc: exact in f32, so the order shows
+            new = [float(1000 * round_ + i) for i in range(PREPARED_PER_SESSION + 36)]
+            for value in [*new, *[0.5] * 20]:
+                last = ring.launch(s, [o, a], [a], saxpy_scalars(value), 2, notify=False, timeout=5)
+                expected += np.float32(value)
+                count += 1
+        ring.wait(last, 60)
+        assert ring.errors() == []
+        assert np.all(read(daemon, client, acc, N) == expected)
+        assert daemon.status().launches_total == count
+        if engine_of.kind == "native":  # each run of 0.5: the first checked, the rest replayed
+            stats = engine_of.stats()
+            gpu = stats.get("device_launcher", {}).get("launched", 0)
+            assert stats["fast_records"] + gpu >= 3 * 15, stats
         daemon.wait_launch(client, session)
         assert eventually(lambda: daemon.status().tenants[0].usage.launches_in_flight == 0)
     finally:
