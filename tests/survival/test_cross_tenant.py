@@ -48,8 +48,9 @@ WORST = 1.0
 The rare call past ``PROMPT`` was B's own process waiting for a CPU, not the daemon: a
 profile of B's slowest launches under the attack with a busy loop beside it found the
 time inside B, in starting the ring stream's thread (0.20 s) and in mapping its ring
-memory (``Ring.__init__``: ``fstat``, ``mmap``, the header's first read; 0.30 s). CI (two CPUs) once saw one launch of ~1,300 take 0.68 s. Before
-tenant turns, A's concurrency delayed every call of B's 30-100x."""
+memory (``Ring.__init__``: ``fstat``, ``mmap``, the header's first read; 0.30 s). CI
+(two CPUs) once saw one launch of ~1,300 take 0.68 s. Before tenant turns, A's
+concurrency delayed every call of B's 30-100x."""
 MiB = 1 << 20
 QUOTAS = {
     "memory_bytes": 512 * MiB,
