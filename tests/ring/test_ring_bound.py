@@ -3,10 +3,14 @@ checked each time by the Python loop), until anything it names changes."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
+from accy._ring import Ring
 from accy.protocol import ring as layout
 from accyd.catalog.dtypes import DType
 from accyd.core.daemon import Daemon
@@ -24,38 +28,74 @@ def saxpy_scalars(a: float) -> bytes:
     return struct.pack("<I4xf4x", N, a)
 
 
-def test_replayed_launches_compute_every_step_in_order(
-    door: tuple[Daemon, RingDoor], engine_of: RingEngine
-) -> None:
+@dataclass(frozen=True)
+class Accumulator:
+    """A saxpy session of one client on its ring, bound to ``acc`` (zeros) and ``ones``:
+    ``launch(value)`` makes ``acc = value * ones + acc``."""
+
+    daemon: Daemon
+    client: str
+    session: str
+    acc: str
+    ring: Ring
+    handles: tuple[int, int, int]
+
+    def launch(self, value: float) -> int:
+        s, acc, ones = self.handles
+        return self.ring.launch(
+            s, [ones, acc], [acc], saxpy_scalars(value), 2, notify=False, timeout=5
+        )
+
+    def sums(self) -> np.ndarray:
+        return read(self.daemon, self.client, self.acc, N)
+
+
+@contextlib.contextmanager
+def accumulator(door: tuple[Daemon, RingDoor]) -> Iterator[Accumulator]:
+    """An ``Accumulator``; its ring closed after, once its launches are over."""
     daemon, ring_door = door
     client = daemon.attach("bound").id
     session = daemon.load_pipeline(client, SAXPY).session_id
     acc = daemon.allocate_buffer(client, 4 * N, DType.F32).id
     ones = daemon.allocate_buffer(client, 4 * N, DType.F32).id
     write(daemon, client, ones, np.ones(N, np.float32))
+    write(daemon, client, acc, np.zeros(N, np.float32))
     ring = open_ring(ring_door, client)
     try:
         s, a, o = (ring.new_handle() for _ in range(3))
         ring.bind(layout.Kind.BIND_SESSION, s, session, 1.0)
         ring.bind(layout.Kind.BIND_BUFFER, a, acc, 1.0)
         ring.bind(layout.Kind.BIND_BUFFER, o, ones, 1.0)
-        last = 0
-        for _ in range(40):  # acc = 1 * acc + 1, forty times, most of them replayed
-            last = ring.launch(s, [a, o], [a], saxpy_scalars(1.0), 2, notify=False, timeout=5)
-        ring.wait(last, 10)
-        assert ring.errors() == []
-        assert np.all(read(daemon, client, acc, N) == 40.0)
-        assert daemon.status().launches_total == 40
-        if engine_of.kind == "native":  # the first checked by the core, the rest its ticket's
-            stats = engine_of.stats()
-            # With --device-launch the GPU launched some: a client that pipelines goes back
-            # to the engine, whose own tickets launch the rest.
-            gpu = stats.get("device_launcher", {}).get("launched", 0)
-            assert stats["fast_records"] + gpu >= 35, stats
+        yield Accumulator(daemon, client, session, acc, ring, (s, a, o))
         daemon.wait_launch(client, session)
         assert eventually(lambda: daemon.status().tenants[0].usage.launches_in_flight == 0)
     finally:
         ring.close()
+
+
+def replayed(engine_of: RingEngine) -> int | None:
+    """Launches made without Python (``None`` on the Python loop, which checks each): the
+    native engine's tickets', and with --device-launch the GPU's (a client that pipelines
+    goes back to the engine, whose own tickets launch the rest)."""
+    if engine_of.kind != "native":
+        return None
+    stats = engine_of.stats()
+    return int(stats["fast_records"]) + int(stats.get("device_launcher", {}).get("launched", 0))
+
+
+def test_replayed_launches_compute_every_step_in_order(
+    door: tuple[Daemon, RingDoor], engine_of: RingEngine
+) -> None:
+    with accumulator(door) as acc:
+        last = 0
+        for _ in range(40):  # acc = 1 + acc, forty times, most of them replayed
+            last = acc.launch(1.0)
+        acc.ring.wait(last, 10)
+        assert acc.ring.errors() == []
+        assert np.all(acc.sums() == 40.0)
+        assert acc.daemon.status().launches_total == 40
+        fast = replayed(engine_of)  # the first checked by the core, the rest its ticket's
+        assert fast is None or fast >= 35, engine_of.stats()
 
 
 def test_more_scalar_values_than_a_session_keeps_start_its_cache_over_losing_no_launch(
@@ -65,39 +105,21 @@ def test_more_scalar_values_than_a_session_keeps_start_its_cache_over_losing_no_
     (its cache starts over, revoking its tickets while records of it are in the ring),
     then one value again and again: every launch lands exactly once, and the repeated
     value is replayed (a ticket's) after each start-over."""
-    daemon, ring_door = door
-    client = daemon.attach("bound").id
-    session = daemon.load_pipeline(client, SAXPY).session_id
-    acc = daemon.allocate_buffer(client, 4 * N, DType.F32).id
-    ones = daemon.allocate_buffer(client, 4 * N, DType.F32).id
-    write(daemon, client, ones, np.ones(N, np.float32))
-    write(daemon, client, acc, np.zeros(N, np.float32))
-    ring = open_ring(ring_door, client)
-    expected, count, last = np.float32(0.0), 0, 0
-    try:
-        s, a, o = (ring.new_handle() for _ in range(3))
-        ring.bind(layout.Kind.BIND_SESSION, s, session, 1.0)
-        ring.bind(layout.Kind.BIND_BUFFER, a, acc, 1.0)
-        ring.bind(layout.Kind.BIND_BUFFER, o, ones, 1.0)
-        for round_ in range(3):  # acc = value * 1 + acc, each sum exact in f32: a launch
-            # lost or made twice shows (no value is 0)
+    with accumulator(door) as acc:
+        expected, count, last = np.float32(0.0), 0, 0
+        for round_ in range(3):  # acc = value + acc, each sum exact in f32: a launch lost
+            # or made twice shows (no value is 0)
             new = [float(1000 * round_ + i + 1) for i in range(PREPARED_PER_SESSION + 36)]
             for value in [*new, *[0.5] * 20]:
-                last = ring.launch(s, [o, a], [a], saxpy_scalars(value), 2, notify=False, timeout=5)
+                last = acc.launch(value)
                 expected += np.float32(value)
                 count += 1
-        ring.wait(last, 60)
-        assert ring.errors() == []
-        assert np.all(read(daemon, client, acc, N) == expected)
-        assert daemon.status().launches_total == count
-        if engine_of.kind == "native":  # each run of 0.5: the first checked, the rest replayed
-            stats = engine_of.stats()
-            gpu = stats.get("device_launcher", {}).get("launched", 0)
-            assert stats["fast_records"] + gpu >= 3 * 15, stats
-        daemon.wait_launch(client, session)
-        assert eventually(lambda: daemon.status().tenants[0].usage.launches_in_flight == 0)
-    finally:
-        ring.close()
+        acc.ring.wait(last, 60)
+        assert acc.ring.errors() == []
+        assert np.all(acc.sums() == expected)
+        assert acc.daemon.status().launches_total == count
+        fast = replayed(engine_of)  # each run of 0.5: the first checked, the rest replayed
+        assert fast is None or fast >= 3 * 15, engine_of.stats()
 
 
 def test_a_freed_buffer_is_never_launched_again(door: tuple[Daemon, RingDoor]) -> None:
