@@ -27,8 +27,8 @@ from accyd.backends.cuda.driver import check
 from accyd.catalog.catalog import BUILTIN_CATALOG
 
 SOURCE = BUILTIN_CATALOG / "cuda" / "scan.cu"
-TILE, TILE_THREADS, OFFSETS_THREADS = 4096, 256, 1024
-"""scan.cu's tile, the tile kernels' block and tile_offsets' block (one block)."""
+TILE, PASS_TILE, TILE_THREADS, OFFSETS_THREADS = 4096, 8192, 256, 1024
+"""scan.cu's tile kernels' tile, the single pass's, their block and tile_offsets' (one block)."""
 
 
 class ScanRig:
@@ -45,15 +45,16 @@ class ScanRig:
         self.x, self.y = self._alloc(n), self._alloc(n)
         self.sums, self.offsets = self._alloc(self.tiles), self._alloc(self.tiles)
         # the single pass's state (zeroed once, as the pipeline's manifest asks) and partials
-        self.state, self.partials = self._alloc(2 * (self.tiles + 1)), self._alloc(2 * self.tiles)
-        check(d.cuMemsetD8(self.state, 0, 8 * (self.tiles + 1)), "cuMemsetD8")
+        passes = -(-n // PASS_TILE)
+        self.state, self.partials = self._alloc(2 * (passes + 1)), self._alloc(2 * passes)
+        check(d.cuMemsetD8(self.state, 0, 8 * (passes + 1)), "cuMemsetD8")
         check(d.cuMemcpyHtoD(self.x, self.x_host.data, n * 4), "cuMemcpyHtoD")
         self._keep: list[Any] = []
         self.ways = {
             "scan": [
                 self._stage(
                     "accy_scan_single_pass",
-                    self.tiles,
+                    passes,
                     TILE_THREADS,
                     self.y,
                     self.state,

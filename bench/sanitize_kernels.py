@@ -19,7 +19,8 @@ from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.catalog.model import check_geometry
 
 TILE = 4096
-N_SIZES = [1, 63, 4097, 5000, 70001]
+PASS_TILE = 8192  # device_scan's single pass
+N_SIZES = [1, 63, 4097, 5000, 8193, 70001]
 M_SIZES = [1, 65, 5000, 16385, 40001]
 
 
@@ -80,8 +81,9 @@ def main() -> int:
             report("tile scans", n, float(np.linalg.norm(got - want) / np.linalg.norm(want)), 1e-5)
             # device_scan's one pass, twice on the same exact-size scratch (the state the
             # first leaves is the second's), the partials never written before the kernel
-            state = be.allocate_buffer((m + 1) * 8, zero=True)
-            partials = be.allocate_buffer(2 * m * 4)
+            tiles = -(-n // PASS_TILE)
+            state = be.allocate_buffer((tiles + 1) * 8, zero=True)
+            partials = be.allocate_buffer(2 * tiles * 4)
             for time in (1, 2):
                 be.write(dout, 0, memoryview(nan), None)
                 run("accy.kernel.scan.single_pass", [dout, state, partials, dx], [Scalar.u32(n)])

@@ -29,7 +29,9 @@ F64 = npt.NDArray[np.float64]
 
 TILE = 4096
 GUARD = 1024  # elements of NaN past each output that must stay untouched
-N_SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 5000, 2**20 + 3, 2**28 + 7]
+PASS_TILE = 8192
+"""device_scan's single pass covers 8192 elements per tile (block)."""
+N_SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 5000, 8191, 8192, 8193, 2**20 + 3, 2**28 + 7]
 M_SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 5000, 16383, 16384, 16385, 65537, 2**17 + 3, 2**18]
 CHUNK_ROWS = 8192  # tiles per chunk of the float64 references (32 Mi elements)
 
@@ -210,7 +212,7 @@ def test_tile_scan(backend: CudaBackend, run: Runner, n: int) -> None:
 def scan_scratch(backend: CudaBackend) -> Iterator[list[DeviceBuffer]]:
     """device_scan's state (zeroed) and partials for the largest size, kept across the tests
     and their sizes as one session's scratch is kept across its launches."""
-    tiles = -(-max(N_SIZES) // TILE)
+    tiles = -(-max(N_SIZES) // PASS_TILE)
     scratch = [
         backend.allocate_buffer((tiles + 1) * 8, zero=True),
         backend.allocate_buffer(2 * tiles * 4),
@@ -246,7 +248,7 @@ def test_single_pass_scan_back_to_back(
     backend: CudaBackend, run: Runner, scan_scratch: list[DeviceBuffer]
 ) -> None:
     """200 launches queued without a wait, sizes alternating, each into its own output."""
-    sizes = [5000, 2**20 + 3, 1, 4097, 2**16]
+    sizes = [5000, 2**20 + 3, 1, 8193, 2**16]
     rng = np.random.default_rng()
     inputs = {n: data(rng, n) for n in sizes}
     dxs = {n: upload(backend, x) for n, x in inputs.items()}

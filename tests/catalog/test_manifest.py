@@ -56,7 +56,7 @@ def test_builtin_catalog_has_the_three_pipelines_in_host_format() -> None:
     assert [s.target for s in scan.stages] == ["accy.kernel.scan.single_pass"]
     state, partials = scan.intermediates
     assert (state.dtype, state.zeroed, partials.zeroed) == (DType.U64, True, False)
-    assert [spec.element_count([Scalar.u32(4097)]) for spec in scan.intermediates] == [3, 4]
+    assert [spec.element_count([Scalar.u32(8193)]) for spec in scan.intermediates] == [3, 4]
     reduce = catalog.find_pipeline("accy.kernel.reduce_sum")
     assert reduce.intermediates[0].extent == CeilDiv(Arg(0), 4096)
     assert not reduce.intermediates[0].zeroed

@@ -65,7 +65,7 @@ def scan_launch(n: int, x: int, y: int, **overrides: object) -> PipelineLaunch:
 
 def test_a_good_launch_passes_so_the_refusals_below_mean_something() -> None:
     state = RecordingBackend()
-    launch_pipeline(state, scan_launch(5000, 20000, 20000))
+    launch_pipeline(state, scan_launch(10000, 40000, 40000))
     assert state.launch_count == 1
     assert state.allocated_buffer_byte_sizes == [3 * 8, 4 * 4]  # state and partials, 2 tiles
     assert state.allocated_buffer_zeroed == [True, False]  # as the manifest says
@@ -133,9 +133,9 @@ def test_bad_launches_are_refused_before_any_side_effect(
 
 def test_scratch_that_aliases_or_is_too_small_is_refused() -> None:
     state = RecordingBackend()
-    operand, result = buffers(20000, 20000)
+    operand, result = buffers(40000, 40000)
     good = example_binding(1, 8 * 3), example_binding(2, 4 * 4)  # state and partials, 2 tiles
-    base = scan_launch(5000, 20000, 20000, operands=[operand], results=[result])
+    base = scan_launch(10000, 40000, 40000, operands=[operand], results=[result])
     for scratch, match in [
         ((good[0], good[0]), "aliases another scratch"),
         ((operand, good[1]), "aliases another scratch, operand or result"),

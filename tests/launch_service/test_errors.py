@@ -93,13 +93,13 @@ def test_bad_fields_are_invalid_argument_naming_the_field(client: Attached) -> N
 
 
 def test_scratch_too_small_is_failed_precondition(client: Attached) -> None:
-    session, x, y = session_and_buffers(client, 5000)
+    session, x, y = session_and_buffers(client, 20000)  # 3 of device_scan's tiles
     client.AllocateIntermediates(
         pb.AllocateIntermediatesRequest(
             session_id=session, runtime_scalars={"n": pb.Scalar(u32=10)}
         )
     )
-    error = rpc_error(lambda: client.Launch(launch(session, [x], [y], n={"u32": 5000})))
+    error = rpc_error(lambda: client.Launch(launch(session, [x], [y], n={"u32": 20000})))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "AllocateIntermediates" in (error.details() or "")
 

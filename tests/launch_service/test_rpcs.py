@@ -39,7 +39,7 @@ def test_list_pipelines_describes_the_builtin_catalog(client: Attached) -> None:
     assert list(answer.backend_formats) == ["host_py"]
     scan = {p.target: p for p in answer.pipelines}["accy.kernel.device_scan"]
     first = scan.intermediates[0]
-    assert (first.name, first.extent) == ("state", "ceil_div(n, 4096) + 1")
+    assert (first.name, first.extent) == ("state", "ceil_div(n, 8192) + 1")
     assert first.dtype == pb.DTYPE_U64
     assert scan.operands[0].dtype == pb.DTYPE_F32 and scan.stage_count == 1
     assert scan.runtime_scalars[0].has_max and scan.runtime_scalars[0].max == 2**30
@@ -68,7 +68,7 @@ def test_scan_round_trip_in_chunks_with_and_without_waiting(client: Attached) ->
     scratch = client.AllocateIntermediates(
         pb.AllocateIntermediatesRequest(session_id=loaded.session_id, runtime_scalars=n)
     )
-    assert scratch.byte_size == 8 * (18 + 1) + 4 * 2 * 18  # state and partials of 18 tiles
+    assert scratch.byte_size == 8 * (9 + 1) + 4 * 2 * 9  # state and partials of 9 tiles of 8192
     queued = client.Launch(
         pb.LaunchRequest(
             session_id=loaded.session_id, operands=[by], results=[bx], runtime_scalars=n

@@ -1,16 +1,19 @@
-// Prefix sums over tiles of 4096 float32 elements.
+// Prefix sums over tiles of float32 elements.
 //
 // accy.kernel.device_scan = single_pass: one kernel, one read of x and one write of y
 // (2n*4 bytes), a single-pass scan with decoupled look-back (Merrill and Garland, 2016):
-// each block scans its tile, publishes its total, then reads its predecessors' published
-// totals back to the nearest whose inclusive prefix is known.
+// each block scans its tile of 8192, publishes its total, then reads its predecessors'
+// published totals back to the nearest whose inclusive prefix is known. Up to 8192
+// elements it is one block with no look-back.
 // accy.kernel.reduce_sum uses tile_sum; tile_offsets and tile_scan are the reduce-then-
-// scan kernels (x read twice, y written once), kept for pipelines that name them.
+// scan kernels over tiles of 4096 (x read twice, y written once), kept for pipelines that
+// name them.
 //
-// Layout: a block of 256 threads owns one tile of 4096 elements as 1024 float4 vectors;
-// thread t holds vectors k*256 + t for k = 0..3 ("striped"), so every load and store
-// instruction of a warp touches 512 contiguous bytes. Vector k of warp w covers tile
-// elements [(k*8 + w)*128, +128), so the 32 warp totals in (k, w) order are in tile order.
+// Layout: a block of 256 threads owns one tile of K*1024 elements as K*256 float4 vectors
+// (K = 4 for the tile kernels, ACCY_PASS_VECTORS = 8 for the single pass); thread t holds
+// vectors k*256 + t for k = 0..K-1 ("striped"), so every load and store instruction of a
+// warp touches 512 contiguous bytes. Vector k of warp w covers tile elements
+// [(k*8 + w)*128, +128), so the K*8 warp totals in (k, w) order are in tile order.
 // Full tiles use 16-byte accesses (buffers are 256-byte aligned; checked anyway); the
 // last, partial tile uses guarded scalar accesses. Indices are 64-bit where they can
 // pass 2^31 (n up to 2^30 elements is 4 GiB).
@@ -89,6 +92,73 @@ __device__ __forceinline__ void accy_store_striped(float* dst, const float4 (&v)
     }
 }
 
+// The steps of a block's scan of its tile, shared by tile_offsets, tile_scan and the single
+// pass. After accy_scan_vectors, v[k] holds inclusive sums within vector k and inc[k] the
+// warp-inclusive sum of the vector totals of (k, this warp); lane 31's are the warp totals,
+// which accy_keep_warp_totals puts in shared memory in tile order.
+template <int K>
+__device__ __forceinline__ void accy_scan_vectors(float4 (&v)[K], float (&inc)[K],
+                                                  unsigned lane) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        v[k].y += v[k].x;
+        v[k].z += v[k].y;
+        v[k].w += v[k].z;
+        inc[k] = v[k].w;
+    }
+    accy_warp_inclusive_scan<K>(inc, lane);
+}
+
+template <int K, unsigned THREADS>
+__device__ __forceinline__ void accy_keep_warp_totals(float* totals, const float (&inc)[K],
+                                                      unsigned lane, unsigned warp) {
+    if (lane == 31) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) totals[k * (THREADS / 32) + warp] = inc[k];
+    }
+}
+
+// By warp 0, after a barrier: the K*THREADS/32 warp totals in `totals` become their
+// exclusive prefix sums (each lane owns K*THREADS/1024 consecutive ones); returns the
+// tile's total to every lane.
+template <int K, unsigned THREADS>
+__device__ __forceinline__ float accy_scan_warp_totals(float* totals, unsigned lane) {
+    constexpr int PER_LANE = K * static_cast<int>(THREADS) / 1024;
+    static_assert(PER_LANE >= 1 && PER_LANE * 1024 == K * static_cast<int>(THREADS),
+                  "K * THREADS must be a multiple of 1024");
+    float a[PER_LANE];
+#pragma unroll
+    for (int p = 0; p < PER_LANE; ++p) a[p] = totals[PER_LANE * lane + p];
+#pragma unroll
+    for (int p = 1; p < PER_LANE; ++p) a[p] += a[p - 1];
+    float s[1] = {a[PER_LANE - 1]};
+    accy_warp_inclusive_scan<1>(s, lane);
+    float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
+    if (lane == 0) ex = 0.0f;
+    totals[PER_LANE * lane] = ex;
+#pragma unroll
+    for (int p = 1; p < PER_LANE; ++p) totals[PER_LANE * lane + p] = ex + a[p - 1];
+    return __shfl_sync(0xffffffffu, s[0], 31);
+}
+
+// After a barrier past accy_scan_warp_totals: v[k] += carry + the sum of the tile before
+// vector k (inclusive results).
+template <int K, unsigned THREADS>
+__device__ __forceinline__ void accy_add_prefix(float4 (&v)[K], const float (&inc)[K],
+                                                const float* totals, float carry,
+                                                unsigned lane, unsigned warp) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
+        if (lane == 0) ex = 0.0f;
+        const float p = carry + (totals[k * (THREADS / 32) + warp] + ex);
+        v[k].x += p;
+        v[k].y += p;
+        v[k].z += p;
+        v[k].w += p;
+    }
+}
+
 }  // namespace
 
 // sums[b] = sum(x[b*4096 : min(n, (b+1)*4096)]); grid ceil_div(n, 4096), block 256.
@@ -137,36 +207,13 @@ accy_scan_tile_offsets(float* offsets, const float* __restrict__ sums, unsigned 
         if (base + CHUNK < count)
             accy_load_striped<K, THREADS>(next, sums, base + CHUNK, count - base - CHUNK, vec_ok, t);
         float inc[K];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            v[k].y += v[k].x;
-            v[k].z += v[k].y;
-            v[k].w += v[k].z;
-            inc[k] = v[k].w;
-        }
-        accy_warp_inclusive_scan<K>(inc, lane);
+        accy_scan_vectors<K>(v, inc, lane);
         float* tot = totals[parity];
-        if (lane == 31) {
-#pragma unroll
-            for (int k = 0; k < K; ++k) tot[k * WARPS + warp] = inc[k];
-        }
+        accy_keep_warp_totals<K, THREADS>(tot, inc, lane, warp);
         __syncthreads();
         if (warp == 0) {
-            // 128 warp totals in tile order; lane owns 4 consecutive ones.
-            float a0 = tot[4 * lane + 0], a1 = tot[4 * lane + 1];
-            float a2 = tot[4 * lane + 2], a3 = tot[4 * lane + 3];
-            a1 += a0;
-            a2 += a1;
-            a3 += a2;
-            float s[1] = {a3};
-            accy_warp_inclusive_scan<1>(s, lane);
-            float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
-            if (lane == 0) ex = 0.0f;
-            tot[4 * lane + 0] = ex;
-            tot[4 * lane + 1] = ex + a0;
-            tot[4 * lane + 2] = ex + a1;
-            tot[4 * lane + 3] = ex + a2;
-            if (lane == 31) tot[K * WARPS] = s[0];
+            const float chunk_total = accy_scan_warp_totals<K, THREADS>(tot, lane);
+            if (lane == 31) tot[K * WARPS] = chunk_total;
         }
         __syncthreads();
 #pragma unroll
@@ -201,38 +248,13 @@ accy_scan_tile_scan(float* y, const float* x, const float* __restrict__ offsets,
     float4 v[K];
     accy_load_striped<K, ACCY_TILE_THREADS>(v, x, base, limit, vec_ok, t);
     float inc[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        v[k].y += v[k].x;
-        v[k].z += v[k].y;
-        v[k].w += v[k].z;
-        inc[k] = v[k].w;
-    }
-    accy_warp_inclusive_scan<K>(inc, lane);
+    accy_scan_vectors<K>(v, inc, lane);
     __shared__ float totals[K * WARPS];  // 32 warp totals in tile order
-    if (lane == 31) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) totals[k * WARPS + warp] = inc[k];
-    }
+    accy_keep_warp_totals<K, ACCY_TILE_THREADS>(totals, inc, lane, warp);
     __syncthreads();
-    if (warp == 0) {
-        float s[1] = {totals[lane]};
-        accy_warp_inclusive_scan<1>(s, lane);
-        float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
-        if (lane == 0) ex = 0.0f;
-        totals[lane] = ex;
-    }
+    if (warp == 0) accy_scan_warp_totals<K, ACCY_TILE_THREADS>(totals, lane);
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
-        if (lane == 0) ex = 0.0f;
-        const float p = carry + (totals[k * WARPS + warp] + ex);
-        v[k].x += p;
-        v[k].y += p;
-        v[k].z += p;
-        v[k].w += p;
-    }
+    accy_add_prefix<K, ACCY_TILE_THREADS>(v, inc, totals, carry, lane, warp);
     accy_store_striped<K, ACCY_TILE_THREADS>(y, v, base, limit, vec_ok, t);
 }
 
@@ -276,19 +298,23 @@ __device__ __forceinline__ void accy_publish(unsigned long long* status, float* 
     atomicExch(status + tile, (number << 2) | flag);
 }
 
-// Tile `mine`'s published value once its status names this launch (`want`).
+// Tile `mine`'s published value once its status names this launch (`want`). The clock
+// is read every 256 polls, not every poll: a %globaltimer read in the loop cost the
+// single pass 5% at 2^28 on an H100.
 __device__ __forceinline__ float accy_wait_published(const unsigned long long* status,
                                                      const float* partials, long long mine,
                                                      unsigned long long want,
                                                      unsigned long long& flag) {
     const volatile unsigned long long* word = status + mine;
     unsigned long long seen = *word;
-    if ((seen >> 2) != want || (seen & 3ull) == 0ull) {
-        const unsigned long long since = accy_now_ns();
-        do {
-            if (accy_now_ns() - since > ACCY_LOOK_BACK_LIMIT_NS) __trap();
-            seen = *word;
-        } while ((seen >> 2) != want || (seen & 3ull) == 0ull);
+    unsigned long long since = 0ull;
+    for (unsigned polls = 1; (seen >> 2) != want || (seen & 3ull) == 0ull; ++polls) {
+        if ((polls & 255u) == 0u) {
+            const unsigned long long now = accy_now_ns();
+            if (since == 0ull) since = now;
+            else if (now - since > ACCY_LOOK_BACK_LIMIT_NS) __trap();
+        }
+        seen = *word;
     }
     flag = seen & 3ull;
     __threadfence();
@@ -322,47 +348,45 @@ __device__ __forceinline__ float accy_look_back(const unsigned long long* status
 
 }  // namespace
 
-// y = inclusive prefix sum of x[0:n]; grid ceil_div(n, 4096), block 256; state: u64,
-// ceil_div(n, 4096) + 1, zeroed when allocated, and partials: f32, 2 * ceil_div(n, 4096),
-// then left to this kernel (above). A grid past ceil_div(n, 4096) only adds empty tiles.
-extern "C" __global__ void __launch_bounds__(ACCY_TILE_THREADS)
+// The single pass's tile: ACCY_PASS_VECTORS float4 vectors per thread of 256, so 8192
+// elements; a multiple of 4 vectors, so the block's 8 * ACCY_PASS_VECTORS warp totals are
+// ACCY_PASS_VECTORS / 4 per lane of warp 0. ACCY_PASS_MIN_BLOCKS is the register cap's
+// target (blocks per SM).
+#ifndef ACCY_PASS_VECTORS
+#define ACCY_PASS_VECTORS 8
+#endif
+#ifndef ACCY_PASS_MIN_BLOCKS
+#define ACCY_PASS_MIN_BLOCKS 3
+#endif
+#define ACCY_PASS_TILE (ACCY_TILE_THREADS * 4u * ACCY_PASS_VECTORS)
+
+// y = inclusive prefix sum of x[0:n]; grid ceil_div(n, ACCY_PASS_TILE), block 256; state:
+// u64, ceil_div(n, ACCY_PASS_TILE) + 1, zeroed when allocated, and partials: f32,
+// 2 * ceil_div(n, ACCY_PASS_TILE), then left to this kernel (above). A grid past
+// ceil_div(n, ACCY_PASS_TILE) only adds empty tiles.
+extern "C" __global__ void __launch_bounds__(ACCY_TILE_THREADS, ACCY_PASS_MIN_BLOCKS)
 accy_scan_single_pass(float* y, unsigned long long* state, float* partials, const float* x,
                       unsigned int n) {
     constexpr unsigned WARPS = ACCY_TILE_THREADS / 32;
-    constexpr int K = 4;
+    constexpr int K = ACCY_PASS_VECTORS;  // a multiple of 4 (accy_scan_warp_totals)
     const unsigned t = threadIdx.x, lane = t & 31u, warp = t >> 5;
     const unsigned tile = blockIdx.x, tiles = gridDim.x;
-    __shared__ float totals[K * WARPS];  // 32 warp totals in tile order
+    __shared__ float totals[K * WARPS];  // the warp totals in tile order
     __shared__ float carry_of_block;
     // Thread 0 reads base while every warp loads its part of the tile.
     unsigned long long base = 0;
     if (t == 0) base = *static_cast<volatile unsigned long long*>(state);
-    const unsigned long long first = static_cast<unsigned long long>(tile) * ACCY_TILE;
+    const unsigned long long first = static_cast<unsigned long long>(tile) * ACCY_PASS_TILE;
     const unsigned long long limit = first < n ? static_cast<unsigned long long>(n) - first : 0ull;
     const bool vec_ok = accy_aligned16(x) && accy_aligned16(y);
     float4 v[K];
     accy_load_striped<K, ACCY_TILE_THREADS>(v, x, first, limit, vec_ok, t);
     float inc[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        v[k].y += v[k].x;
-        v[k].z += v[k].y;
-        v[k].w += v[k].z;
-        inc[k] = v[k].w;
-    }
-    accy_warp_inclusive_scan<K>(inc, lane);
-    if (lane == 31) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) totals[k * WARPS + warp] = inc[k];
-    }
+    accy_scan_vectors<K>(v, inc, lane);
+    accy_keep_warp_totals<K, ACCY_TILE_THREADS>(totals, inc, lane, warp);
     __syncthreads();
     if (warp == 0) {
-        float s[1] = {totals[lane]};
-        accy_warp_inclusive_scan<1>(s, lane);
-        float ex = __shfl_up_sync(0xffffffffu, s[0], 1);
-        if (lane == 0) ex = 0.0f;
-        totals[lane] = ex;
-        const float total = __shfl_sync(0xffffffffu, s[0], 31);
+        const float total = accy_scan_warp_totals<K, ACCY_TILE_THREADS>(totals, lane);
         base = __shfl_sync(0xffffffffu, base, 0);  // the value lane 0's fence orders
         unsigned long long* status = state + 1;
         const unsigned long long number = base + tile;
@@ -384,16 +408,6 @@ accy_scan_single_pass(float* y, unsigned long long* state, float* partials, cons
         }
     }
     __syncthreads();
-    const float carry = carry_of_block;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        float ex = __shfl_up_sync(0xffffffffu, inc[k], 1);
-        if (lane == 0) ex = 0.0f;
-        const float p = carry + (totals[k * WARPS + warp] + ex);
-        v[k].x += p;
-        v[k].y += p;
-        v[k].z += p;
-        v[k].w += p;
-    }
+    accy_add_prefix<K, ACCY_TILE_THREADS>(v, inc, totals, carry_of_block, lane, warp);
     accy_store_striped<K, ACCY_TILE_THREADS>(y, v, first, limit, vec_ok, t);
 }

@@ -15,6 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 TILE = 4096
+"""The tile kernels' tile (tile_sum, tile_scan, and the reduction's partials)."""
+PASS_TILE = 8192
+"""The single pass's tile, as its CUDA kernel's: its order of additions."""
 CHUNK_TILES = 256
 
 Bytes = npt.NDArray[np.uint8]
@@ -25,22 +28,22 @@ def _f32(buffer: Bytes, count: int) -> npt.NDArray[np.float32]:
     return buffer[: count * 4].view(np.float32)
 
 
-def _tiles(n: int, tiles: int) -> int:
-    if tiles * TILE < n or (tiles - 1) * TILE >= n:
-        raise ValueError(f"grid of {tiles} tiles does not cover n = {n} in tiles of {TILE}")
+def _tiles(n: int, tiles: int, tile: int = TILE) -> int:
+    if tiles * tile < n or (tiles - 1) * tile >= n:
+        raise ValueError(f"grid of {tiles} tiles does not cover n = {n} in tiles of {tile}")
     return tiles
 
 
 F32 = npt.NDArray[np.float32]
 
 
-def _sums_into(sums: F32, x: F32, n: int, tiles: int) -> None:
+def _sums_into(sums: F32, x: F32, n: int, tiles: int, tile: int = TILE) -> None:
     for first in range(0, tiles, CHUNK_TILES):
         last = min(tiles, first + CHUNK_TILES)
-        chunk = x[first * TILE : min(n, last * TILE)]
-        padded = np.zeros((last - first) * TILE, dtype=np.float64)
+        chunk = x[first * tile : min(n, last * tile)]
+        padded = np.zeros((last - first) * tile, dtype=np.float64)
         padded[: chunk.size] = chunk
-        sums[first:last] = padded.reshape(-1, TILE).sum(axis=1)
+        sums[first:last] = padded.reshape(-1, tile).sum(axis=1)
 
 
 def _offsets_into(offsets: F32, sums: F32) -> None:
@@ -49,13 +52,13 @@ def _offsets_into(offsets: F32, sums: F32) -> None:
     offsets[1:] = inclusive[:-1]
 
 
-def _scan_into(y: F32, x: F32, offsets: F32, n: int, tiles: int) -> None:
+def _scan_into(y: F32, x: F32, offsets: F32, n: int, tiles: int, tile: int = TILE) -> None:
     for first in range(0, tiles, CHUNK_TILES):
         last = min(tiles, first + CHUNK_TILES)
-        start, stop = first * TILE, min(n, last * TILE)
-        padded = np.zeros((last - first) * TILE, dtype=np.float64)
+        start, stop = first * tile, min(n, last * tile)
+        padded = np.zeros((last - first) * tile, dtype=np.float64)
         padded[: stop - start] = x[start:stop]
-        scanned = np.cumsum(padded.reshape(-1, TILE), axis=1)
+        scanned = np.cumsum(padded.reshape(-1, tile), axis=1)
         scanned += offsets[first:last, None]
         y[start:stop] = scanned.reshape(-1)[: stop - start]
 
@@ -92,12 +95,12 @@ def single_pass(
     no look-back, so they are left as they are; the tile totals and offsets are its own.
     """
     n = int(scalars[0])
-    tiles = _tiles(n, grid[0])
+    tiles = _tiles(n, grid[0], PASS_TILE)
     y, x = _f32(buffers[0], n), _f32(buffers[3], n)
     sums, offsets = np.empty(tiles, dtype=np.float32), np.empty(tiles, dtype=np.float32)
-    _sums_into(sums, x, n, tiles)
+    _sums_into(sums, x, n, tiles, PASS_TILE)
     _offsets_into(offsets, sums)
-    _scan_into(y, x, offsets, n, tiles)
+    _scan_into(y, x, offsets, n, tiles, PASS_TILE)
 
 
 def final_sum(grid: Dim3, block: Dim3, buffers: Sequence[Bytes], scalars: Sequence[float]) -> None:
