@@ -352,12 +352,8 @@ __device__ __forceinline__ float accy_look_back(const unsigned long long* status
 // elements; a multiple of 4 vectors, so the block's 8 * ACCY_PASS_VECTORS warp totals are
 // ACCY_PASS_VECTORS / 4 per lane of warp 0. ACCY_PASS_MIN_BLOCKS is the register cap's
 // target (blocks per SM).
-#ifndef ACCY_PASS_VECTORS
 #define ACCY_PASS_VECTORS 8
-#endif
-#ifndef ACCY_PASS_MIN_BLOCKS
 #define ACCY_PASS_MIN_BLOCKS 3
-#endif
 #define ACCY_PASS_TILE (ACCY_TILE_THREADS * 4u * ACCY_PASS_VECTORS)
 
 // y = inclusive prefix sum of x[0:n]; grid ceil_div(n, ACCY_PASS_TILE), block 256; state:
