@@ -7,8 +7,9 @@ stream: device_scan's one kernel (the single pass) with ``cuLaunchKernel`` and a
 and a synchronize (what accy's launch path replays); the reduce-then-scan kernels
 device_scan ran before (tile sums, their scan, the scan with offsets: three launches and a
 synchronize); and the sharing benchmark's one tiny kernel launched and synchronized (the
-bound the issue states device_scan against). Every driver call's result is checked, and y
-is checked against numpy's cumulative sum after each way.
+bound the issue states device_scan against) and the same captured in a graph (what accy
+replays for it, so accy's own cost is each series over its graph). Every driver call's
+result is checked, and y is checked against numpy's cumulative sum after each way.
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ from bench_service import _percentiles, _timed
 
 from accyd.backends.cuda.compile_cache import CompileCache
 from accyd.backends.cuda.driver import check
+from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.catalog.catalog import BUILTIN_CATALOG
 
 SOURCE = BUILTIN_CATALOG / "cuda" / "scan.cu"
-TILE, PASS_TILE, TILE_THREADS, OFFSETS_THREADS = 4096, 8192, 256, 1024
-"""scan.cu's tile kernels' tile, the single pass's, their block and tile_offsets' (one block)."""
+TILE, TILE_THREADS, OFFSETS_THREADS = 4096, 256, 1024
+"""scan.cu's tile kernels' tile, their block and tile_offsets' (one block)."""
+CATALOG = load_catalog()
+SCAN = CATALOG.find_pipeline("accy.kernel.device_scan")
+PASS = CATALOG.registry.find("accy.kernel.scan.single_pass", 1, ArtifactFormat.CUDA_CPP)
+assert PASS is not None
 
 
 class ScanRig:
@@ -44,17 +50,16 @@ class ScanRig:
         self.x_host = np.random.default_rng(1).random(n, dtype=np.float32)
         self.x, self.y = self._alloc(n), self._alloc(n)
         self.sums, self.offsets = self._alloc(self.tiles), self._alloc(self.tiles)
-        # the single pass's state (zeroed once, as the pipeline's manifest asks) and partials
-        passes = -(-n // PASS_TILE)
-        self.state, self.partials = self._alloc(2 * (passes + 1)), self._alloc(2 * passes)
-        check(d.cuMemsetD8(self.state, 0, 8 * (passes + 1)), "cuMemsetD8")
+        # the single pass's state and partials, sized and zeroed as the pipeline's manifest
+        # says (the one place its tile is read)
+        self.state, self.partials = self._scratch(n)
         check(d.cuMemcpyHtoD(self.x, self.x_host.data, n * 4), "cuMemcpyHtoD")
         self._keep: list[Any] = []
         self.ways = {
             "scan": [
                 self._stage(
                     "accy_scan_single_pass",
-                    passes,
+                    self._passes(n),
                     TILE_THREADS,
                     self.y,
                     self.state,
@@ -74,8 +79,22 @@ class ScanRig:
             ],
         }
 
-    def _alloc(self, count: int) -> int:
-        return int(check(self.rig.d.cuMemAlloc(count * 4), "cuMemAlloc"))
+    def _alloc(self, count: int, size: int = 4) -> int:
+        return int(check(self.rig.d.cuMemAlloc(count * size), "cuMemAlloc"))
+
+    def _scratch(self, n: int) -> list[int]:
+        addresses = []
+        for spec in SCAN.intermediates:
+            size = spec.byte_size([Scalar.u32(n)])
+            addresses.append(self._alloc(size, 1))
+            if spec.zeroed:
+                check(self.rig.d.cuMemsetD8(addresses[-1], 0, size), "cuMemsetD8")
+        return addresses
+
+    @staticmethod
+    def _passes(n: int) -> int:
+        """The single pass's grid for ``n``, by its kernel's launch rule."""
+        return PASS.launch.resolve([Scalar.u32(n)]).grid[0]
 
     def _stage(self, entry: str, grid: int, block: int, *args: int) -> tuple[Any, ...]:
         """One kernel: its function, shape and arguments (pointers, then one u32 last)."""
@@ -94,19 +113,22 @@ class ScanRig:
 
         return go
 
-    def graph_launcher(self, stream: Any) -> Callable[[], None]:
-        """device_scan's kernel captured once into a graph; a launch of it on ``stream``."""
+    def graph_launcher(
+        self, stream: Any, launch: Callable[[], None] | None = None
+    ) -> Callable[[], None]:
+        """``launch`` (device_scan's kernel unless given) captured once into a graph; a launch
+        of it on ``stream``."""
         d = self.rig.d
         mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(d.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
-        self.launcher(stream)()
+        (launch or self.launcher(stream))()
         graph = check(d.cuStreamEndCapture(stream), "cuStreamEndCapture")
         exec_ = check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         self._keep += [graph, exec_]
-        launch = d.cuGraphLaunch
+        graph_launch = d.cuGraphLaunch
 
         def go() -> None:
-            result = launch(exec_, stream)
+            result = graph_launch(exec_, stream)
             if result[0]:
                 check(result, "cuGraphLaunch")
 
@@ -124,8 +146,8 @@ class ScanRig:
 
 
 def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-    """One process: the tiny kernel, device_scan's kernel, its graph, and the three kernels
-    device_scan ran before, each waited; y checked after each of the scan's ways."""
+    """One process: the tiny kernel and its graph, device_scan's kernel and its graph, and
+    the three kernels device_scan ran before, each waited; y checked after each scan way."""
     rig = Rig()
     scan = ScanRig(rig, int(spec["n"]))
     stream = rig.stream()
@@ -133,6 +155,7 @@ def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
     iterations, tiny = int(spec["iterations"]), int(spec["tiny_iters"])
     ways = {
         "tiny": rig.launcher(tiny, stream),
+        "tiny_graph": scan.graph_launcher(stream, rig.launcher(tiny, stream)),
         "scan": scan.launcher(stream),
         "scan_graph": scan.graph_launcher(stream),
         "scan3": scan.launcher(stream, "scan3"),
@@ -148,7 +171,7 @@ def prepare_scan(spec: dict[str, Any]) -> Callable[[], dict[str, Any]]:
                 sync()
 
             found[name] = _percentiles(_timed(waited, iterations, warmup=200))
-            if name != "tiny":
+            if not name.startswith("tiny"):
                 errors[name] = scan.error()
                 if not errors[name] < 1e-5:
                     raise RuntimeError(f"device_scan's {name}: relative error {errors[name]}")
