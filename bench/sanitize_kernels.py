@@ -19,13 +19,13 @@ from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.catalog.model import check_geometry
 
 TILE = 4096
-PASS_TILE = 8192  # device_scan's single pass
 N_SIZES = [1, 63, 4097, 5000, 8193, 70001]
 M_SIZES = [1, 65, 5000, 16385, 40001]
 
 
 def main() -> int:
     catalog = load_catalog()
+    scan = catalog.find_pipeline("accy.kernel.device_scan")
     failures = 0
     with tempfile.TemporaryDirectory() as cache, CudaBackend(0, cache_dir=cache) as be:
         kernels = {}
@@ -81,17 +81,19 @@ def main() -> int:
             report("tile scans", n, float(np.linalg.norm(got - want) / np.linalg.norm(want)), 1e-5)
             # device_scan's one pass, twice on the same exact-size scratch (the state the
             # first leaves is the second's), the partials never written before the kernel
-            tiles = -(-n // PASS_TILE)
-            state = be.allocate_buffer((tiles + 1) * 8, zero=True)
-            partials = be.allocate_buffer(2 * tiles * 4)
+            # (sized and zeroed as the pipeline's manifest says: state, then partials)
+            scratch = [
+                be.allocate_buffer(spec.byte_size([Scalar.u32(n)]), zero=spec.zeroed)
+                for spec in scan.intermediates
+            ]
             for time in (1, 2):
                 be.write(dout, 0, memoryview(nan), None)
-                run("accy.kernel.scan.single_pass", [dout, state, partials, dx], [Scalar.u32(n)])
+                run("accy.kernel.scan.single_pass", [dout, *scratch, dx], [Scalar.u32(n)])
                 got = down(dout, n)
                 err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
                 report(f"device_scan #{time}", n, err, 1e-5)
-            be.destroy(state)
-            be.destroy(partials)
+            for buffer in scratch:
+                be.destroy(buffer)
             total = float(down(dtot, 1)[0])
             report("reduce_sum", n, abs(total - want[-1]) / abs(want[-1]), 1e-5)
             run("accy.kernel.saxpy", [dout, dx, dy], [Scalar.u32(n), Scalar.f32(2.0)])

@@ -29,13 +29,22 @@ F64 = npt.NDArray[np.float64]
 
 TILE = 4096
 GUARD = 1024  # elements of NaN past each output that must stay untouched
-PASS_TILE = 8192
-"""device_scan's single pass covers 8192 elements per tile (block)."""
 N_SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 5000, 8191, 8192, 8193, 2**20 + 3, 2**28 + 7]
 M_SIZES = [1, 63, 64, 65, 4095, 4096, 4097, 5000, 16383, 16384, 16385, 65537, 2**17 + 3, 2**18]
 CHUNK_ROWS = 8192  # tiles per chunk of the float64 references (32 Mi elements)
 
 CATALOG = load_catalog()
+SCAN = CATALOG.find_pipeline("accy.kernel.device_scan")
+
+
+def scan_scratch_for(backend: CudaBackend, n: int) -> list[DeviceBuffer]:
+    """device_scan's scratch for ``n`` (its state, zeroed, and its partials), sized and
+    zeroed as the pipeline's manifest says: the one place the single pass's tile is read."""
+    args = [Scalar.u32(n)]
+    return [
+        backend.allocate_buffer(spec.byte_size(args), zero=spec.zeroed)
+        for spec in SCAN.intermediates
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -212,11 +221,7 @@ def test_tile_scan(backend: CudaBackend, run: Runner, n: int) -> None:
 def scan_scratch(backend: CudaBackend) -> Iterator[list[DeviceBuffer]]:
     """device_scan's state (zeroed) and partials for the largest size, kept across the tests
     and their sizes as one session's scratch is kept across its launches."""
-    tiles = -(-max(N_SIZES) // PASS_TILE)
-    scratch = [
-        backend.allocate_buffer((tiles + 1) * 8, zero=True),
-        backend.allocate_buffer(2 * tiles * 4),
-    ]
+    scratch = scan_scratch_for(backend, max(N_SIZES))
     yield scratch
     for buffer in scratch:
         backend.destroy(buffer)
@@ -338,14 +343,13 @@ def test_scan_and_reduce_chains_at_2_30(backend: CudaBackend, run: Runner) -> No
         y = download(backend, dy, n)
         assert rel_l2(global_scan_pairs(y, x)) < 1e-5
         repoison(backend, dy, n)
-        state = backend.allocate_buffer((m + 1) * 8, zero=True)
-        partials = backend.allocate_buffer(2 * m * 4)
+        scratch = scan_scratch_for(backend, n)
         try:
-            run("accy.kernel.scan.single_pass", [dy, state, partials, dx], [Scalar.u32(n)])
+            run("accy.kernel.scan.single_pass", [dy, *scratch, dx], [Scalar.u32(n)])
             y = download(backend, dy, n)
         finally:
-            backend.destroy(state)
-            backend.destroy(partials)
+            for buffer in scratch:
+                backend.destroy(buffer)
     finally:
         for b in (dx, dsums, doffsets, dtotal, dy):
             backend.destroy(b)
