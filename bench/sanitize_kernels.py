@@ -17,6 +17,7 @@ from accyd.backends.base import ArtifactRequest, DeviceBuffer, LaunchRequest
 from accyd.backends.cuda import CudaBackend
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.catalog.model import check_geometry
+from accyd.core.executor import allocate_intermediates
 
 TILE = 4096
 N_SIZES = [1, 63, 4097, 5000, 8193, 70001]
@@ -81,19 +82,15 @@ def main() -> int:
             report("tile scans", n, float(np.linalg.norm(got - want) / np.linalg.norm(want)), 1e-5)
             # device_scan's one pass, twice on the same exact-size scratch (the state the
             # first leaves is the second's), the partials never written before the kernel
-            # (sized and zeroed as the pipeline's manifest says: state, then partials)
-            scratch = [
-                be.allocate_buffer(spec.byte_size([Scalar.u32(n)]), zero=spec.zeroed)
-                for spec in scan.intermediates
-            ]
+            # (made as a session's is, from the pipeline's manifest: state, then partials)
+            scratch = allocate_intermediates(be, scan, [Scalar.u32(n)])
             for time in (1, 2):
                 be.write(dout, 0, memoryview(nan), None)
-                run("accy.kernel.scan.single_pass", [dout, *scratch, dx], [Scalar.u32(n)])
+                run("accy.kernel.scan.single_pass", [dout, *scratch.buffers, dx], [Scalar.u32(n)])
                 got = down(dout, n)
                 err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
                 report(f"device_scan #{time}", n, err, 1e-5)
-            for buffer in scratch:
-                be.destroy(buffer)
+            scratch.close()
             total = float(down(dtot, 1)[0])
             report("reduce_sum", n, abs(total - want[-1]) / abs(want[-1]), 1e-5)
             run("accy.kernel.saxpy", [dout, dx, dy], [Scalar.u32(n), Scalar.f32(2.0)])

@@ -18,6 +18,7 @@ from accyd.backends.cuda import cuda_available
 from accyd.backends.cuda.backend import CudaBackend
 from accyd.catalog import ArtifactFormat, Scalar, load_catalog
 from accyd.catalog.model import KernelEntry, check_geometry
+from accyd.core.executor import allocate_intermediates
 
 pytestmark = [
     pytest.mark.cuda,
@@ -35,16 +36,8 @@ CHUNK_ROWS = 8192  # tiles per chunk of the float64 references (32 Mi elements)
 
 CATALOG = load_catalog()
 SCAN = CATALOG.find_pipeline("accy.kernel.device_scan")
-
-
-def scan_scratch_for(backend: CudaBackend, n: int) -> list[DeviceBuffer]:
-    """device_scan's scratch for ``n`` (its state, zeroed, and its partials), sized and
-    zeroed as the pipeline's manifest says: the one place the single pass's tile is read."""
-    args = [Scalar.u32(n)]
-    return [
-        backend.allocate_buffer(spec.byte_size(args), zero=spec.zeroed)
-        for spec in SCAN.intermediates
-    ]
+"""Its scratch (state, zeroed, then partials) is made as a session's is, by
+``allocate_intermediates`` from the manifest: the tests never write the single pass's tile."""
 
 
 @pytest.fixture(scope="module")
@@ -221,10 +214,9 @@ def test_tile_scan(backend: CudaBackend, run: Runner, n: int) -> None:
 def scan_scratch(backend: CudaBackend) -> Iterator[list[DeviceBuffer]]:
     """device_scan's state (zeroed) and partials for the largest size, kept across the tests
     and their sizes as one session's scratch is kept across its launches."""
-    scratch = scan_scratch_for(backend, max(N_SIZES))
-    yield scratch
-    for buffer in scratch:
-        backend.destroy(buffer)
+    scratch = allocate_intermediates(backend, SCAN, [Scalar.u32(max(N_SIZES))])
+    yield list(scratch.buffers)
+    scratch.close()
 
 
 def repoison(be: CudaBackend, buffer: DeviceBuffer, count: int) -> None:
@@ -343,13 +335,12 @@ def test_scan_and_reduce_chains_at_2_30(backend: CudaBackend, run: Runner) -> No
         y = download(backend, dy, n)
         assert rel_l2(global_scan_pairs(y, x)) < 1e-5
         repoison(backend, dy, n)
-        scratch = scan_scratch_for(backend, n)
+        scratch = allocate_intermediates(backend, SCAN, [Scalar.u32(n)])
         try:
-            run("accy.kernel.scan.single_pass", [dy, *scratch, dx], [Scalar.u32(n)])
+            run("accy.kernel.scan.single_pass", [dy, *scratch.buffers, dx], [Scalar.u32(n)])
             y = download(backend, dy, n)
         finally:
-            for buffer in scratch:
-                backend.destroy(buffer)
+            scratch.close()
     finally:
         for b in (dx, dsums, doffsets, dtotal, dy):
             backend.destroy(b)
