@@ -39,7 +39,8 @@ def test_restart_reloads_sessions_and_loses_buffers(
     old_id = session.id
 
     service.restart()
-    until(lambda: client.reattachments == 1)
+    # the count moves before on_reattach is called (on the reattaching thread): wait for both
+    until(lambda: client.reattachments == 1 and len(seen) == 1)
     assert client.attachment.instance_id == "i2" and len(seen) == 1
     record = seen[0]
     assert record.restarted and record.why == "the daemon restarted"
@@ -101,7 +102,7 @@ def test_device_fault_names_the_session_then_recovers(
     assert not client.attached
 
     service.restart()
-    until(lambda: client.reattachments == 1)
+    until(lambda: client.reattachments == 1 and len(seen) == 1)
     assert seen[0].fault_session == "ses_culprit" and seen[0].restarted
     with client.buffer(np.ones(4, np.float32)) as x2, client.empty(4, "f32") as y2:
         session.launch([x2], [y2], n=4)

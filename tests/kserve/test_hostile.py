@@ -136,8 +136,11 @@ def test_a_stream_that_is_never_read_stops_being_served(
     running = ServerThread(make_config(tmp_path, "tcp"))
     model, count = "accy.kernel.device_scan", answer_bytes // 4
     door = Door(running.address)
+    # No BDP probing: the caller's flow-control window stays its first size instead of
+    # growing while answers arrive, so what gRPC writes unread stays within ``written``.
     door.channel = grpc.insecure_channel(
-        running.address, options=[("grpc.max_receive_message_length", 1 << 25)]
+        running.address,
+        options=[("grpc.max_receive_message_length", 1 << 25), ("grpc.http2.bdp_probe", 0)],
     )
     door.stub = open_inference_pb2_grpc.GRPCInferenceServiceStub(door.channel)
     stream = door.stub.ModelStreamInfer(scan_request(count, str(i)) for i in range(total))
