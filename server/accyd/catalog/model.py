@@ -286,6 +286,37 @@ class Pipeline:
             entries.append(entry)
         return entries
 
+    def free_scalars(self, registry: Registry, format: ArtifactFormat) -> frozenset[int]:
+        """The runtime scalars (by index) whose values no check reads beyond their dtype's.
+
+        A scalar is free when it has no bounds; no extent, shape or stage geometry names it;
+        and it reaches the kernels only as a stage's plain scalar argument (``Arg``) that
+        the kernel's launch rule does not read. Such a value changes nothing the core
+        decides about a launch: its buffers, scratch, grid and hazards are the same. That is
+        what lets a checked launch be replayed with another value of it (its ticket's key
+        would leave it out). Its dtype's own check still applies: every integer of its
+        width fits, but a float must be finite.
+        """
+        read: set[int] = {bound.argument_index for bound in self.runtime_scalar_bounds}
+        for spec in (*self.operands, *self.results):
+            for expr in (spec.extent, *spec.shape):
+                read.update(_arg_indices(expr))
+        for intermediate in self.intermediates:
+            read.update(_arg_indices(intermediate.extent))
+        for stage, entry in zip(self.stages, self.stage_entries(registry, format), strict=True):
+            for expr in stage.geometry.exprs() if stage.geometry is not None else ():
+                read.update(_arg_indices(expr))
+            rule = entry.launch
+            by_rule: set[int] = set()
+            if isinstance(rule, DerivedGeometry):
+                for dim in rule.grid:
+                    by_rule.update(_arg_indices(dim))
+            for position, expr in enumerate(stage.scalars):
+                if isinstance(expr, Arg) and position not in by_rule:
+                    continue  # passed through as it is
+                read.update(_arg_indices(expr))
+        return frozenset(set(range(len(self.runtime_scalars))) - read)
+
     def validate(self, registry: Registry, format: ArtifactFormat) -> None:
         """Check the whole chain against the registry; cached per (registry, format)."""
         if format in self._validated.get(registry, ()):
