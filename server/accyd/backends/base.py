@@ -30,6 +30,7 @@ __all__ = [
     "LaunchRequest",
     "LoadedKernel",
     "PreparedLaunch",
+    "ScalarChange",
     "SequentialLaunch",
     "Stream",
     "round_up",
@@ -186,6 +187,10 @@ class LaunchRequest:
     diagnostic_id: str | None = None
 
 
+ScalarChange = tuple[int, int, Scalar]
+"""A prepared launch's stage (by index), a position among that stage's scalars, its new value."""
+
+
 class PreparedLaunch(Protocol):
     """Launches checked and packed once, replayed many times: a CUDA graph on the device.
 
@@ -195,6 +200,12 @@ class PreparedLaunch(Protocol):
 
     def launch(self, stream: Stream | None, count: int = 1) -> None:
         """Enqueue the launches ``count`` times on ``stream``, in its order."""
+        ...
+
+    def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
+        """Give some stages' scalars new values for the launches enqueued from now on (those
+        enqueued already keep theirs). Only where the backend's ``prepared_takes_scalars``;
+        the caller checked each value, and that no grid, size or bound depends on it."""
         ...
 
     def close(self) -> None: ...
@@ -218,6 +229,15 @@ class SequentialLaunch:
             for request in requests:
                 launch(request)
 
+    def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
+        requests = list(self._requests)
+        for stage, position, value in changes:
+            scalars = list(requests[stage].scalars)
+            scalars[position] = value
+            requests[stage] = dataclasses.replace(requests[stage], scalars=tuple(scalars))
+        self._requests = tuple(requests)
+        self._on = (None, ())
+
     def close(self) -> None:
         self._on = (None, ())
 
@@ -235,6 +255,12 @@ class Backend(Protocol):
 
     @property
     def kind(self) -> BackendKind: ...
+
+    @property
+    def prepared_takes_scalars(self) -> bool:
+        """Whether ``prepare``'s launches take new values of their scalars (``set_scalars``):
+        then one prepared launch serves every value of a scalar no check reads."""
+        ...
 
     @property
     def formats(self) -> frozenset[ArtifactFormat]:

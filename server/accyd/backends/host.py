@@ -115,6 +115,10 @@ class HostBackend:
         return BackendKind.HOST
 
     @property
+    def prepared_takes_scalars(self) -> bool:
+        return True  # ``SequentialLaunch`` keeps its requests: new values replace theirs
+
+    @property
     def formats(self) -> frozenset[ArtifactFormat]:
         return frozenset({ArtifactFormat.HOST_PY})
 

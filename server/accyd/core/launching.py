@@ -239,6 +239,7 @@ class Launching:
             session.key.device,
             entry.epoch,
             revoker.epoch_value(entry.epoch),
+            session.prepared.free,
         )
 
     def _check(

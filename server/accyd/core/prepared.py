@@ -12,16 +12,20 @@ dropped when its scratch is replaced, when it is released or reloaded, and when 
 device is replaced (``clear``); dropping revokes its tickets first (no engine launch
 of it can follow), then closes its graph. Buffers freed get new ids, so a dropped key
 is never asked for again.
+
+A free runtime scalar (``core/free_scalars.py``) is left out of the key: its entry serves
+every value of it, and each launch hands the prepared launch its own values first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from accyd.backends.base import Backend, LaunchRequest, PreparedLaunch
 from accyd.catalog.dtypes import Scalar
 from accyd.core.buffers import BufferRecord
 from accyd.core.executor import LaunchPlan, PipelineLaunch, check_intermediates, check_pool
+from accyd.core.free_scalars import FreeScalars
 from accyd.core.tickets import NO_TICKETS, EngineUser, Revoker, revoke
 
 __all__ = ["PREPARED_PER_SESSION", "Prepared", "PreparedLaunches", "prepare_pipeline"]
@@ -30,16 +34,24 @@ PREPARED_PER_SESSION = 64
 """Prepared launches a session keeps; past this its cache starts over."""
 
 Key = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[object, ...]]
-"""Operand, result and scratch buffer ids, and the scalars (floats by their exact bits)."""
+"""Operand, result and scratch buffer ids, and the scalars (floats by their exact bits;
+``None`` for a free one)."""
 
 
 def key_of(
-    operands: Sequence[int], results: Sequence[int], scratch: Sequence[int], args: Sequence[Scalar]
+    operands: Sequence[int],
+    results: Sequence[int],
+    scratch: Sequence[int],
+    args: Sequence[Scalar],
+    free: Collection[int] = (),
 ) -> Key:
     """The cache key of a launch: ``-0.0`` and ``0.0`` are two keys (a graph bakes its
-    scalars in), so floats count by their bits."""
+    scalars in), so floats count by their bits. The scalars at ``free`` are left out."""
     scalars = tuple(
-        (s.dtype, s.value.hex() if isinstance(s.value, float) else s.value) for s in args
+        None
+        if index in free
+        else (s.dtype, s.value.hex() if isinstance(s.value, float) else s.value)
+        for index, s in enumerate(args)
     )
     return (tuple(operands), tuple(results), tuple(scratch), scalars)
 
@@ -106,13 +118,18 @@ class PreparedLaunches:
     """One session's prepared launches by key; owned by the session, cleared with it.
 
     Changed under the daemon's lock; ``revoker`` is the engine's (``NO_TICKETS`` without).
+    ``free``: the session's free scalars where its backend's prepared launches take new
+    values (left out of the keys, handed to each launch).
     """
 
-    __slots__ = ("_backend", "_entries", "_revoker")
+    __slots__ = ("_backend", "_entries", "_revoker", "free")
 
-    def __init__(self, backend: Backend, revoker: Revoker = NO_TICKETS) -> None:
+    def __init__(
+        self, backend: Backend, revoker: Revoker = NO_TICKETS, free: FreeScalars | None = None
+    ) -> None:
         self._backend = backend
         self._revoker = revoker
+        self.free = free
         self._entries: dict[Key, Prepared] = {}
 
     def find(self, key: Key) -> Prepared | None:
@@ -126,12 +143,15 @@ class PreparedLaunches:
 
     def launch(self, entry: Prepared, request: PipelineLaunch, count: int = 1) -> None:
         """Launch ``entry`` (preparing its graph on first use) ``count`` times on the
-        request's stream. An entry a ticket may launch is revoked first: one graph is
-        never launched by two threads at once."""
+        request's stream, with the request's values of the free scalars. An entry a ticket
+        may launch is revoked first: one graph is never launched (or given new values) by
+        two threads at once."""
         if entry.holder is not None:
             revoke([entry], self._revoker)
         if entry.launch is None:
             entry.launch = prepare_pipeline(self._backend, request, entry.plan)
+        if self.free is not None:
+            entry.launch.set_scalars(self.free.changes(request.runtime_scalars))
         entry.launch.launch(request.stream, count)
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ from accyd.core.executor import (
     launch_pipeline,
     plan_launch,
 )
+from accyd.core.free_scalars import free_scalars_of
 from accyd.core.ids import LAUNCH
 from accyd.core.marks import Mark
 from accyd.core.prepared import Key, Prepared, PreparedLaunches, key_of
@@ -137,8 +138,12 @@ class Session:
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()
-        self.prepared = PreparedLaunches(backend, revoker)
-        """Launches checked and packed once (CUDA graphs), replayed for the same arguments."""
+        free = free_scalars_of(pipeline, registry, key.format)
+        self.prepared = PreparedLaunches(
+            backend, revoker, free if free is not None and backend.prepared_takes_scalars else None
+        )
+        """Launches checked and packed once (CUDA graphs), replayed for the same arguments
+        (whatever the values of free scalars, where the backend takes them anew)."""
         self._completed = 0
         """Every launch with a sequence number up to this one has finished."""
         self.engine_touched = False
@@ -214,11 +219,13 @@ class Session:
         scratch = self.scratch
         if scratch is None and self.needs_scratch:
             return None
+        free = self.prepared.free
         return key_of(
             [b.id for b in operands],
             [b.id for b in results],
             [] if scratch is None else [b.id for b in scratch.buffers],
             args,
+            () if free is None else free.indices,
         )
 
     def plan(

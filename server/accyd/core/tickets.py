@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from accyd.backends.base import Backend, PreparedLaunch, Stream
+from accyd.core.free_scalars import FreeScalars
 from accyd.core.marks import Mark
 
 __all__ = [
@@ -136,7 +137,9 @@ NO_TICKETS: Revoker = _NoTickets()
 @dataclass(frozen=True, slots=True)
 class FastLaunch:
     """What a door installs as a ticket for a launch the core checked: the prepared launch
-    to replay, on which stream and device, valid while ``epoch`` holds ``value``."""
+    to replay, on which stream and device, valid while ``epoch`` holds ``value``. With
+    ``free``, it serves every value of those scalars: the door has the prepared launch take
+    each launch's values first (``PreparedLaunch.set_scalars``)."""
 
     session_id: str
     launch: PreparedLaunch
@@ -144,6 +147,7 @@ class FastLaunch:
     device: int
     epoch: int
     value: int
+    free: FreeScalars | None = None
 
 
 def note_ticketed(prepared: TicketEntry, session: EngineUser) -> None:

@@ -79,6 +79,10 @@ class RecordingBackend:
         return BackendKind.RECORDING
 
     @property
+    def prepared_takes_scalars(self) -> bool:
+        return True
+
+    @property
     def formats(self) -> frozenset[ArtifactFormat]:
         return frozenset(ArtifactFormat)
 

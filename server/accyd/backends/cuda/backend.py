@@ -152,6 +152,10 @@ class CudaBackend(DriverState):
         return BackendKind.CUDA
 
     @property
+    def prepared_takes_scalars(self) -> bool:
+        return False  # a graph's kernel nodes are not yet updated in place (GraphLaunch)
+
+    @property
     def formats(self) -> frozenset[ArtifactFormat]:
         return FORMATS
 

@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from accyd.backends.base import LaunchRequest, Stream
+from accyd.backends.base import LaunchRequest, ScalarChange, Stream
 from accyd.backends.cuda.driver import ErrorCheck
-from accyd.errors import LaunchFailed
+from accyd.errors import LaunchFailed, UnsupportedOperation
 
 __all__ = ["DeviceGraph", "GraphLaunch"]
 
@@ -112,6 +112,10 @@ class GraphLaunch:
             err = graph_launch(graph_exec, handle)[0]
             if err:
                 raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
+
+    def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
+        """Not yet: ``CudaBackend.prepared_takes_scalars`` is false, so nothing asks."""
+        raise UnsupportedOperation("a CUDA graph's scalars are not updated in place yet")
 
     @property
     def exec_handle(self) -> int:

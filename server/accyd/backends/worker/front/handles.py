@@ -12,12 +12,19 @@ work is known to be over. Anything that proves work over (a synchronize, an
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from accyd.backends.base import ArtifactRequest, CompiledArtifact, LaunchRequest, Stream
+from accyd.backends.base import (
+    ArtifactRequest,
+    CompiledArtifact,
+    LaunchRequest,
+    ScalarChange,
+    Stream,
+)
 from accyd.backends.worker.channel import Channel
 from accyd.backends.worker.protocol import Op
-from accyd.errors import LaunchFailed
+from accyd.errors import LaunchFailed, UnsupportedOperation
 
 __all__ = [
     "EventState",
@@ -125,6 +132,10 @@ class RemotePrepared:
         if pid is None:
             raise LaunchFailed("this prepared launch was closed")
         self.channel.post((Op.REPLAY, pid, None if stream is None else stream.id, count))
+
+    def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
+        """Not offered: ``WorkerBackend.prepared_takes_scalars`` is false, so nothing asks."""
+        raise UnsupportedOperation("the worker replays prepared launches as they were made")
 
     def close(self) -> None:
         pid, self.pid = self.pid, None

@@ -241,6 +241,10 @@ class WorkerBackend:
         return self._kind
 
     @property
+    def prepared_takes_scalars(self) -> bool:
+        return False  # the worker's prepared launches are replayed as they were made
+
+    @property
     def formats(self) -> frozenset[ArtifactFormat]:
         self._ready()
         return self._formats
