@@ -1,6 +1,7 @@
 """Hostile ring contents against the native engine: any bytes in the slots, any head, torn
 records beside ticketed ones. The engine must never crash, launch only what matches a live
-ticket byte for byte, hand everything else to Python in order, and keep serving."""
+ticket byte for byte (but for a free scalar's field, any finite value of it), hand
+everything else to Python in order, and keep serving."""
 
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ native = pytest.importorskip("accyd.ring.engine._native", reason="the native eng
 
 SLOTS = 32
 SCALARS = struct.Struct("<I4xf4x48x")
+A_AT = 84 + 8  # the free field (a: f32) in a record
+FREE = (0b10, bytes([0, 4, 0, 0, 0, 0, 0, 0]), (0, 0x7F800000, 0, 0, 0, 0, 0, 0))
+
+
+def _matches(raw: bytes, key: bytes, free: bool) -> bool:
+    """The ticket's rule: the key's bytes, but for a free field any finite f32 (and any
+    padding after it)."""
+    if not free:
+        return raw[12:148] == key
+    a = int.from_bytes(raw[A_AT : A_AT + 4], "little")
+    rest = raw[12:A_AT] + raw[A_AT + 8 : 148]
+    return rest == key[: A_AT - 12] + key[A_AT + 8 - 12 :] and a & 0x7F800000 != 0x7F800000
 
 
 def _slot(memory: RingMemory, seq: int) -> int:
@@ -39,10 +52,11 @@ def _records(draw: st.DrawFn) -> list[tuple[str, bytes]]:
     return out
 
 
+@pytest.mark.parametrize("free", [False, True], ids=["exact", "free-scalar"])
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(records=_records(), head_jump=st.one_of(st.none(), st.integers(0, 1 << 64 - 1)))
 def test_any_ring_contents_are_launched_only_by_their_ticket(
-    records: list[tuple[str, bytes]], head_jump: int | None
+    records: list[tuple[str, bytes]], head_jump: int | None, free: bool
 ) -> None:
     driver = FakeDriver()
     engine = native.Engine(threads=1, epochs=4, counters=4, tokens=4, spin_ns=10_000)
@@ -59,7 +73,10 @@ def test_any_ring_contents_are_launched_only_by_their_ticket(
             items = engine.take_slow(1.0)
         template = bytes(memory.record(first))
         key = template[12:148]
-        engine.resume(1, 1, [(0, 9, 0)], [(key, 0, 77, 9, 0, 0, engine.epoch(0))])
+        if free:
+            key = key[: A_AT - 12] + bytes(8) + key[A_AT + 8 - 12 :]
+        ticket = (key, 0, 77, 9, 0, 0, engine.epoch(0), FREE if free else None)
+        engine.resume(1, 1, [(0, 9, 0)], [ticket])
         expected_fast = 0
         taken = 1
         for seq, (kind, noise) in enumerate(records, start=1):
@@ -67,6 +84,8 @@ def test_any_ring_contents_are_launched_only_by_their_ticket(
                 raw = seq.to_bytes(8, "little") + template[8:]
             elif kind == "flipped":
                 at = 8 + noise[0] % (148 - 8)
+                if free and noise[2] % 2:  # in the free field, mostly
+                    at = A_AT + noise[0] % 8
                 raw = bytearray(seq.to_bytes(8, "little") + template[8:])
                 raw[at] ^= 1 + noise[1] % 255
                 raw = bytes(raw)
@@ -85,13 +104,15 @@ def test_any_ring_contents_are_launched_only_by_their_ticket(
             seq_ok = int.from_bytes(raw[:8], "little") == seq
             kind_ok = int.from_bytes(raw[8:10], "little") == layout.Kind.LAUNCH
             flags_ok = int.from_bytes(raw[10:12], "little") & ~layout.NOTIFY == 0
-            if seq_ok and kind_ok and flags_ok and raw[12:148] == key:  # the ticket's rule
+            if seq_ok and kind_ok and flags_ok and _matches(raw, key, free):
                 expected_fast += 1
             taken = seq + 1
             driver.finish_all()
             assert eventually(lambda t=taken: client.done == t, timeout=2.0)
         assert len(driver.launches) == expected_fast  # exactly the ticketed bytes launched
         assert all(launch == (77, 9) for launch in driver.launches)
+        assert all(p[0] == 77 and p[2] == (0b10 if free else 0) for p in driver.patches)
+        assert len(driver.patches) <= (expected_fast if free else 0)
         if head_jump is not None:  # a head that lies: broken off, or nothing new to take
             memory.set_u64(layout.HEAD, head_jump)
             engine.take_slow(0.05)

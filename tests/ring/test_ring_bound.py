@@ -4,11 +4,13 @@ checked each time by the Python loop), until anything it names changes."""
 from __future__ import annotations
 
 import contextlib
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 
 from accy._ring import Ring
 from accy.protocol import ring as layout
@@ -24,8 +26,8 @@ SAXPY = "accy.kernel.saxpy"
 N = 256
 
 
-def saxpy_scalars(a: float) -> bytes:
-    return struct.pack("<I4xf4x", N, a)
+def saxpy_scalars(a: float, n: int = N) -> bytes:
+    return struct.pack("<I4xf4x", n, a)
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,11 @@ class Accumulator:
     ring: Ring
     handles: tuple[int, int, int]
 
-    def launch(self, value: float) -> int:
+    def launch(self, value: float, n: int = N) -> int:
+        """``acc[:n] += value``."""
         s, acc, ones = self.handles
         return self.ring.launch(
-            s, [ones, acc], [acc], saxpy_scalars(value), 2, notify=False, timeout=5
+            s, [ones, acc], [acc], saxpy_scalars(value, n), 2, notify=False, timeout=5
         )
 
     def sums(self) -> np.ndarray:
@@ -101,25 +104,63 @@ def test_replayed_launches_compute_every_step_in_order(
 def test_more_scalar_values_than_a_session_keeps_start_its_cache_over_losing_no_launch(
     door: tuple[Daemon, RingDoor], engine_of: RingEngine
 ) -> None:
-    """A new value of ``a`` at every launch, past the launches a session keeps prepared
-    (its cache starts over, revoking its tickets while records of it are in the ring),
-    then one value again and again: every launch lands exactly once, and the repeated
-    value is replayed (a ticket's) after each start-over."""
+    """A new value of ``n`` (which sizes the launch: each value is another prepared launch)
+    at every launch, past the launches a session keeps prepared (its cache starts over,
+    revoking its tickets while records of it are in the ring), then one value again and
+    again: every launch lands exactly once, and the repeated value is replayed (a ticket's)
+    after each start-over."""
     with accumulator(door) as acc:
-        expected, count, last = np.float32(0.0), 0, 0
-        for round_ in range(3):  # acc = value + acc, each sum exact in f32: a launch lost
+        expected, count, last = np.zeros(N, np.float32), 0, 0
+        for round_ in range(3):  # acc[:n] += value, each sum exact in f32: a launch lost
             # or made twice shows (no value is 0)
-            new = [float(1000 * round_ + i + 1) for i in range(PREPARED_PER_SESSION + 36)]
-            for value in [*new, *[0.5] * 20]:
-                last = acc.launch(value)
-                expected += np.float32(value)
+            new = [N - 1 - i for i in range(PREPARED_PER_SESSION + 36)]
+            for n in [*new, *[N] * 20]:
+                last = acc.launch(float(round_ + 1), n)
+                expected[:n] += np.float32(round_ + 1)
                 count += 1
         acc.ring.wait(last, 60)
         assert acc.ring.errors() == []
-        assert np.all(acc.sums() == expected)
+        assert np.array_equal(acc.sums(), expected)
         assert acc.daemon.status().launches_total == count
-        fast = replayed(engine_of)  # each run of 0.5: the first checked, the rest replayed
+        fast = replayed(engine_of)  # each run of N: the first checked, the rest replayed
         assert fast is None or fast >= 3 * 15, engine_of.stats()
+
+
+def test_a_new_value_of_a_free_scalar_at_every_launch_is_replayed(
+    door: tuple[Daemon, RingDoor], engine_of: RingEngine, where: tuple[str, str]
+) -> None:
+    """saxpy's ``a`` sizes nothing and no check reads it: on a backend whose prepared
+    launches take new values, one ticket replays every value of it, each patched in before
+    its launch; every launch lands once, with its own value."""
+    with accumulator(door) as acc:
+        values = [float(i + 1) for i in range(3 * PREPARED_PER_SESSION)]
+        last = 0
+        for value in values:
+            last = acc.launch(value)
+        acc.ring.wait(last, 60)
+        assert acc.ring.errors() == []
+        assert np.all(acc.sums() == np.float32(sum(values)))
+        assert acc.daemon.status().launches_total == len(values)
+        fast = replayed(engine_of)
+        if fast is not None and where[0] == "host":  # CUDA graphs keep their values yet
+            # the first checked by the core, the rest its ticket's
+            assert fast >= len(values) - 5, engine_of.stats()
+            assert engine_of.stats()["calls"]["patch"] >= len(values) - 5
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_a_free_float_that_is_not_finite_is_refused_and_nothing_else_is(
+    door: tuple[Daemon, RingDoor], bad: float
+) -> None:
+    with accumulator(door) as acc:
+        seqs = [acc.launch(value) for value in (1.0, 2.0, bad, 3.0, bad, 4.0)]
+        acc.ring.wait(seqs[-1], 10)
+        errors = acc.ring.errors()
+        assert [e.seq for e in errors] == [seqs[2], seqs[4]]
+        assert all(e.reason == "LAUNCH_ARGUMENT_MISMATCH" for e in errors), errors
+        assert all("finite" in e.message for e in errors), errors
+        assert np.all(acc.sums() == 10.0)
+        assert acc.daemon.status().launches_total == 4
 
 
 def test_a_freed_buffer_is_never_launched_again(door: tuple[Daemon, RingDoor]) -> None:

@@ -52,6 +52,8 @@
 #define KEY_OFF 12
 #define KEY_END 148
 #define KEY_LEN (KEY_END - KEY_OFF)
+#define SCALARS_OFF 84 /* the scalar values: 8 bytes each, MAX_SCALARS of them, to KEY_END */
+#define MAX_SCALARS 8
 #define KIND_LAUNCH 1
 #define FLAG_NOTIFY 1
 #define MAX_SLOTS 4096
@@ -64,6 +66,7 @@
 #define MAX_FLIGHT_EVENTS 16
 #define TICKETS_PER_RING 1024
 #define TICKET_TABLE 2048 /* a power of two, twice TICKETS_PER_RING */
+#define FREE_SPECS 32     /* session handles with free scalars, per ring */
 #define ERR_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
 #define ERR_CALLBACK 999  /* a table driver's callback raised */
 
@@ -77,6 +80,9 @@ typedef int (*event_destroy_fn)(uint64_t event);
 typedef int (*event_record_fn)(uint64_t event, uint64_t stream);
 typedef int (*event_query_fn)(uint64_t event);
 typedef int (*set_current_fn)(uint64_t context);
+/* Give ``exec`` the values of the free scalar fields in ``mask`` from a record's scalar bytes
+ * (``SCALARS_OFF`` to ``KEY_END``), for its launches from now on. */
+typedef int (*patch_fn)(uint64_t exec, const uint8_t *scalars, uint32_t mask);
 
 typedef struct {
     launch_fn launch;
@@ -85,6 +91,7 @@ typedef struct {
     event_record_fn event_record;
     event_query_fn event_query;
     set_current_fn set_current; /* NULL: no context to make current */
+    patch_fn patch;             /* NULL: its tickets never have free scalars */
     uint64_t context;
     int used;
 } driver_t;
@@ -150,7 +157,23 @@ typedef struct {
     int32_t token; /* the session, for Python: counts and a fault's name */
     uint8_t driver;
     uint8_t used;
+    uint8_t masked; /* its key has its session's free scalar fields zeroed (see free_spec_t) */
 } ticket_t;
+
+/* One session handle's free scalars in a ring: fields whose values no check reads beyond
+ * their dtype's. Its tickets are keyed with those fields zeroed, so a record matches
+ * whatever values it carries there; before a launch the driver's ``patch`` gives the exec
+ * the record's values, unless it was the last exec given exactly these here. A float's
+ * value must be finite (exponent bits not all set), else the record goes to Python, which
+ * refuses it. Owned by the ring's worker thread. */
+typedef struct {
+    uint32_t handle;
+    uint8_t mask;                    /* bit i: scalar field i is free */
+    uint8_t width[MAX_SCALARS];      /* a free field's value bytes: 1, 2, 4 or 8 */
+    uint64_t nonfinite[MAX_SCALARS]; /* a float's exponent bits; 0 for an integer */
+    uint64_t set_exec;               /* the exec last patched here (0: none known) */
+    uint8_t set[MAX_SCALARS * 8];    /* and the scalar bytes it was given */
+} free_spec_t;
 
 typedef struct {
     uint64_t event, stream;
@@ -169,9 +192,9 @@ typedef struct engine engine_t;
 typedef struct worker worker_t;
 
 /* What a worker counts (and with ``timings`` times): its driver calls and client wakes. */
-enum { CALL_LAUNCH, CALL_RECORD, CALL_QUERY, CALL_QUERY_READY, CALL_WAKE, CALL_KINDS };
+enum { CALL_LAUNCH, CALL_RECORD, CALL_QUERY, CALL_QUERY_READY, CALL_WAKE, CALL_PATCH, CALL_KINDS };
 static const char *const CALL_NAMES[CALL_KINDS] = {"launch", "record", "query", "query_ready",
-                                                   "wake"};
+                                                   "wake", "patch"};
 
 typedef struct ring {
     int64_t id;
@@ -190,6 +213,8 @@ typedef struct ring {
     uint64_t idle_since;
     ticket_t *tickets;
     uint32_t ticket_count;
+    free_spec_t *specs; /* FREE_SPECS of them once one is put */
+    int nspecs;
     flight_t flights[MAX_FLIGHTS];
     int fhead, fcount;
     worker_t *owner; /* set once, when added */
@@ -209,6 +234,7 @@ typedef struct command {
     flight_event_t *streams; /* CMD_RESUME: where the handled records' completion is */
     int ntickets;
     ticket_t *tickets;
+    free_spec_t *specs; /* CMD_RESUME: per ticket, its handle's free scalars (mask 0: none) */
     atomic_int *done;
     struct command *next;
 } command_t;
@@ -357,6 +383,63 @@ static ticket_t *ticket_find(ring_t *r, const uint8_t *key) {
 static void tickets_clear(ring_t *r) {
     if (r->tickets != NULL) memset(r->tickets, 0, sizeof(ticket_t) * TICKET_TABLE);
     r->ticket_count = 0;
+    r->nspecs = 0;
+}
+
+/* ---- free scalars (see free_spec_t) ------------------------------------------------------ */
+static free_spec_t *spec_find(ring_t *r, uint32_t handle) {
+    for (int k = 0; k < r->nspecs; k++)
+        if (r->specs[k].handle == handle) return &r->specs[k];
+    return NULL;
+}
+
+static int spec_same_rules(const free_spec_t *a, const free_spec_t *b) {
+    return a->mask == b->mask && memcmp(a->width, b->width, sizeof a->width) == 0 &&
+           memcmp(a->nonfinite, b->nonfinite, sizeof a->nonfinite) == 0;
+}
+
+/* Put ``spec`` for its handle; -1 when the ring has no room (its ticket is then left out).
+ * Rules unlike the handle's present ones (never, while a handle stays bound: Python clears
+ * the tickets as it unbinds) drop every ticket and spec of the ring first. */
+static int spec_put(ring_t *r, const free_spec_t *spec) {
+    if (r->specs == NULL) {
+        r->specs = calloc(FREE_SPECS, sizeof(free_spec_t));
+        if (r->specs == NULL) return -1;
+    }
+    free_spec_t *old = spec_find(r, spec->handle);
+    if (old != NULL && spec_same_rules(old, spec)) return 0;
+    if (old != NULL) tickets_clear(r);
+    if (r->nspecs == FREE_SPECS) return -1;
+    r->specs[r->nspecs] = *spec;
+    r->specs[r->nspecs].set_exec = 0;
+    r->nspecs++;
+    return 0;
+}
+
+/* Whether every free float field of ``scalars`` holds a finite value. */
+static int spec_values_ok(const free_spec_t *s, const uint8_t *scalars) {
+    for (int i = 0; i < MAX_SCALARS; i++) {
+        if (!(s->mask & (1u << i)) || s->nonfinite[i] == 0) continue;
+        uint64_t value = 0;
+        memcpy(&value, scalars + 8 * i, s->width[i]); /* little-endian, as the record */
+        if ((value & s->nonfinite[i]) == s->nonfinite[i]) return 0;
+    }
+    return 1;
+}
+
+/* ``key`` (KEY_LEN bytes, a copy) with the spec's free fields zeroed. */
+static void spec_mask_key(const free_spec_t *s, uint8_t *key) {
+    for (int i = 0; i < MAX_SCALARS; i++)
+        if (s->mask & (1u << i)) memset(key + (SCALARS_OFF - KEY_OFF) + 8 * i, 0, 8);
+}
+
+/* Whether ``exec`` may hold other values than ``scalars``' free fields here. */
+static int spec_stale(const free_spec_t *s, uint64_t exec, const uint8_t *scalars) {
+    if (s->set_exec != exec) return 1;
+    for (int i = 0; i < MAX_SCALARS; i++)
+        if ((s->mask & (1u << i)) && memcmp(s->set + 8 * i, scalars + 8 * i, s->width[i]) != 0)
+            return 1;
+    return 0;
 }
 
 static int ticket_put(ring_t *r, const ticket_t *ticket) {
@@ -577,8 +660,22 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
         memcpy(&kind, rec + KIND_OFF, 2);
         memcpy(&flags, rec + FLAGS_OFF, 2);
         ticket_t *t = NULL;
-        if (seq == r->tail + i && kind == KIND_LAUNCH && (flags & ~FLAG_NOTIFY) == 0 && serving)
-            t = ticket_find(r, rec + KEY_OFF);
+        free_spec_t *spec = NULL;
+        if (seq == r->tail + i && kind == KIND_LAUNCH && (flags & ~FLAG_NOTIFY) == 0 && serving) {
+            uint32_t handle;
+            memcpy(&handle, rec + KEY_OFF, 4);
+            spec = r->nspecs > 0 ? spec_find(r, handle) : NULL;
+            if (spec == NULL) {
+                t = ticket_find(r, rec + KEY_OFF);
+                if (t != NULL && t->masked) t = NULL;
+            } else if (spec_values_ok(spec, rec + SCALARS_OFF)) {
+                uint8_t masked[KEY_LEN];
+                memcpy(masked, rec + KEY_OFF, KEY_LEN);
+                spec_mask_key(spec, masked);
+                t = ticket_find(r, masked);
+                if (t != NULL && (!t->masked || e->drivers[t->driver].patch == NULL)) t = NULL;
+            }
+        }
         if (t != NULL && (t->epoch >= e->nepochs ||
                           atomic_load_explicit(&e->epochs[t->epoch], memory_order_seq_cst) !=
                               t->epoch_value ||
@@ -612,6 +709,14 @@ static int ring_take(worker_t *w, ring_t *r, uint8_t *copy) {
         int err = make_current(w, t->driver);
         uint32_t launched = 0;
         fail_token = t->token;
+        if (err == 0 && spec != NULL && spec_stale(spec, t->exec, rec + SCALARS_OFF)) {
+            /* the run's records carry the same values: one patch serves them all */
+            uint64_t began = call_began(w);
+            err = e->drivers[t->driver].patch(t->exec, rec + SCALARS_OFF, spec->mask);
+            call_ended(w, CALL_PATCH, began);
+            spec->set_exec = err == 0 ? t->exec : 0;
+            if (err == 0) memcpy(spec->set, rec + SCALARS_OFF, sizeof spec->set);
+        }
         while (err == 0 && launched < run) {
             uint64_t began = call_began(w);
             err = e->drivers[t->driver].launch(t->exec, t->stream);
@@ -766,6 +871,9 @@ static void drop_ring(worker_t *w, ring_t *r) {
         }
     free(r->tickets);
     r->tickets = NULL;
+    free(r->specs);
+    r->specs = NULL;
+    r->nspecs = 0;
     r->attached = 0;
 }
 
@@ -798,7 +906,11 @@ static void apply_commands(worker_t *w) {
         } else if (c->kind == CMD_RESUME && r->attached) {
             r->held = 0; /* Python's word on the records up to here is written */
             if (c->clear) tickets_clear(r);
-            for (int k = 0; k < c->ntickets; k++) ticket_put(r, &c->tickets[k]);
+            /* Python may have given any exec new values meanwhile: patch before each next. */
+            for (int k = 0; k < r->nspecs; k++) r->specs[k].set_exec = 0;
+            for (int k = 0; k < c->ntickets; k++)
+                if (!c->tickets[k].masked || spec_put(r, &c->specs[k]) == 0)
+                    ticket_put(r, &c->tickets[k]);
             if (c->tail > r->tail) {
                 flight_t f;
                 memset(&f, 0, sizeof f);
@@ -846,6 +958,7 @@ static void apply_commands(worker_t *w) {
         if (c->done) atomic_store_explicit(c->done, 1, memory_order_release);
         free(c->streams);
         free(c->tickets);
+        free(c->specs);
         free(c);
         c = next;
     }
@@ -1229,12 +1342,13 @@ static PyObject *engine_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
 
 static PyObject *engine_set_driver(engine_t *e, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"index", "kind", "context", "launch", "event_create", "event_destroy",
-                         "event_record", "event_query", NULL};
+                         "event_record", "event_query", "patch", NULL};
     int index;
     const char *kind;
     unsigned long long context = 0, launch = 0, create = 0, destroy = 0, record = 0, query = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "is|KKKKKK", kw, &index, &kind, &context, &launch,
-                                     &create, &destroy, &record, &query))
+    unsigned long long patch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "is|KKKKKKK", kw, &index, &kind, &context,
+                                     &launch, &create, &destroy, &record, &query, &patch))
         return NULL;
     if (index < 0 || index >= MAX_DRIVERS) {
         PyErr_Format(PyExc_ValueError, "a driver index is 0..%d", MAX_DRIVERS - 1);
@@ -1273,6 +1387,7 @@ static PyObject *engine_set_driver(engine_t *e, PyObject *args, PyObject *kwds) 
         PyErr_Format(PyExc_ValueError, "unknown driver kind %s (cuda or table)", kind);
         return NULL;
     }
+    d->patch = (patch_fn)(uintptr_t)patch; /* either kind: a callback of the caller's */
     d->used = 1;
     atomic_fetch_or(&e->device_ok, 1ull << index);
     Py_RETURN_NONE;
@@ -1431,10 +1546,55 @@ static PyObject *engine_remove_ring(engine_t *e, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A ticket's free scalars, ``(mask, widths, nonfinite)``: fields ``mask`` (bits 0..7), each
+ * field's value width (8 bytes, 1, 2, 4 or 8 for a free one, 0 for another) and exponent bits
+ * (8 numbers; 0 for an integer). The ticket's key must hold zeros in the free fields. */
+static int parse_free(PyObject *free, const uint8_t *key, free_spec_t *spec) {
+    unsigned int mask;
+    const char *widths;
+    Py_ssize_t nwidths;
+    PyObject *nonfinite;
+    if (!PyArg_ParseTuple(free, "Iy#O", &mask, &widths, &nwidths, &nonfinite)) return -1;
+    PyObject *seq = PySequence_Fast(nonfinite, "a ticket's exponent bits are a sequence");
+    if (seq == NULL) return -1;
+    int ok = mask != 0 && mask < (1u << MAX_SCALARS) && nwidths == MAX_SCALARS &&
+             PySequence_Fast_GET_SIZE(seq) == MAX_SCALARS;
+    memset(spec, 0, sizeof *spec);
+    spec->mask = (uint8_t)mask;
+    memcpy(&spec->handle, key, 4);
+    for (int i = 0; ok && i < MAX_SCALARS; i++) {
+        unsigned long long bits = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        uint8_t width = (uint8_t)widths[i];
+        if (!(mask & (1u << i))) {
+            ok = width == 0 && bits == 0;
+            continue;
+        }
+        ok = (width == 1 || width == 2 || width == 4 || width == 8) &&
+             (width == 8 || bits >> (8 * width) == 0);
+        for (int b = 0; ok && b < 8; b++) ok = key[(SCALARS_OFF - KEY_OFF) + 8 * i + b] == 0;
+        spec->width[i] = width;
+        spec->nonfinite[i] = bits;
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a ticket's free scalars: a mask of fields 0..7, each free field 1, 2, 4 "
+                        "or 8 bytes wide with exponent bits within them and zeros in the key, "
+                        "and nothing for the others");
+        return -1;
+    }
+    return 0;
+}
+
 /* resume(ring_id, tail, streams, tickets, clear): Python handled the ring's records up to
  * ``tail`` (their work is on ``streams``: (driver, stream, token) each), installs
- * ``tickets`` ((key, driver, exec, stream, token, epoch, epoch_value) each) and lets the
- * engine take the ring again. */
+ * ``tickets`` ((key, driver, exec, stream, token, epoch, epoch_value[, free]) each; ``free``
+ * as ``parse_free`` reads it, for a driver that patches) and lets the engine take the ring
+ * again. */
 static PyObject *engine_resume(engine_t *e, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"ring_id", "tail", "streams", "tickets", "clear", NULL};
     long long id;
@@ -1485,15 +1645,17 @@ static PyObject *engine_resume(engine_t *e, PyObject *args, PyObject *kwds) {
             goto fail;
         }
         c->tickets = calloc((size_t)(n ? n : 1), sizeof(ticket_t));
-        if (!c->tickets) goto nomem;
+        c->specs = calloc((size_t)(n ? n : 1), sizeof(free_spec_t));
+        if (!c->tickets || !c->specs) goto nomem;
         for (Py_ssize_t k = 0; k < n; k++) {
             const char *key;
             Py_ssize_t key_len;
             unsigned int driver, epoch;
             unsigned long long exec, stream, value;
             int token;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "y#IKKiIK", &key, &key_len,
-                                  &driver, &exec, &stream, &token, &epoch, &value))
+            PyObject *free_scalars = Py_None;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "y#IKKiIK|O", &key, &key_len,
+                                  &driver, &exec, &stream, &token, &epoch, &value, &free_scalars))
                 goto fail;
             if (key_len != KEY_LEN) {
                 PyErr_Format(PyExc_ValueError, "a ticket's key is %d bytes", KEY_LEN);
@@ -1504,6 +1666,15 @@ static PyObject *engine_resume(engine_t *e, PyObject *args, PyObject *kwds) {
                 goto fail;
             }
             ticket_t *t = &c->tickets[k];
+            if (free_scalars != Py_None) {
+                if (e->drivers[driver].patch == NULL) {
+                    PyErr_Format(PyExc_ValueError, "driver %u gives no patch: no free scalars",
+                                 driver);
+                    goto fail;
+                }
+                if (parse_free(free_scalars, (const uint8_t *)key, &c->specs[k]) != 0) goto fail;
+                t->masked = 1;
+            }
             memcpy(t->key, key, KEY_LEN);
             t->driver = (uint8_t)driver;
             t->exec = exec;
@@ -1525,6 +1696,7 @@ static PyObject *engine_resume(engine_t *e, PyObject *args, PyObject *kwds) {
     if (!r) {
         free(c->streams);
         free(c->tickets);
+        free(c->specs);
         free(c);
         PyErr_Format(PyExc_KeyError, "no ring %lld", id);
         return NULL;
@@ -1536,6 +1708,7 @@ fail:
     Py_XDECREF(seq);
     free(c->streams);
     free(c->tickets);
+    free(c->specs);
     free(c);
     return NULL;
 }
@@ -1874,6 +2047,7 @@ static void engine_dealloc(engine_t *e) {
     for (int k = 0; k < e->nrings_by_id; k++) {
         ring_t *r = e->rings_by_id[k];
         free(r->tickets);
+        free(r->specs);
         PyBuffer_Release(&r->view);
         free(r);
     }
@@ -1885,6 +2059,7 @@ static void engine_dealloc(engine_t *e) {
             command_t *next = c->next;
             free(c->streams);
             free(c->tickets);
+            free(c->specs);
             free(c);
             c = next;
         }
@@ -2010,12 +2185,13 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisisi}", "HEAD", HEAD_OFF, "TAIL", TAIL_OFF, "DONE", DONE_OFF,
+        "{sisisisisisisisisisisisisisisisisisisi}", "HEAD", HEAD_OFF, "TAIL", TAIL_OFF, "DONE", DONE_OFF,
         "CLIENT_WAITS", CLIENT_WAITS_OFF, "DAEMON_WAITS", DAEMON_WAITS_OFF, "CLOSED", CLOSED_OFF,
         "LEFT", LEFT_OFF,
         "HEADER_SIZE", HEADER_SIZE, "SLOT_SIZE", SLOT_SIZE, "KIND", KIND_OFF, "FLAGS", FLAGS_OFF,
         "KEY", KEY_OFF, "KEY_END", KEY_END, "LAUNCH", KIND_LAUNCH, "NOTIFY", FLAG_NOTIFY,
-        "MAX_SLOTS", MAX_SLOTS, "NOT_READY", ERR_NOT_READY);
+        "MAX_SLOTS", MAX_SLOTS, "NOT_READY", ERR_NOT_READY, "SCALARS", SCALARS_OFF,
+        "MAX_SCALARS", MAX_SCALARS);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

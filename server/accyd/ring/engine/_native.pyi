@@ -16,8 +16,13 @@ ERR_CALLBACK: int
 
 Stream = tuple[int, int, int]
 """(driver, stream handle, session token)."""
-Ticket = tuple[bytes, int, int, int, int, int, int]
-"""(key, driver, exec handle, stream handle, session token, epoch, epoch value)."""
+FreeScalars = tuple[int, bytes, Sequence[int]]
+"""(mask of free scalar fields, each field's value width, each field's exponent bits)."""
+Ticket = (
+    tuple[bytes, int, int, int, int, int, int]
+    | tuple[bytes, int, int, int, int, int, int, FreeScalars | None]
+)
+"""(key, driver, exec handle, stream handle, session token, epoch, epoch value[, free])."""
 SlowItem = tuple[int, int, int, int, int]
 """(kind, ring id, seq, error code, session token)."""
 
@@ -48,6 +53,7 @@ class Engine:
         event_destroy: int = 0,
         event_record: int = 0,
         event_query: int = 0,
+        patch: int = 0,
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -8,6 +8,10 @@ engine from ``libcuda.so.1``, and the handles are the driver's: a ``CUgraphExec`
 they are ctypes callbacks into this module, which take the GIL and call the backend;
 the handles are then keys of the objects here. Either way the engine's parser, tickets,
 epochs and counters are the same C code.
+
+A table driver also *patches*: a ticket with free scalars (``core/free_scalars.py``) matches
+records whatever values they carry there, and before launching one with other values the
+engine calls ``patch(exec, scalars, mask)``, which hands the prepared launch those values.
 """
 
 from __future__ import annotations
@@ -16,14 +20,20 @@ import ctypes
 import itertools
 import threading
 import weakref
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from accyd.backends.base import Backend, Event, PreparedLaunch, Stream
+from accyd.backends.base import Backend, Event, PreparedLaunch, ScalarChange, Stream
+from accyd.core.tickets import FastLaunch
 from accyd.errors import AccyError, LaunchFailed
+from accyd.ring.records import free_fields
 
-__all__ = ["CudaDriver", "Driver", "PythonDriver", "driver_for"]
+if TYPE_CHECKING:
+    from accyd.ring.engine import _native
+
+__all__ = ["CudaDriver", "Driver", "PythonDriver", "driver_for", "engine_ticket"]
 
 log = structlog.get_logger("accyd.ring.engine")
 
@@ -36,6 +46,13 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
 _EVENT_CREATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64))
 _EVENT_ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64)
 _EVENT_RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64)
+_PATCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint32)
+
+SCALAR_BYTES = 64
+"""What ``patch`` is given: a record's scalar bytes (``MAX_SCALARS`` fields of 8)."""
+
+Patch = Callable[[bytes], list[ScalarChange]]
+"""What a prepared launch takes for a record's scalar bytes (``FreeFields.changes``)."""
 
 
 class Driver(Protocol):
@@ -43,12 +60,17 @@ class Driver(Protocol):
 
     kind: str
     """``cuda`` or ``table``."""
+    patches: bool
+    """Whether the engine may patch its launches' free scalars (``exec_handle``'s ``patch``)."""
 
     def table(self) -> dict[str, int]:
         """``set_driver``'s keyword arguments besides ``index`` and ``kind``."""
         ...
 
-    def exec_handle(self, launch: PreparedLaunch) -> int: ...
+    def exec_handle(self, launch: PreparedLaunch, patch: Patch | None = None) -> int:
+        """``launch``'s handle for the engine; with ``patch`` (only where ``patches``), how
+        the engine's ``patch`` calls for it read a record's free scalars."""
+        ...
 
     def stream_handle(self, stream: Stream) -> int: ...
 
@@ -65,6 +87,7 @@ class CudaDriver:
     """An in-process CUDA backend's own driver: the engine calls ``libcuda.so.1`` directly."""
 
     kind = "cuda"
+    patches = False  # a graph's nodes are not updated in place yet (``GraphLaunch``)
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
@@ -72,7 +95,7 @@ class CudaDriver:
     def table(self) -> dict[str, int]:
         return {"context": int(getattr(self._backend, "context_handle"))}  # noqa: B009
 
-    def exec_handle(self, launch: PreparedLaunch) -> int:
+    def exec_handle(self, launch: PreparedLaunch, patch: Patch | None = None) -> int:
         return int(getattr(launch, "exec_handle"))  # noqa: B009
 
     def stream_handle(self, stream: Stream) -> int:
@@ -97,6 +120,7 @@ class PythonDriver:
     """
 
     kind = "table"
+    patches = True
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -107,6 +131,8 @@ class PythonDriver:
         )
         self._launch_ids: dict[int, int] = {}
         """id() of a prepared launch -> its handle, while it lives."""
+        self._patches: dict[int, Patch] = {}
+        """A handle -> how its free scalars are read, while its launch lives."""
         self._streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
         self._events: dict[int, Event | None] = {}
         self._error: AccyError | None = None
@@ -117,16 +143,17 @@ class PythonDriver:
             _EVENT_ONE(self._event_destroy),
             _EVENT_RECORD(self._event_record),
             _EVENT_ONE(self._event_query),
+            _PATCH(self._patch),
         )
 
     def table(self) -> dict[str, int]:
-        names = ("launch", "event_create", "event_destroy", "event_record", "event_query")
+        names = ("launch", "event_create", "event_destroy", "event_record", "event_query", "patch")
         return {
             name: ctypes.cast(fn, ctypes.c_void_p).value or 0
             for name, fn in zip(names, self._callbacks, strict=True)
         }
 
-    def exec_handle(self, launch: PreparedLaunch) -> int:
+    def exec_handle(self, launch: PreparedLaunch, patch: Patch | None = None) -> int:
         with self._lock:
             key = id(launch)
             handle = self._launch_ids.get(key)
@@ -134,8 +161,14 @@ class PythonDriver:
                 handle = next(self._ids)
                 self._launches[handle] = launch
                 self._launch_ids[key] = handle
-                weakref.finalize(launch, self._launch_ids.pop, key, None)
+                weakref.finalize(launch, self._forget, key, handle)
+            if patch is not None:
+                self._patches[handle] = patch
             return handle
+
+    def _forget(self, key: int, handle: int) -> None:
+        self._launch_ids.pop(key, None)
+        self._patches.pop(handle, None)
 
     def stream_handle(self, stream: Stream) -> int:
         self._streams[stream.id] = stream
@@ -164,6 +197,16 @@ class PythonDriver:
         try:
             launch = self._launches[handle]
             launch.launch(self._streams[stream])
+        except BaseException as error:
+            return self._failed(error)
+        return 0
+
+    def _patch(self, handle: int, scalars: int | None, mask: int) -> int:
+        try:
+            if not scalars:
+                raise LaunchFailed("the engine patched a launch without its scalars")
+            changes = self._patches[handle](ctypes.string_at(scalars, SCALAR_BYTES))
+            self._launches[handle].set_scalars(changes)
         except BaseException as error:
             return self._failed(error)
         return 0
@@ -211,3 +254,19 @@ def driver_for(backend: Backend) -> Driver:
     if hasattr(backend, "context_handle") and hasattr(backend, "driver_error"):
         return CudaDriver(backend)
     return PythonDriver(backend)
+
+
+def engine_ticket(
+    driver: Driver, fast: FastLaunch, key: bytes, stream: int, token: int
+) -> tuple[_native.Ticket, bool]:
+    """``fast`` as the engine's ticket for records whose launch bytes are ``key``, and
+    whether the device launcher may take it too: not where the engine patches its free
+    scalars (the launcher cannot patch a graph from the GPU)."""
+    free = None if fast.free is None or not driver.patches else free_fields(fast.free)
+    if free is None:
+        handle = driver.exec_handle(fast.launch)
+        return (key, fast.device, handle, stream, token, fast.epoch, fast.value), True
+    handle = driver.exec_handle(fast.launch, free.changes)
+    masked = free.masked(key)
+    ticket = (masked, fast.device, handle, stream, token, fast.epoch, fast.value, free.engine)
+    return ticket, False

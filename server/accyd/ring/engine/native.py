@@ -32,7 +32,7 @@ from accyd.core.tenants import Tenant
 from accyd.errors import AccyError, DeviceFault, LaunchFailed
 from accyd.ring.engine import _native
 from accyd.ring.engine.device_rings import DeviceLaunch, DeviceRings, Served
-from accyd.ring.engine.drivers import Driver, driver_for
+from accyd.ring.engine.drivers import Driver, driver_for, engine_ticket
 from accyd.ring.engine.pyloop import FLIGHT_SPIN_SECONDS, IDLE_SPIN_SECONDS
 from accyd.ring.observer import RingObserver
 from accyd.ring.records import KEY, KEY_END
@@ -380,7 +380,7 @@ class NativeEngine:
         cannot be made is left out (the record's work is still waited for); the ring is
         resumed whatever happens, or its client would wait for it for ever."""
         streams = []
-        tickets = []
+        tickets: list[_native.Ticket] = []
         try:
             if handled.stream is not None and handled.session_id is not None:
                 driver = self._drivers[handled.device]
@@ -392,12 +392,10 @@ class NativeEngine:
                     self._observer.launched(entry.ring.client_id, handled.session_id, 1)
                 fast = handled.fast
                 if fast is not None:
-                    exec_handle = driver.exec_handle(fast.launch)
                     key = raw[KEY:KEY_END]
-                    tickets.append(
-                        (key, fast.device, exec_handle, stream, token, fast.epoch, fast.value)
-                    )
-                    if self._device is not None:
+                    ticket, device_too = engine_ticket(driver, fast, key, stream, token)
+                    tickets.append(ticket)
+                    if self._device is not None and device_too:
                         self._device.ticket(entry.index, key, fast, handled.session_id)
             if handled.clear and self._device is not None:
                 self._device.cleared(entry.index)
