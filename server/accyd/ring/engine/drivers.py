@@ -55,6 +55,49 @@ Patch = Callable[[bytes], list[ScalarChange]]
 """What a prepared launch takes for a record's scalar bytes (``FreeFields.changes``)."""
 
 
+class _Patches:
+    """A table's ``patch`` function: each handle's prepared launch (weakly: a stale ticket
+    may name one that is gone) and how it reads a record's free scalars. A failure is
+    answered ``CALLBACK_ERROR`` and handed to ``failed`` (the driver keeps it for
+    ``error``). A handle may be used again for another launch once its own is gone (a
+    CUDA graph instance's address): each entry is forgotten only while it is still that
+    launch's."""
+
+    def __init__(self, failed: Callable[[BaseException], int]) -> None:
+        self._failed = failed
+        self._entries: dict[int, tuple[weakref.ref[PreparedLaunch], Patch]] = {}
+        self._function = _PATCH(self._patch)  # kept here: the engine holds its address
+
+    @property
+    def address(self) -> int:
+        return ctypes.cast(self._function, ctypes.c_void_p).value or 0
+
+    def add(self, handle: int, launch: PreparedLaunch, patch: Patch) -> None:
+        entry = self._entries.get(handle)
+        if entry is not None and entry[0]() is launch:
+            self._entries[handle] = (entry[0], patch)
+            return
+        ref = weakref.ref(launch)
+        self._entries[handle] = (ref, patch)
+        weakref.finalize(launch, self._forget, handle, ref)
+
+    def _forget(self, handle: int, ref: weakref.ref[PreparedLaunch]) -> None:
+        entry = self._entries.get(handle)
+        if entry is not None and entry[0] is ref:
+            del self._entries[handle]
+
+    def _patch(self, handle: int, scalars: int | None, mask: int) -> int:
+        try:
+            ref, patch = self._entries[handle]
+            launch = ref()
+            if launch is None or not scalars:
+                raise LaunchFailed("the engine patched a launch that is gone")
+            launch.set_scalars(patch(ctypes.string_at(scalars, SCALAR_BYTES)))
+        except BaseException as error:
+            return self._failed(error)
+        return 0
+
+
 class Driver(Protocol):
     """One device's table for the engine, and the handles of its objects."""
 
@@ -131,8 +174,7 @@ class PythonDriver:
         )
         self._launch_ids: dict[int, int] = {}
         """id() of a prepared launch -> its handle, while it lives."""
-        self._patches: dict[int, Patch] = {}
-        """A handle -> how its free scalars are read, while its launch lives."""
+        self._patches = _Patches(self._failed)
         self._streams: weakref.WeakValueDictionary[int, Stream] = weakref.WeakValueDictionary()
         self._events: dict[int, Event | None] = {}
         self._error: AccyError | None = None
@@ -143,15 +185,15 @@ class PythonDriver:
             _EVENT_ONE(self._event_destroy),
             _EVENT_RECORD(self._event_record),
             _EVENT_ONE(self._event_query),
-            _PATCH(self._patch),
         )
 
     def table(self) -> dict[str, int]:
-        names = ("launch", "event_create", "event_destroy", "event_record", "event_query", "patch")
-        return {
+        names = ("launch", "event_create", "event_destroy", "event_record", "event_query")
+        table = {
             name: ctypes.cast(fn, ctypes.c_void_p).value or 0
             for name, fn in zip(names, self._callbacks, strict=True)
         }
+        return {**table, "patch": self._patches.address}
 
     def exec_handle(self, launch: PreparedLaunch, patch: Patch | None = None) -> int:
         with self._lock:
@@ -161,14 +203,10 @@ class PythonDriver:
                 handle = next(self._ids)
                 self._launches[handle] = launch
                 self._launch_ids[key] = handle
-                weakref.finalize(launch, self._forget, key, handle)
+                weakref.finalize(launch, self._launch_ids.pop, key, None)
             if patch is not None:
-                self._patches[handle] = patch
+                self._patches.add(handle, launch, patch)
             return handle
-
-    def _forget(self, key: int, handle: int) -> None:
-        self._launch_ids.pop(key, None)
-        self._patches.pop(handle, None)
 
     def stream_handle(self, stream: Stream) -> int:
         self._streams[stream.id] = stream
@@ -197,16 +235,6 @@ class PythonDriver:
         try:
             launch = self._launches[handle]
             launch.launch(self._streams[stream])
-        except BaseException as error:
-            return self._failed(error)
-        return 0
-
-    def _patch(self, handle: int, scalars: int | None, mask: int) -> int:
-        try:
-            if not scalars:
-                raise LaunchFailed("the engine patched a launch without its scalars")
-            changes = self._patches[handle](ctypes.string_at(scalars, SCALAR_BYTES))
-            self._launches[handle].set_scalars(changes)
         except BaseException as error:
             return self._failed(error)
         return 0
