@@ -5,13 +5,17 @@ Run from the repository root:
     python bench/changing_scalars.py [--backend host|cuda] [--count 3000] [--engines native,python]
 
 For each ring engine (``ACCYD_ENGINE``) it starts ``accyd serve``, and one client on the
-local ring launches ``accy.kernel.saxpy`` (n = 64) ``--count`` times, waited and with a
-wait every 16, with ``a``: the same every launch; cycling through 32 values (within the
-64 launches a session keeps prepared); cycling through 100 (past them); new every launch.
-The engine replays a launch without Python only when its session, buffers and scalars
-are those of a launch checked before, so the last three rows measure the checked path.
-It prints a markdown table: µs per launch, and the ratio to the same-scalar row of the
-same engine and waiting.
+local ring launches ``accy.kernel.saxpy`` ``--count`` times, waited and with a wait every
+16, with ``a``: the same every launch; cycling through 32 values (within the 64 launches a
+session keeps prepared); cycling through 100 (past them); new every launch; and, with ``a``
+the same, ``n`` (which sizes the launch) cycling through 100 values.
+
+``a`` is a free scalar (no check reads it): where the backend's prepared launches take new
+values (the host backend), the engine replays one checked launch with each new ``a``,
+patched in. ``n`` is not: each value is another launch, checked and prepared once, and
+100 values are more than a session keeps prepared (64), so that row measures the checked
+path. It prints a markdown table: µs
+per launch, and the ratio to the same-scalar row of the same engine and waiting.
 """
 
 from __future__ import annotations
@@ -28,22 +32,30 @@ from accy._table import markdown
 from accy.testing import running_daemon
 
 SAXPY = "accy.kernel.saxpy"
-N = 64
-PATTERNS: dict[str, Callable[[int], float]] = {
-    "the same": lambda i: 1.0,
-    "32 in turn": lambda i: float(i % 32),
-    "100 in turn": lambda i: float(i % 100),
-    "new each launch": float,
+N = 128
+PATTERNS: dict[str, Callable[[int], tuple[int, float]]] = {
+    "a the same": lambda i: (N, 1.0),
+    "a: 32 in turn": lambda i: (N, float(i % 32)),
+    "a: 100 in turn": lambda i: (N, float(i % 100)),
+    "a new each launch": lambda i: (N, float(i)),
+    "n: 100 in turn": lambda i: (1 + i % 100, 1.0),
 }
+"""(n, a) for launch i."""
 
 
 def timed(
-    session: Session, x: Buffer, y: Buffer, count: int, waited: bool, a: Callable[[int], float]
+    session: Session,
+    x: Buffer,
+    y: Buffer,
+    count: int,
+    waited: bool,
+    scalars: Callable[[int], tuple[int, float]],
 ) -> float:
-    """Seconds per launch of ``count`` launches of ``y = a(i) * x + y``."""
+    """Seconds per launch of ``count`` launches of ``y[:n] = a * x[:n] + y[:n]``."""
     started = time.perf_counter()
     for i in range(count):
-        session.launch(operands=[x, y], results=[y], n=N, a=a(i), wait=waited)
+        n, a = scalars(i)
+        session.launch(operands=[x, y], results=[y], n=n, a=a, wait=waited)
         if not waited and i % 16 == 15:
             session.wait()
     session.wait()
@@ -67,7 +79,7 @@ def main() -> int:
             x = client.buffer(np.ones(N, np.float32))
             y = client.buffer(np.zeros(N, np.float32))
             for waited in (True, False):
-                timed(session, x, y, min(args.count, 500), waited, PATTERNS["the same"])  # warm
+                timed(session, x, y, min(args.count, 500), waited, PATTERNS["a the same"])  # warm
                 base = 0.0
                 for name, pattern in PATTERNS.items():
                     seconds = timed(session, x, y, args.count, waited, pattern)
@@ -76,15 +88,16 @@ def main() -> int:
                     rows.append(
                         [engine, wait, name, f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}"]
                     )
-            expected = np.float32(0.0)
+            expected = np.zeros(N, np.float32)
             for _ in range(2):  # what the loops above added to y, in their order
                 expected += np.float32(min(args.count, 500))
                 for pattern in PATTERNS.values():
                     for i in range(args.count):
-                        expected += np.float32(pattern(i))
-            np.testing.assert_allclose(y.read(), np.full(N, expected, np.float32), rtol=1e-4)
-    print(f"one ring client, {args.backend} backend, saxpy n={N}, {args.count} launches a row")
-    print(markdown(["engine", "launches", "scalar a", "µs each", "x the same"], rows))
+                        n, a = pattern(i)
+                        expected[:n] += np.float32(a)
+            np.testing.assert_allclose(y.read(), expected, rtol=1e-4)
+    print(f"one ring client, {args.backend} backend, saxpy, {args.count} launches a row")
+    print(markdown(["engine", "launches", "scalars", "µs each", "x the same"], rows))
     return 0
 
 
