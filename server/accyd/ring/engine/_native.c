@@ -383,6 +383,11 @@ static ticket_t *ticket_find(ring_t *r, const uint8_t *key) {
 static void tickets_clear(ring_t *r) {
     if (r->tickets != NULL) memset(r->tickets, 0, sizeof(ticket_t) * TICKET_TABLE);
     r->ticket_count = 0;
+}
+
+/* Every ticket and free spec of the ring dropped: its handles may name other sessions now. */
+static void handles_clear(ring_t *r) {
+    tickets_clear(r);
     r->nspecs = 0;
 }
 
@@ -408,7 +413,7 @@ static int spec_put(ring_t *r, const free_spec_t *spec) {
     }
     free_spec_t *old = spec_find(r, spec->handle);
     if (old != NULL && spec_same_rules(old, spec)) return 0;
-    if (old != NULL) tickets_clear(r);
+    if (old != NULL) handles_clear(r);
     if (r->nspecs == FREE_SPECS) return -1;
     r->specs[r->nspecs] = *spec;
     r->specs[r->nspecs].set_exec = 0;
@@ -905,7 +910,7 @@ static void apply_commands(worker_t *w) {
             drop_ring(w, r);
         } else if (c->kind == CMD_RESUME && r->attached) {
             r->held = 0; /* Python's word on the records up to here is written */
-            if (c->clear) tickets_clear(r);
+            if (c->clear) handles_clear(r);
             /* Python may have given any exec new values meanwhile: patch before each next. */
             for (int k = 0; k < r->nspecs; k++) r->specs[k].set_exec = 0;
             for (int k = 0; k < c->ntickets; k++)
