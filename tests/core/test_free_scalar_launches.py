@@ -3,6 +3,8 @@ launch's own values before it runs, where the backend's prepared launches take t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from accyd.backends.host import HostBackend
@@ -120,5 +122,23 @@ def test_a_scalar_that_sizes_the_launch_is_another_prepared_launch() -> None:
             daemon.launch(client, session_id, [x, y], [y], scalars)
         daemon.wait_launch(client, session_id)
         assert len(daemon.client(client).sessions[session_id].prepared) == 3
+    finally:
+        daemon.close()
+
+
+def test_a_kernel_gets_minus_zero_where_it_is_given_it() -> None:
+    backend = RecordingBackend()
+    daemon = Daemon(load_catalog(), {0: backend})
+    try:
+        client = daemon.attach("c").id
+        session_id = daemon.load_pipeline(client, SAXPY).session_id
+        x = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        y = daemon.allocate_buffer(client, 4 * N, DType.F32).id
+        for value in (0.0, -0.0, -0.0, 0.0):
+            scalars = {"n": Scalar.u32(N), "a": Scalar.f32(value)}
+            daemon.launch(client, session_id, [x, y], [y], scalars)
+        daemon.wait_launch(client, session_id)
+        signs = [math.copysign(1.0, launch[-1]) for launch in backend.launch_scalars]
+        assert signs == [1.0, -1.0, -1.0, 1.0]
     finally:
         daemon.close()

@@ -233,10 +233,12 @@ class SequentialLaunch:
         requests = list(self._requests)
         for stage, position, value in changes:
             scalars = list(requests[stage].scalars)
-            scalars[position] = value
-            requests[stage] = dataclasses.replace(requests[stage], scalars=tuple(scalars))
-        self._requests = tuple(requests)
-        self._on = (None, ())
+            if not scalars[position].same_as(value):
+                scalars[position] = value
+                requests[stage] = dataclasses.replace(requests[stage], scalars=tuple(scalars))
+        if any(new is not old for new, old in zip(requests, self._requests, strict=True)):
+            self._requests = tuple(requests)
+            self._on = (None, ())
 
     def close(self) -> None:
         self._on = (None, ())

@@ -131,3 +131,12 @@ class Scalar:
     def to_bytes(self) -> bytes:
         """The value packed as the kernel receives it (little-endian, natural size)."""
         return np.array(self.value, dtype=self.dtype.numpy).tobytes()
+
+    def same_as(self, other: Scalar) -> bool:
+        """Whether a kernel receives the same bytes (``-0.0`` is not ``0.0``; values are
+        finite, so no NaN)."""
+        if self.dtype is not other.dtype or self.value != other.value:
+            return False
+        if isinstance(self.value, float):
+            return math.copysign(1.0, self.value) == math.copysign(1.0, other.value)
+        return True
