@@ -285,12 +285,19 @@ def driver_for(backend: Backend) -> Driver:
 
 
 def engine_ticket(
-    driver: Driver, fast: FastLaunch, key: bytes, stream: int, token: int
+    driver: Driver, fast: FastLaunch, key: bytes, stream: int, token: int, patch: bool = True
 ) -> tuple[_native.Ticket, bool]:
     """``fast`` as the engine's ticket for records whose launch bytes are ``key``, and
-    whether the device launcher may take it too: not where the engine patches its free
-    scalars (the launcher cannot patch a graph from the GPU)."""
-    free = None if fast.free is None or not driver.patches else free_fields(fast.free)
+    whether the device launcher may take it too.
+
+    With ``patch`` (and a driver that patches), a launch with free scalars gets a ticket
+    that matches every value of them, patched in by the engine: never the device
+    launcher's, which cannot patch a graph from the GPU. Otherwise the ticket is exact: it
+    matches these values only. An exact ticket stays true to its launch, because only
+    Python gives a launch other values then, and it revokes the launch's tickets first.
+    An engine has tickets of one kind: a device launcher may be handed a ring's exact
+    tickets, and must never find its graphs patched under them."""
+    free = None if fast.free is None or not patch or not driver.patches else free_fields(fast.free)
     if free is None:
         handle = driver.exec_handle(fast.launch)
         return (key, fast.device, handle, stream, token, fast.epoch, fast.value), True

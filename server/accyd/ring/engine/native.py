@@ -393,7 +393,8 @@ class NativeEngine:
                 fast = handled.fast
                 if fast is not None:
                     key = raw[KEY:KEY_END]
-                    ticket, device_too = engine_ticket(driver, fast, key, stream, token)
+                    patch = self._device is None  # a device launcher takes exact tickets
+                    ticket, device_too = engine_ticket(driver, fast, key, stream, token, patch)
                     tickets.append(ticket)
                     if self._device is not None and device_too:
                         self._device.ticket(entry.index, key, fast, handled.session_id)
