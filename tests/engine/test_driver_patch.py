@@ -11,10 +11,15 @@ from collections.abc import Sequence
 
 from accyd.backends.base import ScalarChange, Stream
 from accyd.backends.host import HostBackend
+from accyd.catalog import load_catalog
 from accyd.catalog.dtypes import DType, Scalar
+from accyd.catalog.model import ArtifactFormat
+from accyd.core.free_scalars import free_scalars_of
+from accyd.core.tickets import FastLaunch
 from accyd.errors import LaunchArgumentMismatch, LaunchFailed
-from accyd.ring.engine.drivers import CALLBACK_ERROR, SCALAR_BYTES, PythonDriver
+from accyd.ring.engine.drivers import CALLBACK_ERROR, SCALAR_BYTES, PythonDriver, engine_ticket
 
+HOST_PY = ArtifactFormat.HOST_PY
 _PATCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint32)
 
 
@@ -71,3 +76,20 @@ def test_a_launch_that_is_gone_is_never_patched() -> None:
     gc.collect()
     assert call_patch(driver, handle, 1.0) == CALLBACK_ERROR
     assert isinstance(driver.error(CALLBACK_ERROR, "cuGraphLaunch"), LaunchFailed)
+
+
+def test_a_ticket_is_patched_only_where_asked_and_else_exact_and_the_devices_too() -> None:
+    driver = PythonDriver(HostBackend())
+    launch = Launch()
+    catalog = load_catalog()
+    free = free_scalars_of(catalog.find_pipeline("accy.kernel.saxpy"), catalog.registry, HOST_PY)
+    assert free is not None
+    fast = FastLaunch("ses", launch, None, 0, 1, 7, free)  # type: ignore[arg-type]
+    key = bytes(range(136))
+    exact, device_too = engine_ticket(driver, fast, key, 5, 3, patch=False)
+    assert exact == (key, 0, exact[2], 5, 3, 1, 7) and device_too
+    masked, device_too = engine_ticket(driver, fast, key, 5, 3, patch=True)
+    assert len(masked) == 8 and not device_too
+    a_at = 84 - 12 + 8 * 1  # saxpy's a is scalar 1
+    assert masked[0] == key[:a_at] + bytes(8) + key[a_at + 8 :]
+    assert masked[7] == (0b10, bytes([0, 4, 0, 0, 0, 0, 0, 0]), (0, 0x7F800000, 0, 0, 0, 0, 0, 0))
