@@ -153,7 +153,7 @@ class CudaBackend(DriverState):
 
     @property
     def prepared_takes_scalars(self) -> bool:
-        return False  # a graph's kernel nodes are not yet updated in place (GraphLaunch)
+        return True  # a graph is captured again and updated in place (``GraphLaunch``)
 
     @property
     def formats(self) -> frozenset[ArtifactFormat]:

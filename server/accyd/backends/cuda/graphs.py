@@ -2,7 +2,9 @@
 
 One ``cuGraphLaunch`` replaces a launch per stage. The graph bakes in the
 buffers' device addresses and the scalars, so its owner (the core's prepared
-launch cache) must drop it before any of those buffers is freed. Its kernel nodes
+launch cache) must drop it before any of those buffers is freed. New scalar values are
+captured again and applied in place (``cuGraphExecUpdate``: the same kernels and
+geometry, other arguments), so the instance, the handle an engine launches, stays. Its kernel nodes
 also keep the context of the stream they were captured on: a graph captured on a
 primary-context stream runs on every SM even when launched on a green context's
 stream, so the capture stream is made in the requests' SM partition.
@@ -19,7 +21,8 @@ from typing import Any, Protocol
 
 from accyd.backends.base import LaunchRequest, ScalarChange, Stream
 from accyd.backends.cuda.driver import ErrorCheck
-from accyd.errors import LaunchFailed, UnsupportedOperation
+from accyd.catalog.dtypes import Scalar
+from accyd.errors import LaunchFailed
 
 __all__ = ["DeviceGraph", "GraphLaunch"]
 
@@ -47,6 +50,33 @@ def _partition_of(requests: Sequence[LaunchRequest]) -> str | None:
     return None if stream is None else stream.partition
 
 
+def _capture(backend: _Capturing, requests: Sequence[LaunchRequest]) -> Any:
+    """A graph of ``requests``, captured on a stream made for it in their partition (so its
+    kernel nodes run there); the caller destroys it."""
+    cu = backend._cu
+    check = backend._check
+    capture = backend.create_stream(_partition_of(requests))
+    try:
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(cu.cuStreamBeginCapture(capture.native, mode), "cuStreamBeginCapture", LaunchFailed)
+        try:
+            for request in requests:
+                backend.launch(dataclasses.replace(request, stream=capture))
+        except BaseException:
+            err, graph = cu.cuStreamEndCapture(capture.native)
+            if err == cu.CUresult.CUDA_SUCCESS:
+                cu.cuGraphDestroy(graph)
+            raise
+        return check(cu.cuStreamEndCapture(capture.native), "cuStreamEndCapture", LaunchFailed)
+    finally:
+        backend.destroy_stream(capture)
+
+
+def _same(value: Scalar, other: Scalar) -> bool:
+    """The same argument bytes (``-0.0`` is not ``0.0`` to a kernel)."""
+    return value.dtype is other.dtype and value.to_bytes() == other.to_bytes()
+
+
 class GraphLaunch:
     """An instantiated graph of one pipeline launch, made by ``CudaBackend.prepare``.
 
@@ -59,42 +89,31 @@ class GraphLaunch:
     def __init__(self, backend: _Capturing, requests: Sequence[LaunchRequest]) -> None:
         self._backend = backend
         cu = backend._cu
-        check = backend._check
-        capture = backend.create_stream(_partition_of(requests))
-        graph: Any = None
+        graph = _capture(backend, requests)
         try:
-            mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-            check(
-                cu.cuStreamBeginCapture(capture.native, mode), "cuStreamBeginCapture", LaunchFailed
-            )
-            try:
-                for request in requests:
-                    backend.launch(dataclasses.replace(request, stream=capture))
-            finally:
-                graph = check(
-                    cu.cuStreamEndCapture(capture.native), "cuStreamEndCapture", LaunchFailed
-                )
-            self._exec: Any = check(
+            self._exec: Any = backend._check(
                 cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate", LaunchFailed
             )
         finally:
-            if graph is not None:
-                cu.cuGraphDestroy(graph)
-            backend.destroy_stream(capture)
+            cu.cuGraphDestroy(graph)
         self.stages = len(requests)
-        self._requests = tuple(requests) if _partition_of(requests) is None else ()
-        """Kept where the graph runs on the whole device, for ``enqueue``."""
+        self._stages = tuple(requests)
+        """What the instance launches now (``set_scalars`` changes it)."""
+        self._whole = _partition_of(requests) is None
+        """Whether it runs on the whole device: then ``enqueue`` may launch its stages."""
 
     @property
     def device_launchable(self) -> bool:
         """Whether ``enqueue`` may capture it for launch from the device: its stages run on
         the whole device (device graph launch and SM partitions do not mix)."""
-        return bool(self._requests) and self._exec is not None
+        return self._whole and self._exec is not None
 
     def enqueue(self, stream: Stream) -> None:
         """The pipeline's stages, launched one by one on ``stream`` (the device launcher
         captures them into a graph of its own)."""
-        for request in self._requests:
+        if not self.device_launchable:
+            raise LaunchFailed("this prepared launch cannot be launched from the device")
+        for request in self._stages:
             self._backend.launch(dataclasses.replace(request, stream=stream))
 
     def launch(self, stream: Stream | None, count: int = 1) -> None:
@@ -114,8 +133,28 @@ class GraphLaunch:
                 raise backend._check.error(err, "cuGraphLaunch", LaunchFailed)
 
     def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
-        """Not yet: ``CudaBackend.prepared_takes_scalars`` is false, so nothing asks."""
-        raise UnsupportedOperation("a CUDA graph's scalars are not updated in place yet")
+        """Capture the stages with the new values and update the instance in place (launches
+        already enqueued keep theirs); nothing to do where every value is the one it has."""
+        graph_exec = self._exec
+        if graph_exec is None:
+            raise LaunchFailed("this prepared launch was closed")
+        stages = list(self._stages)
+        for stage, position, value in changes:
+            scalars = list(stages[stage].scalars)
+            if not _same(scalars[position], value):
+                scalars[position] = value
+                stages[stage] = dataclasses.replace(stages[stage], scalars=tuple(scalars))
+        if all(new is old for new, old in zip(stages, self._stages, strict=True)):
+            return
+        backend = self._backend
+        graph = _capture(backend, stages)
+        try:
+            backend._check(
+                backend._cu.cuGraphExecUpdate(graph_exec, graph), "cuGraphExecUpdate", LaunchFailed
+            )
+        finally:
+            backend._cu.cuGraphDestroy(graph)
+        self._stages = tuple(stages)
 
     @property
     def exec_handle(self) -> int:
@@ -125,7 +164,7 @@ class GraphLaunch:
 
     def close(self) -> None:
         graph_exec, self._exec = self._exec, None
-        self._requests = ()
+        self._stages = ()
         if graph_exec is not None and not self._backend._closed:
             self._backend._cu.cuGraphExecDestroy(graph_exec)
 

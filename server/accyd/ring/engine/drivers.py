@@ -55,6 +55,14 @@ Patch = Callable[[bytes], list[ScalarChange]]
 """What a prepared launch takes for a record's scalar bytes (``FreeFields.changes``)."""
 
 
+def _kept(error: BaseException) -> AccyError:
+    """A callback's failure as the error its driver reports for the engine."""
+    if isinstance(error, AccyError):
+        return error
+    log.error("engine callback failed", error=repr(error))
+    return LaunchFailed(f"the engine's driver callback failed: {error!r}")
+
+
 class _Patches:
     """A table's ``patch`` function: each handle's prepared launch (weakly: a stale ticket
     may name one that is gone) and how it reads a record's free scalars. A failure is
@@ -127,27 +135,42 @@ class Driver(Protocol):
 
 
 class CudaDriver:
-    """An in-process CUDA backend's own driver: the engine calls ``libcuda.so.1`` directly."""
+    """An in-process CUDA backend's own driver: the engine calls ``libcuda.so.1`` directly,
+    but for ``patch``, a callback (it takes the GIL) that has the graph capture its stages
+    with the record's values and update its instance in place (``GraphLaunch``)."""
 
     kind = "cuda"
-    patches = False  # a graph's nodes are not updated in place yet (``GraphLaunch``)
+    patches = True
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self._error: AccyError | None = None
+        self._patches = _Patches(self._failed)
 
     def table(self) -> dict[str, int]:
-        return {"context": int(getattr(self._backend, "context_handle"))}  # noqa: B009
+        context = int(getattr(self._backend, "context_handle"))  # noqa: B009
+        return {"context": context, "patch": self._patches.address}
 
     def exec_handle(self, launch: PreparedLaunch, patch: Patch | None = None) -> int:
-        return int(getattr(launch, "exec_handle"))  # noqa: B009
+        handle = int(getattr(launch, "exec_handle"))  # noqa: B009
+        if patch is not None:
+            self._patches.add(handle, launch, patch)
+        return handle
 
     def stream_handle(self, stream: Stream) -> int:
         return int(stream.native)
 
     def error(self, code: int, what: str) -> AccyError:
+        kept, self._error = self._error, None
+        if code == CALLBACK_ERROR and kept is not None:  # the patch's (999 is also CUDA's)
+            return kept
         translate = getattr(self._backend, "driver_error")  # noqa: B009
         error: AccyError = translate(code, what)
         return error
+
+    def _failed(self, error: BaseException) -> int:
+        self._error = _kept(error)
+        return CALLBACK_ERROR
 
     def retarget(self, backend: Backend) -> None:
         self._backend = backend
@@ -224,11 +247,7 @@ class PythonDriver:
     # The callbacks (engine threads, the GIL taken by ctypes) ------------------------------
 
     def _failed(self, error: BaseException) -> int:
-        if isinstance(error, AccyError):
-            self._error = error
-        else:
-            log.error("engine callback failed", error=repr(error))
-            self._error = LaunchFailed(f"the engine's driver callback failed: {error!r}")
+        self._error = _kept(error)
         return CALLBACK_ERROR
 
     def _launch(self, handle: int, stream: int) -> int:
