@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 from accyd.backends.base import LaunchRequest, ScalarChange, Stream
 from accyd.backends.cuda.driver import ErrorCheck
-from accyd.catalog.dtypes import Scalar
 from accyd.errors import LaunchFailed
 
 __all__ = ["DeviceGraph", "GraphLaunch"]
@@ -70,11 +69,6 @@ def _capture(backend: _Capturing, requests: Sequence[LaunchRequest]) -> Any:
         return check(cu.cuStreamEndCapture(capture.native), "cuStreamEndCapture", LaunchFailed)
     finally:
         backend.destroy_stream(capture)
-
-
-def _same(value: Scalar, other: Scalar) -> bool:
-    """The same argument bytes (``-0.0`` is not ``0.0`` to a kernel)."""
-    return value.dtype is other.dtype and value.to_bytes() == other.to_bytes()
 
 
 class GraphLaunch:
@@ -141,7 +135,7 @@ class GraphLaunch:
         stages = list(self._stages)
         for stage, position, value in changes:
             scalars = list(stages[stage].scalars)
-            if not _same(scalars[position], value):
+            if not scalars[position].same_as(value):
                 scalars[position] = value
                 stages[stage] = dataclasses.replace(stages[stage], scalars=tuple(scalars))
         if all(new is old for new, old in zip(stages, self._stages, strict=True)):
