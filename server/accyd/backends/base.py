@@ -34,6 +34,7 @@ __all__ = [
     "SequentialLaunch",
     "Stream",
     "round_up",
+    "with_scalars",
 ]
 
 BUFFER_ALIGNMENT = 256
@@ -191,6 +192,22 @@ ScalarChange = tuple[int, int, Scalar]
 """A prepared launch's stage (by index), a position among that stage's scalars, its new value."""
 
 
+def with_scalars(
+    requests: tuple[LaunchRequest, ...], changes: Sequence[ScalarChange]
+) -> tuple[LaunchRequest, ...] | None:
+    """``requests`` given ``changes`` (a changed request is a new one), or ``None`` where each
+    value is the one it has (as a kernel sees it: ``Scalar.same_as``)."""
+    out = list(requests)
+    for stage, position, value in changes:
+        scalars = list(out[stage].scalars)
+        if not scalars[position].same_as(value):
+            scalars[position] = value
+            out[stage] = dataclasses.replace(out[stage], scalars=tuple(scalars))
+    if all(new is old for new, old in zip(out, requests, strict=True)):
+        return None
+    return tuple(out)
+
+
 class PreparedLaunch(Protocol):
     """Launches checked and packed once, replayed many times: a CUDA graph on the device.
 
@@ -230,14 +247,9 @@ class SequentialLaunch:
                 launch(request)
 
     def set_scalars(self, changes: Sequence[ScalarChange]) -> None:
-        requests = list(self._requests)
-        for stage, position, value in changes:
-            scalars = list(requests[stage].scalars)
-            if not scalars[position].same_as(value):
-                scalars[position] = value
-                requests[stage] = dataclasses.replace(requests[stage], scalars=tuple(scalars))
-        if any(new is not old for new, old in zip(requests, self._requests, strict=True)):
-            self._requests = tuple(requests)
+        requests = with_scalars(self._requests, changes)
+        if requests is not None:
+            self._requests = requests
             self._on = (None, ())
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from accyd.backends.base import LaunchRequest, ScalarChange, Stream
+from accyd.backends.base import LaunchRequest, ScalarChange, Stream, with_scalars
 from accyd.backends.cuda.driver import ErrorCheck
 from accyd.errors import LaunchFailed
 
@@ -132,13 +132,8 @@ class GraphLaunch:
         graph_exec = self._exec
         if graph_exec is None:
             raise LaunchFailed("this prepared launch was closed")
-        stages = list(self._stages)
-        for stage, position, value in changes:
-            scalars = list(stages[stage].scalars)
-            if not scalars[position].same_as(value):
-                scalars[position] = value
-                stages[stage] = dataclasses.replace(stages[stage], scalars=tuple(scalars))
-        if all(new is old for new, old in zip(stages, self._stages, strict=True)):
+        stages = with_scalars(self._stages, changes)
+        if stages is None:
             return
         backend = self._backend
         graph = _capture(backend, stages)
@@ -148,7 +143,7 @@ class GraphLaunch:
             )
         finally:
             backend._cu.cuGraphDestroy(graph)
-        self._stages = tuple(stages)
+        self._stages = stages
 
     @property
     def exec_handle(self) -> int:
