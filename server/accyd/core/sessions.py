@@ -138,10 +138,12 @@ class Session:
         self._tag = secrets.token_urlsafe(6)
         self._next_seq = 1
         self._inflight: deque[LaunchRecord] = deque()
-        free = free_scalars_of(pipeline, registry, key.format)
-        self.prepared = PreparedLaunches(
-            backend, revoker, free if free is not None and backend.prepared_takes_scalars else None
+        free = (
+            free_scalars_of(pipeline, registry, key.format)
+            if backend.prepared_takes_scalars
+            else None
         )
+        self.prepared = PreparedLaunches(backend, revoker, free)
         """Launches checked and packed once (CUDA graphs), replayed for the same arguments
         (whatever the values of free scalars, where the backend takes them anew)."""
         self._completed = 0

@@ -4,8 +4,8 @@ One ``cuGraphLaunch`` replaces a launch per stage. The graph bakes in the
 buffers' device addresses and the scalars, so its owner (the core's prepared
 launch cache) must drop it before any of those buffers is freed. New scalar values are
 captured again and applied in place (``cuGraphExecUpdate``: the same kernels and
-geometry, other arguments), so the instance, the handle an engine launches, stays. Its kernel nodes
-also keep the context of the stream they were captured on: a graph captured on a
+geometry, other arguments), so the instance, the handle an engine launches, stays. Its
+kernel nodes also keep the context of the stream they were captured on: a graph captured on a
 primary-context stream runs on every SM even when launched on a green context's
 stream, so the capture stream is made in the requests' SM partition.
 
