@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import struct
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -36,6 +35,13 @@ def decide(h: Harness, seq: int, ticket: object = None) -> None:
     h.engine.resume(1, seq + 1, [(0, STREAM, TOKEN)], [ticket] if ticket else [])
 
 
+def masked_first_sight(h: Harness) -> int:
+    """Publish a launch with a = 1.0 and decide it as Python would: a ticket for every a."""
+    first = h.publish(a=1.0)
+    decide(h, first, masked_ticket(h, first))
+    return first
+
+
 def patched_values(h: Harness) -> list[float]:
     values = []
     for exec_handle, scalars, mask in h.driver.patches:
@@ -44,19 +50,9 @@ def patched_values(h: Harness) -> list[float]:
     return values
 
 
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        h.close()
-
-
 def test_every_value_of_a_free_scalar_is_launched_without_python(harness: Harness) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     run = [h.publish(a=a) for a in (2.0, 2.0, 3.0, -0.0, 3.0)]
     assert eventually(lambda: len(h.driver.launches) == 5)
     h.finish(run[-1])
@@ -70,8 +66,7 @@ def test_every_value_of_a_free_scalar_is_launched_without_python(harness: Harnes
 
 def test_a_value_the_launch_was_given_last_is_not_patched_again(harness: Harness) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     seqs = []
     for _ in range(3):  # waited one by one: three runs of one record each
         seqs.append(h.publish(a=5.0))
@@ -84,8 +79,7 @@ def test_a_value_the_launch_was_given_last_is_not_patched_again(harness: Harness
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 def test_a_float_that_is_not_finite_goes_to_python(harness: Harness, value: float) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     bad = h.publish(a=value)
     decide(h, bad)  # Python refuses it (here: resumed without a ticket)
     assert h.driver.launches == [] and h.driver.patches == []
@@ -106,8 +100,7 @@ def test_a_scalar_that_is_not_free_still_keys_the_ticket(harness: Harness) -> No
 
 def test_a_failed_patch_fails_that_record_and_the_next_patches_again(harness: Harness) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     h.driver.fail_patch = 999
     failed = h.publish(a=2.0)
     [item] = h.slow()
@@ -124,8 +117,7 @@ def test_a_resume_forgets_what_each_launch_was_given(harness: Harness) -> None:
     """Python may give a launch other values while the ring is with it: after any resume the
     next record is patched, even with the value patched last."""
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     fast = h.publish(a=6.0)
     h.finish(fast)
     slow = h.publish(n=9, a=6.0)  # another launch: Python's
@@ -138,8 +130,7 @@ def test_a_resume_forgets_what_each_launch_was_given(harness: Harness) -> None:
 
 def test_clearing_the_tickets_drops_the_free_specs(harness: Harness) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     unbind = h.publish(a=2.0)
     assert eventually(lambda: len(h.driver.launches) == 1)
     h.finish(unbind)
@@ -156,8 +147,7 @@ def test_an_exact_ticket_is_not_found_through_a_free_spec_nor_a_masked_one_witho
     """A record whose free field holds zeros has the masked key's bytes: it must still be
     patched (found through its handle's spec), never launched as an exact match."""
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     zero = h.publish(a=0.0)
     assert eventually(lambda: len(h.driver.launches) == 1)
     h.finish(zero)
@@ -237,8 +227,7 @@ def test_more_free_specs_than_a_ring_keeps_leave_the_rest_to_python() -> None:
 
 def test_a_handle_bound_anew_without_free_scalars_is_matched_exactly(harness: Harness) -> None:
     h = harness
-    first = h.publish(a=1.0)
-    decide(h, first, masked_ticket(h, first))
+    masked_first_sight(h)
     rebound = h.publish(a=2.0)
     assert eventually(lambda: len(h.driver.launches) == 1)
     h.finish(rebound)

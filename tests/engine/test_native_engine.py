@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -97,15 +97,6 @@ class Harness:
         self.engine.stop()
         self.client.close()
         self.memory.close()
-
-
-@pytest.fixture
-def harness() -> Iterator[Harness]:
-    h = Harness()
-    try:
-        yield h
-    finally:
-        h.close()
 
 
 def first_sight(h: Harness) -> int:
